@@ -1,0 +1,80 @@
+"""Routing ``scan(..., method="auto"|"kernel")`` to the Triton kernels of ``lrnn_scan.kernels``.
+
+A kernel is used when the tensors are on CUDA and the operator/layout is one a kernel implements:
+
+==================  ====================  ==========================================
+operator            layout                kernel
+==================  ====================  ==========================================
+``Diagonal``        a, b ``(B, T, N)``     ``kernels.block_diagonal.diagonal_scan``
+``BlockDiagonal``   A ``(B, T, H, m, m)``  ``kernels.block_diagonal.block_diagonal_scan``
+                    b ``(B, T, H, m)``,
+                    m ≤ 32
+``Companion``       a ``(B, T, N, m)``,    ``kernels.companion.companion_scan_coeffs``
+                    b ``(B, T, N)``
+==================  ====================  ==========================================
+
+Vector states only, time at dim 1. Anything else falls back to the torch scans (or, with
+``method="kernel"``, raises a ``ValueError`` saying why no kernel fits). Imports are lazy: importing
+``lrnn_scan`` never imports Triton.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+from torch import Tensor
+
+from .operators import BlockDiagonal, Companion, Diagonal, TransitionOperator
+
+__all__ = ["try_kernel_scan", "kernel_for"]
+
+MAX_KERNEL_BLOCK = 32
+
+
+def kernel_for(op: TransitionOperator, b: Tensor, dim: int, reverse: bool,
+               cu_seqlens) -> tuple[str | None, str]:
+    """``(qualified kernel name, "")`` if a kernel fits, else ``(None, reason)``."""
+    if op.device.type != "cuda":
+        return None, f"tensors are on {op.device}, the Triton kernels need CUDA"
+    if dim != 1:
+        return None, f"kernels need time at dim 1, got dim={dim}"
+    if reverse and cu_seqlens is not None:
+        return None, "reverse=True with cu_seqlens has no kernel"
+    if type(op) is Diagonal and op.batch_ndim == 2 and b.dim() == 3:
+        return "block_diagonal.diagonal_scan", ""
+    if type(op) is BlockDiagonal and op.batch_ndim == 3 and b.dim() == 4:
+        if op.state_size > MAX_KERNEL_BLOCK:
+            return None, f"block size m={op.state_size} > {MAX_KERNEL_BLOCK}"
+        return "block_diagonal.block_diagonal_scan", ""
+    if type(op) is Companion and not op.transposed and op.batch_ndim == 3 \
+            and tuple(b.shape) == tuple(op.batch_shape):
+        return "companion.companion_scan_coeffs", ""
+    return None, (f"no kernel for {type(op).__name__} with batch_shape={tuple(op.batch_shape)} and "
+                  f"b.shape={tuple(b.shape)} (see lrnn_scan.dispatch)")
+
+
+def try_kernel_scan(op: TransitionOperator, b: Tensor, initial_state, output_final_state: bool,
+                    reverse: bool, cu_seqlens, dim: int, required: bool):
+    """Run the matching kernel and return ``(h, h_final)``, or ``None`` to fall back."""
+    name, why = kernel_for(op, b, dim, reverse, cu_seqlens)
+    if name is None:
+        if required:
+            raise ValueError(f"method='kernel': {why}")
+        return None
+    module, fn_name = name.rsplit(".", 1)
+    try:
+        fn = getattr(importlib.import_module(f"lrnn_scan.kernels.{module}"), fn_name)
+    except (ImportError, AttributeError) as exc:
+        if required:
+            raise ValueError(f"method='kernel': lrnn_scan.kernels.{name} is unavailable ({exc})") \
+                from exc
+        return None
+    (param,) = op.tensors()
+    h0 = None if initial_state is None else initial_state.float()
+    if reverse:
+        param, b = param.flip(1), b.flip(1)
+    h, h_final = fn(param, b, initial_state=h0, output_final_state=output_final_state,
+                    cu_seqlens=cu_seqlens)
+    if reverse:
+        h = h.flip(1)
+    return h, h_final

@@ -1,0 +1,115 @@
+"""Scans straight from gate logits: the BD-LRU and H-LRU recurrences of the paper.
+
+On CUDA these call the fused Triton kernels (the gate normalisation happens in registers and the
+transition matrices never exist in memory); elsewhere they normalise with
+:func:`lrnn_scan.gates.normalize_gates` and call :func:`lrnn_scan.scan`. Both paths have the same
+semantics, which the kernel tests check.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+from torch import Tensor
+
+from .api import scan
+from .gates import DEFAULT_EPS, canonical_gate_name, normalize_gates
+from .operators import BlockDiagonal, Companion
+
+__all__ = ["bdlru_scan", "hlru_scan"]
+
+
+def _check(name: str, t, rank: int, layout: str) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have shape {layout}; got {tuple(t.shape)}")
+
+
+def _fused(module: str, fn: str, method: str, device: torch.device):
+    if method not in ("auto", "kernel") or device.type != "cuda":
+        if method == "kernel":
+            raise ValueError(f"method='kernel' needs CUDA tensors, got {device}")
+        return None
+    try:
+        return getattr(importlib.import_module(f"lrnn_scan.kernels.{module}"), fn)
+    except (ImportError, AttributeError) as exc:
+        if method == "kernel":
+            raise ValueError(f"method='kernel': lrnn_scan.kernels.{module}.{fn} unavailable "
+                             f"({exc})") from exc
+        return None
+
+
+def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float = DEFAULT_EPS,
+               initial_state: Tensor | None = None, output_final_state: bool = False,
+               cu_seqlens: Tensor | None = None, method: str = "auto"):
+    """BD-LRU: ``h_t = A_t h_{t-1} + a0_t ⊙ v_t`` per block, ``(A_t, a0_t)`` from the logits.
+
+    Args:
+        logits: ``(B, T, H, m, m + 1)`` raw gates; row ``i`` of block ``k`` holds the input-gate
+            logit at index 0 and the ``m`` transition-entry logits at ``1..m``
+            (see :func:`lrnn_scan.gates.normalize_gates`).
+        v: ``(B, T, H, m)`` values.
+        gate: gate variant of :mod:`lrnn_scan.gates` (``softmax`` default).
+        initial_state: ``(B, H, m)`` (``(num_seqs, H, m)`` with ``cu_seqlens``).
+        method: ``auto`` (fused kernel on CUDA) | ``kernel`` | ``blelloch`` | ``sequential``.
+
+    Returns:
+        ``h`` ``(B, T, H, m)``, or ``(h, h_final)`` with ``output_final_state``.
+    """
+    _check("logits", logits, 5, "(B, T, H, m, m + 1)")
+    _check("v", v, 4, "(B, T, H, m)")
+    m = logits.shape[-2]
+    if logits.shape[-1] != m + 1:
+        raise ValueError(f"logits must have shape (B, T, H, m, m + 1); got {tuple(logits.shape)} "
+                         f"(last dim {logits.shape[-1]} != m + 1 = {m + 1})")
+    if tuple(v.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"v must have shape logits.shape[:-1] = {tuple(logits.shape[:-1])} "
+                         f"(B, T, H, m); got {tuple(v.shape)}")
+    gate = canonical_gate_name(gate)
+    fn = _fused("fused_gates", "fused_gate_scan", method, logits.device)
+    if fn is not None:
+        h, hT = fn(logits, v, variant=gate, eps=eps, initial_state=initial_state,
+                   output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+        return (h, hT) if output_final_state else h
+    A, a0 = normalize_gates(logits, gate, eps)
+    return scan(BlockDiagonal(A), a0 * v.to(a0.dtype), initial_state=initial_state,
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                method="auto" if method == "kernel" else method)
+
+
+def hlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float = DEFAULT_EPS,
+              initial_state: Tensor | None = None, output_final_state: bool = False,
+              cu_seqlens: Tensor | None = None, method: str = "auto"):
+    """H-LRU of order ``m``: ``h_t = Σ_{i=1..m} a_{i,t} h_{t-i} + a0_t v_t`` per channel.
+
+    Args:
+        logits: ``(B, T, N, m + 1)``; index 0 is the input gate, ``1..m`` weight
+            ``h_{t-1} … h_{t-m}``; normalised row-wise by ``gate``.
+        v: ``(B, T, N)`` values.
+        initial_state: ``(B, N, m)`` shift registers ``(h_0, h_{-1}, …)``, newest first.
+
+    Returns:
+        ``h`` ``(B, T, N)`` (the newest component), or ``(h, h_final)`` with ``h_final``
+        ``(B | num_seqs, N, m)``.
+    """
+    _check("logits", logits, 4, "(B, T, N, m + 1)")
+    _check("v", v, 3, "(B, T, N)")
+    if logits.shape[-1] < 2:
+        raise ValueError(f"logits must have shape (B, T, N, m + 1) with m >= 1; got "
+                         f"{tuple(logits.shape)}")
+    if tuple(v.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"v must have shape logits.shape[:-1] = {tuple(logits.shape[:-1])} "
+                         f"(B, T, N); got {tuple(v.shape)}")
+    gate = canonical_gate_name(gate)
+    fn = _fused("companion", "companion_scan", method, logits.device)
+    if fn is not None:
+        h, hT = fn(logits, v, variant=gate, eps=eps, initial_state=initial_state,
+                   output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+        return (h, hT) if output_final_state else h
+    a, a0 = normalize_gates(logits, gate, eps)
+    return scan(Companion(a), a0 * v.to(a0.dtype), initial_state=initial_state,
+                output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                method="auto" if method == "kernel" else method)

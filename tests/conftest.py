@@ -1,0 +1,25 @@
+"""Shared pytest configuration: hypothesis profiles (CI runs derandomized, no deadlines)."""
+import os
+
+import torch
+
+# Without a GPU, Triton kernels run in the interpreter (CPU CI exercises every kernel's semantics).
+# Must happen before anything imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("dev", max_examples=40, deadline=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("thorough", max_examples=500, deadline=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+except ImportError:  # pragma: no cover
+    pass
+
+# Deterministic and quick on 2-core CI machines.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -1,0 +1,99 @@
+"""The L1-normalised gates and Proposition 1 (‖h‖_∞ ≤ max ‖v‖_∞ for every length)."""
+import pytest
+import torch
+
+import lrnn_scan as ls
+from lrnn_scan.gates import GATE_VARIANTS, gate_function, normalize_gates
+from lrnn_scan.testing import rel_err
+
+NORMALISED = [v for v in GATE_VARIANTS if v != "none"]
+D = torch.float64
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("variant", GATE_VARIANTS)
+def test_matches_the_definition(variant):
+    z = torch.randn(3, 5, 4, 6, generator=gen(0), dtype=D)          # (..., rows, m+1), m = 5
+    A, a0 = normalize_gates(z, variant)
+    assert A.shape == (3, 5, 4, 5) and a0.shape == (3, 5, 4)
+    f = gate_function(variant, z)
+    if variant == "none":
+        ref = z
+    elif variant in ("softmax", "sigmoid"):
+        ref = f / f.abs().sum(-1, keepdim=True)
+    else:
+        ref = f / (f.abs().sum(-1, keepdim=True) + 1e-6)
+    assert rel_err(torch.cat([a0.unsqueeze(-1), A], -1), ref) < 1e-12
+
+
+@pytest.mark.parametrize("variant", NORMALISED)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, D])
+def test_rows_have_l1_norm_at_most_one_and_are_finite_for_huge_logits(variant, dtype):
+    signs = torch.randint(0, 2, (64, 3, 9), generator=gen(1)) * 2 - 1
+    z = (signs * 1e4 * torch.rand(64, 3, 9, generator=gen(2))).to(dtype).requires_grad_()
+    A, a0 = normalize_gates(z, variant)
+    assert torch.isfinite(A).all() and torch.isfinite(a0).all()
+    l1 = A.abs().float().sum(-1) + a0.abs().float()
+    assert l1.max() <= 1 + (1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-6)
+    (A.sum() + a0.sum()).backward()
+    assert torch.isfinite(z.grad).all()
+
+
+@pytest.mark.parametrize("variant", GATE_VARIANTS)
+def test_gradcheck(variant):
+    z = torch.randn(2, 3, 4, generator=gen(3), dtype=D)
+    z = z + 0.2 * torch.sign(z)                   # stay away from the kinks of relu/|tanh|/|z|
+    z.requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: normalize_gates(t, variant), (z,))
+
+
+def test_aliases_and_errors():
+    z = torch.randn(2, 3, 4)
+    assert torch.equal(normalize_gates(z, "exp")[0], normalize_gates(z, "softmax")[0])
+    with pytest.raises(ValueError, match="unknown gate variant 'softplus'"):
+        normalize_gates(z, "softplus")
+    with pytest.raises(ValueError, match="m \\+ 1"):
+        normalize_gates(torch.randn(2, 3, 1))
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        normalize_gates(z, "relu", eps=0.0)
+    with pytest.raises(TypeError, match="floating"):
+        normalize_gates(torch.ones(2, 3, 4, dtype=torch.long))
+
+
+def adversarial_logits(shape, seed):
+    g = gen(seed)
+    signs = torch.randint(0, 2, shape, generator=g) * 2 - 1
+    mag = torch.where(torch.rand(shape, generator=g) < 0.5, torch.full(shape, 1e4),
+                      3 * torch.rand(shape, generator=g))
+    return (signs * mag).to(D)
+
+
+@pytest.mark.parametrize("variant", NORMALISED)
+def test_proposition1_bdlru_long_sequence(variant):
+    """T = 1e5 with adversarial logits (±1e4, random signs): max|h| ≤ max|v|."""
+    T = 100_000
+    for m in (1, 2, 4):
+        z = adversarial_logits((1, T, 2, m, m + 1), seed=m)
+        v = torch.randn(1, T, 2, m, generator=gen(m), dtype=D) * 3
+        h = ls.bdlru_scan(z, v, variant)
+        assert h.abs().max() <= v.abs().max() * (1 + 1e-9), (variant, m)
+
+
+@pytest.mark.parametrize("variant", NORMALISED)
+def test_proposition1_hlru_long_sequence(variant):
+    T = 100_000
+    z = adversarial_logits((1, T, 4, 4), seed=9)                   # order m = 3
+    v = torch.randn(1, T, 4, generator=gen(9), dtype=D) * 3
+    h = ls.hlru_scan(z, v, variant)
+    assert h.abs().max() <= v.abs().max() * (1 + 1e-9)
+
+
+def test_unnormalised_gates_can_blow_up():
+    """The bound is a property of the normalisation: without it the same logits diverge."""
+    z = torch.full((1, 200, 1, 2, 3), 1.0, dtype=D)
+    v = torch.ones(1, 200, 1, 2, dtype=D)
+    assert ls.bdlru_scan(z, v, "none").abs().max() > 1e10
+    assert ls.bdlru_scan(z, v, "softmax").abs().max() <= 1

@@ -29,6 +29,7 @@ from .operators import BlockDiagonal, Companion, Diagonal, TransitionOperator
 __all__ = ["try_kernel_scan", "kernel_for"]
 
 MAX_KERNEL_BLOCK = 32
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def kernel_for(op: TransitionOperator, b: Tensor, dim: int, reverse: bool,
@@ -38,6 +39,8 @@ def kernel_for(op: TransitionOperator, b: Tensor, dim: int, reverse: bool,
         return None, f"tensors are on {op.device}, the Triton kernels need CUDA"
     if dim != 1:
         return None, f"kernels need time at dim 1, got dim={dim}"
+    if op.dtype not in KERNEL_DTYPES:
+        return None, f"kernels take float16/bfloat16/float32, got {op.dtype}"
     if reverse and cu_seqlens is not None:
         return None, "reverse=True with cu_seqlens has no kernel"
     if type(op) is Diagonal and op.batch_ndim == 2 and b.dim() == 3:

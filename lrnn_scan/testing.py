@@ -196,7 +196,7 @@ def _family_strategy(family: str, max_d: int = 8, max_n_h: int = 4, max_T: int =
 
     @st.composite
     def strat(draw):
-        d = draw(st.integers(1 if family != "householder" else 2, max_d))
+        d = draw(st.integers(1, max_d))
         T = draw(st.integers(1, max_T))
         B = draw(st.integers(1, 2))
         H = draw(st.integers(1, 3))
@@ -242,7 +242,7 @@ def operator_triples(max_d: int = 8, mixed: bool = True):
 
     @st.composite
     def strat(draw):
-        d = draw(st.integers(2, max_d))
+        d = draw(st.integers(1, max_d))
         shape = (draw(st.integers(1, 2)), draw(st.integers(1, 6)), draw(st.integers(1, 3)))
         seed = draw(st.integers(0, 2 ** 31 - 1))
         g = torch.Generator().manual_seed(seed)

@@ -73,7 +73,9 @@ def try_kernel_scan(op: TransitionOperator, b: Tensor, initial_state, output_fin
                 from exc
         return None
     (param,) = op.tensors()
-    h0 = None if initial_state is None else initial_state.float()
+    # Kernels index dense row-major memory; strided views (e.g. a[..., 0]) are copied once here.
+    param, b = param.contiguous(), b.contiguous()
+    h0 = None if initial_state is None else initial_state.float().contiguous()
     if reverse:
         param, b = param.flip(1), b.flip(1)
     h, h_final = fn(param, b, initial_state=h0, output_final_state=output_final_state,

@@ -28,10 +28,16 @@ def _check(name: str, t, rank: int, layout: str) -> None:
         raise ValueError(f"{name} must have shape {layout}; got {tuple(t.shape)}")
 
 
-def _fused(module: str, fn: str, method: str, device: torch.device):
-    if method not in ("auto", "kernel") or device.type != "cuda":
+def _fused(module: str, fn: str, method: str, logits: Tensor):
+    """The fused kernel for CUDA float16/bfloat16/float32 logits, else ``None`` (torch path)."""
+    reason = None
+    if logits.device.type != "cuda":
+        reason = f"method='kernel' needs CUDA tensors, got {logits.device}"
+    elif logits.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        reason = f"method='kernel' takes float16/bfloat16/float32 logits, got {logits.dtype}"
+    if method not in ("auto", "kernel") or reason is not None:
         if method == "kernel":
-            raise ValueError(f"method='kernel' needs CUDA tensors, got {device}")
+            raise ValueError(reason)
         return None
     try:
         return getattr(importlib.import_module(f"lrnn_scan.kernels.{module}"), fn)
@@ -69,10 +75,10 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
         raise ValueError(f"v must have shape logits.shape[:-1] = {tuple(logits.shape[:-1])} "
                          f"(B, T, H, m); got {tuple(v.shape)}")
     gate = canonical_gate_name(gate)
-    fn = _fused("fused_gates", "fused_gate_scan", method, logits.device)
+    fn = _fused("fused_gates", "fused_gate_scan", method, logits)
     if fn is not None:
-        h, hT = fn(logits, v, variant=gate, eps=eps, initial_state=initial_state,
-                   output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+        h, hT = fn(logits.contiguous(), v.contiguous(), variant=gate, eps=eps,
+                   initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
         return (h, hT) if output_final_state else h
     A, a0 = normalize_gates(logits, gate, eps)
     return scan(BlockDiagonal(A), a0 * v.to(a0.dtype), initial_state=initial_state,
@@ -104,10 +110,10 @@ def hlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float = 
         raise ValueError(f"v must have shape logits.shape[:-1] = {tuple(logits.shape[:-1])} "
                          f"(B, T, N); got {tuple(v.shape)}")
     gate = canonical_gate_name(gate)
-    fn = _fused("companion", "companion_scan", method, logits.device)
+    fn = _fused("companion", "companion_scan", method, logits)
     if fn is not None:
-        h, hT = fn(logits, v, variant=gate, eps=eps, initial_state=initial_state,
-                   output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+        h, hT = fn(logits.contiguous(), v.contiguous(), variant=gate, eps=eps,
+                   initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
         return (h, hT) if output_final_state else h
     a, a0 = normalize_gates(logits, gate, eps)
     return scan(Companion(a), a0 * v.to(a0.dtype), initial_state=initial_state,

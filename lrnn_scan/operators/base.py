@@ -75,7 +75,11 @@ class TransitionOperator:
         return new
 
     def map(self, fn: Callable[[Tensor], Tensor]) -> "TransitionOperator":
-        """Apply ``fn`` to every parameter tensor (``fn`` must only touch the batch dims)."""
+        """Apply ``fn`` to every parameter tensor.
+
+        ``fn`` must keep the number of batch dims (index, flip, cast, gather along a batch dim);
+        to add or drop batch dims build a new operator from the new tensors instead.
+        """
         return self.with_tensors(*(fn(t) for t in self.tensors()))
 
     @property

@@ -1,0 +1,442 @@
+"""Throughput of the materialised-A block-diagonal and diagonal scans against the memory roofline.
+
+One run (on a CUDA GPU) measures: the device-to-device copy bandwidth (bytes read + written);
+``block_diagonal_scan`` / ``diagonal_scan`` forward and forward+backward over block sizes m;
+the peers available here (compiled torch ``associative_scan`` for m = 1, a compiled torch
+log-depth doubling scan, an eager loop on one case, accelerated-scan if importable). Achieved
+TB/s = bytes(inputs read once + outputs written once) / median time. Writes CSV + JSON + a plot
+under ``benchmarks/out/`` and appends a dated row set to ``benchmarks/RESULTS.md``.
+
+    python benchmarks/scan_throughput.py            # full run
+    python benchmarks/scan_throughput.py --quick    # fewer shapes, no peers
+    python benchmarks/scan_throughput.py --tune     # sweep kernel configurations (prints only)
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+def _load_kernels():
+    """Import the kernels as ``lrnn_scan.kernels`` without importing the rest of the package
+    (works from a plain checkout; set LRNN_SCAN_USE_INSTALLED=1 to use the installed one)."""
+    if os.environ.get("LRNN_SCAN_USE_INSTALLED") == "1":
+        import lrnn_scan.kernels.block_diagonal as m
+        return m
+    import importlib.util
+    import types
+    if "lrnn_scan" not in sys.modules:
+        pkg = types.ModuleType("lrnn_scan")
+        pkg.__path__ = []
+        sys.modules["lrnn_scan"] = pkg
+    spec = importlib.util.spec_from_file_location(
+        "lrnn_scan.kernels", ROOT / "kernels" / "__init__.py",
+        submodule_search_locations=[str(ROOT / "kernels")])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["lrnn_scan.kernels"] = mod
+    spec.loader.exec_module(mod)
+    import lrnn_scan.kernels.block_diagonal as m
+    return m
+
+
+_bd = _load_kernels()
+block_diagonal_scan, diagonal_scan, _scanmod = _bd.block_diagonal_scan, _bd.diagonal_scan, _bd.scan
+
+import triton
+from triton.testing import do_bench
+
+DEV = "cuda"
+
+
+def bench(fn, warmup=10, rep=40):
+    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def copy_bandwidth():
+    x = torch.randn(1 << 28, device=DEV)  # 1 GiB
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    return 2 * x.numel() * 4 / ms / 1e9  # TB/s
+
+
+def make_inputs(B, T, N, m, dtype=torch.float32, grad=False):
+    H = N // m
+    A = torch.rand(B, T, H, m, m, device=DEV, dtype=dtype)
+    A = (A / A.sum(-1, keepdim=True) * 0.99).to(dtype).contiguous()  # rows L1 <= 1: stable
+    b = torch.randn(B, T, H, m, device=DEV, dtype=dtype)
+    if grad:
+        A.requires_grad_(True)
+        b.requires_grad_(True)
+    return A, b
+
+
+def bytes_fwd(B, T, N, m, esize=4):
+    return B * T * N * (m + 2) * esize  # A (N m per step) + b + h
+
+
+def bytes_fwdbwd_floor(B, T, N, m, esize=4):
+    # inputs read once: A, b, dh; outputs written once: h, dA, db
+    return B * T * N * (2 * m + 4) * esize
+
+
+def bytes_fwdbwd_passes(B, T, N, m, esize=4):
+    # forward (A, b -> h) + backward (A, h, dh -> dA, db) without recomputation
+    return B * T * N * (3 * m + 5) * esize
+
+
+def ours_fwd(A, b):
+    if A.shape[-1] == 1:
+        Bb, T, H = b.shape[:3]
+        a2, b2 = A.view(Bb, T, H), b.view(Bb, T, H)
+        return lambda: diagonal_scan(a2, b2)
+    return lambda: block_diagonal_scan(A, b)
+
+
+def ours_fwdbwd(A, b):
+    g = torch.randn_like(b)
+
+    def run():
+        h, _ = block_diagonal_scan(A, b)
+        torch.autograd.grad(h, (A, b), g)
+    return run
+
+
+# ----------------------------------------------------------------------------- peers
+def doubling_scan(A, b):
+    """Hillis-Steele log-depth scan over time with batched m x m matmuls (torch)."""
+    T = A.shape[1]
+    d = 1
+    while d < T:
+        A_prev, b_prev = A[:, :-d], b[:, :-d]
+        b = torch.cat([b[:, :d], (A[:, d:] @ b_prev.unsqueeze(-1)).squeeze(-1) + b[:, d:]], 1)
+        A = torch.cat([A[:, :d], A[:, d:] @ A_prev], 1)
+        d *= 2
+    return b
+
+
+def assoc_scan_m1(a, b):
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    def comb(x, y):
+        return (x[0] * y[0], y[0] * x[1] + y[1])
+    return associative_scan(comb, (a, b), dim=1, combine_mode="pointwise")[1]
+
+
+def eager_loop(A, b):
+    h = torch.zeros_like(b[:, 0])
+    out = []
+    for t in range(A.shape[1]):
+        h = (A[:, t] @ h.unsqueeze(-1)).squeeze(-1) + b[:, t]
+        out.append(h)
+    return torch.stack(out, 1)
+
+
+def try_accelerated_scan():
+    try:
+        from accelerated_scan.scalar import scan as as_scan
+        return as_scan
+    except Exception as e:  # optional peer
+        print(f"accelerated-scan not available: {e!r}")
+        return None
+
+
+# ----------------------------------------------------------------------------- correctness
+def check_fp64(log):
+    """Quick fwd + bwd check against an fp64 torch doubling scan on this GPU."""
+    torch.manual_seed(0)
+    worst = 0.0
+    for (B, T, N, m) in [(2, 1000, 96, 1), (2, 1000, 96, 3), (2, 700, 96, 8), (1, 3000, 96, 32),
+                         (1, 5000, 64, 4)]:
+        A, b = make_inputs(B, T, N, m, grad=True)
+        h0 = torch.randn(B, N // m, m, device=DEV, requires_grad=True)
+        h, hf = block_diagonal_scan(A, b, h0, True)
+        g, gf = torch.randn_like(h), torch.randn_like(hf)
+        dA, db, dh0 = torch.autograd.grad((h * g).sum() + (hf * gf).sum(), (A, b, h0))
+        Ad, bd, h0d = [x.detach().double().requires_grad_() for x in (A, b, h0)]
+        b1 = bd.clone()
+        b1[:, 0] = b1[:, 0] + (Ad[:, 0] @ h0d.unsqueeze(-1)).squeeze(-1)
+        hr = doubling_scan(Ad, b1)
+        rA, rb, rh0 = torch.autograd.grad((hr * g.double()).sum() + (hr[:, -1] * gf.double()).sum(),
+                                          (Ad, bd, h0d))
+        errs = {k: ((x.double() - y).norm() / y.norm()).item()
+                for k, x, y in [("h", h, hr), ("hf", hf, hr[:, -1]), ("dA", dA, rA), ("db", db, rb),
+                                ("dh0", dh0, rh0)]}
+        worst = max(worst, max(errs.values()))
+        log(f"check B{B} T{T} N{N} m{m}: " + " ".join(f"{k}={v:.2e}" for k, v in errs.items()))
+    return worst
+
+
+# ----------------------------------------------------------------------------- main
+def _pairs(m):
+    """(bh, num_warps, elements per thread per step) candidates for the block kernels."""
+    mp = triton.next_power_of_2(m)
+    out = []
+    for nw in (1, 2, 4, 8):
+        for e in (4, 8):
+            bh = 32 * nw * e // (mp * mp)
+            if bh >= 1 and bh * mp * mp == 32 * nw * e:
+                out.append((bh, nw, e))
+    out.sort()
+    return out[:3]
+
+
+def run_tune(log, ms_sel=(2, 4, 8, 16, 32)):
+    T = 2048
+    for N in (768, 4096):
+        for m in ms_sel:
+            A, b = make_inputs(8, T, N, m)
+            res = []
+            for bh, nw, e in _pairs(m):
+                for d in (8, 16):
+                    if d * e > 64:
+                        continue
+                    for ch in ((0, 512) if N == 768 else (0,)):
+                        _scanmod.TUNE.clear()
+                        _scanmod.TUNE.update(bh=bh, num_warps=nw, d=d, chunk=ch)
+                        try:
+                            ms = bench(ours_fwd(A, b), warmup=5, rep=20)
+                        except Exception as ex:  # noqa
+                            log(f"  fail bh{bh} nw{nw} d{d}: {ex!r}"[:300])
+                            continue
+                        res.append((ms, bh, nw, d, ch))
+            res.sort()
+            for ms, bh, nw, d, ch in res[:3]:
+                log(f"tune N{N} m{m}: {ms:.4f} ms {bytes_fwd(8, T, N, m) / ms / 1e9:.2f} TB/s "
+                    f"bh={bh} nw={nw} d={d} chunk={ch}")
+            del A, b
+    _scanmod.TUNE.clear()
+    for N in (768, 4096):
+        A, b = make_inputs(8, T, N, 1)
+        res = []
+        for bt in (16, 32, 64):
+            for bn in (32, 64, 128):
+                for nw in (1, 2, 4):
+                    _scanmod.TUNE.clear()
+                    _scanmod.TUNE.update(bt=bt, bn=bn, num_warps_diag=nw)
+                    ms = bench(ours_fwd(A, b), warmup=5, rep=20)
+                    res.append((ms, bt, bn, nw))
+        res.sort()
+        for r in res[:3]:
+            log(f"tune diag N{N}: {r[0]:.4f} ms {bytes_fwd(8, T, N, 1) / r[0] / 1e9:.2f} TB/s bt,bn,nw={r[1:]}")
+    _scanmod.TUNE.clear()
+    for m in (1, 4, 8, 32):
+        A, b = make_inputs(1, 16384, 768, m, grad=True)
+        ms = bench(ours_fwd(A, b), warmup=5, rep=20)
+        ms2 = bench(ours_fwdbwd(A, b), warmup=5, rep=20)
+        log(f"default B1 T16384 N768 m{m}: fwd {ms:.4f} ms {bytes_fwd(1, 16384, 768, m) / ms / 1e9:.2f} TB/s; "
+            f"fwdbwd {ms2:.4f} ms {bytes_fwdbwd_floor(1, 16384, 768, m) / ms2 / 1e9:.2f} TB/s")
+    for N in (768, 4096):
+        for m in (2, 8, 32):
+            A, b = make_inputs(8, T, N, m, grad=True)
+            ms = bench(ours_fwd(A, b), warmup=5, rep=20)
+            ms2 = bench(ours_fwdbwd(A, b), warmup=5, rep=20)
+            log(f"default B8 T2048 N{N} m{m}: fwd {ms:.4f} ms {bytes_fwd(8, T, N, m) / ms / 1e9:.2f} TB/s; "
+                f"fwdbwd {ms2:.4f} ms {bytes_fwdbwd_floor(8, T, N, m) / ms2 / 1e9:.2f} TB/s")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--bwd-compare", action="store_true",
+                    help="only compare the backward kernel variants (fp64 check + fwd+bwd timings)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
+    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"),
+                    help="markdown file the dated rows are appended to")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+
+    def log(s):
+        print(s, flush=True)
+        lines.append(s)
+
+    props = torch.cuda.get_device_properties(0)
+    env = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
+               triton=triton.__version__, date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    log(f"env: {env}")
+    worst = check_fp64(log)
+    log(f"fp64 check worst relative error: {worst:.2e}")
+    if args.tune:
+        run_tune(log)
+        return
+    if args.bwd_compare:
+        for var in ("g4", "v1"):
+            _scanmod.TUNE.clear()
+            _scanmod.TUNE["bwd_variant"] = var
+            log(f"bwd_variant={var}: fp64 check worst {check_fp64(log):.2e}")
+        for (B, T, N) in ((8, 2048, 4096), (8, 2048, 768), (1, 16384, 768)):
+            for m in ((2, 8, 32) if N == 4096 else (8,)):
+                A, b = make_inputs(B, T, N, m, grad=True)
+                for var in ("g4", "v1"):
+                    _scanmod.TUNE.clear()
+                    _scanmod.TUNE["bwd_variant"] = var
+                    t = bench(ours_fwdbwd(A, b))
+                    log(f"fwdbwd bwd_variant={var} B{B} T{T} N{N} m{m}: {t:.4f} ms "
+                        f"{bytes_fwdbwd_floor(B, T, N, m) / t / 1e9:.3f} TB/s (floor)")
+                del A, b
+        return
+    bw = copy_bandwidth()
+    log(f"copy bandwidth: {bw:.3f} TB/s")
+    rows = []
+
+    def record(kind, impl, B, T, N, m, ms, nbytes, **extra):
+        tbs = nbytes / ms / 1e9
+        row = dict(kind=kind, impl=impl, B=B, T=T, N=N, m=m, ms=round(ms, 5),
+                   tbs=round(tbs, 4), pct_copy=round(100 * tbs / bw, 1), **extra)
+        rows.append(row)
+        log(f"{kind:8s} {impl:22s} B{B} T{T} N{N} m{m}: {ms:8.4f} ms {tbs:6.3f} TB/s "
+            f"{100 * tbs / bw:5.1f}% {extra if extra else ''}")
+        return ms
+
+    # forward kernel variants: hand-pipelined 4-step groups (default) vs one step per iteration
+    for N in (768, 4096):
+        for m in (2, 8, 32):
+            A, b = make_inputs(8, 2048, N, m)
+            for var in ("g4", "v1"):
+                _scanmod.TUNE.clear()
+                _scanmod.TUNE["variant"] = var
+                record("fwd", f"variant_{var}", 8, 2048, N, m, bench(ours_fwd(A, b)), bytes_fwd(8, 2048, N, m))
+            del A, b
+    _scanmod.TUNE.clear()
+    # m = 1 tile configuration: pick the fastest here and use it for the rows below
+    a1, x1 = torch.rand(8, 2048, 4096, device=DEV), torch.randn(8, 2048, 4096, device=DEV)
+    best = None
+    for bt in (16, 32, 64):
+        for bn in (32, 64):
+            for nw in (2, 4):
+                _scanmod.TUNE.clear()
+                _scanmod.TUNE.update(bt=bt, bn=bn, num_warps_diag=nw)
+                t = record("fwd", f"diag_bt{bt}_bn{bn}_nw{nw}", 8, 2048, 4096, 1,
+                           bench(lambda: diagonal_scan(a1, x1)), 8 * 2048 * 4096 * 12)
+                best = min(best or (t, bt, bn, nw), (t, bt, bn, nw))
+    del a1, x1
+    _scanmod.TUNE.clear()
+    _scanmod.TUNE.update(bt=best[1], bn=best[2], num_warps_diag=best[3])
+    log(f"diag config used below: bt={best[1]} bn={best[2]} num_warps={best[3]}")
+    ms_list = (1, 2, 4, 8, 16, 32)
+    shapes = [(8, 2048, 768), (8, 2048, 4096), (1, 16384, 768)]
+    if args.quick:
+        ms_list = (1, 4, 8, 32)
+    ours = {}
+    for (B, T, N) in shapes:
+        for m in ms_list:
+            A, b = make_inputs(B, T, N, m, grad=True)
+            t = record("fwd", "ours", B, T, N, m, bench(ours_fwd(A, b)), bytes_fwd(B, T, N, m))
+            ours[("fwd", B, T, N, m)] = t
+            t = bench(ours_fwdbwd(A, b))
+            ours[("fwdbwd", B, T, N, m)] = t
+            record("fwdbwd", "ours", B, T, N, m, t, bytes_fwdbwd_floor(B, T, N, m),
+                   pct_of_passes=round(100 * bytes_fwdbwd_passes(B, T, N, m) / t / 1e9 / bw, 1))
+            del A, b
+            torch.cuda.empty_cache()
+    # diagonal at the peers table's shapes
+    for (B, T, N) in ([(8, 2048, 4096), (8, 16384, 4096)] if not args.quick else [(8, 2048, 4096)]):
+        a = torch.rand(B, T, N, device=DEV).requires_grad_()
+        x = torch.randn(B, T, N, device=DEV).requires_grad_()
+        t = record("fwd", "ours_diag", B, T, N, 1, bench(lambda: diagonal_scan(a, x)), B * T * N * 12)
+        ours[("fwd", B, T, N, 1)] = t
+        g = torch.randn_like(x)
+        tb = bench(lambda: torch.autograd.grad(diagonal_scan(a, x)[0], (a, x), g))
+        ours[("fwdbwd", B, T, N, 1)] = tb
+        record("fwdbwd", "ours_diag", B, T, N, 1, tb, B * T * N * 24)
+        if not args.no_peers and not args.quick:
+            as_scan = try_accelerated_scan()
+            if as_scan is not None:
+                at = a.detach().transpose(1, 2).contiguous().requires_grad_()
+                xt = x.detach().transpose(1, 2).contiguous().requires_grad_()
+                gt = g.transpose(1, 2).contiguous()
+                tp = bench(lambda: as_scan(at, xt))
+                record("fwd", "accelerated-scan", B, T, N, 1, tp, B * T * N * 12, speedup_vs_peer=round(tp / t, 3))
+                tpb = bench(lambda: torch.autograd.grad(as_scan(at, xt), (at, xt), gt))
+                record("fwdbwd", "accelerated-scan", B, T, N, 1, tpb, B * T * N * 24,
+                       speedup_vs_peer=round(tpb / tb, 3))
+            if T <= 2048:
+                try:
+                    f = torch.compile(assoc_scan_m1, fullgraph=True)
+                    ad, xd = a.detach(), x.detach()
+                    tp = bench(lambda: f(ad, xd))
+                    record("fwd", "torch_assoc_scan", B, T, N, 1, tp, B * T * N * 12,
+                           speedup_vs_peer=round(tp / t, 3))
+                except Exception as e:
+                    log(f"torch associative_scan failed: {e!r}"[:300])
+        del a, x
+    if not args.no_peers and not args.quick:
+        B, T, N = 8, 2048, 768
+        comp = torch.compile(doubling_scan)
+        for m in (1, 8):
+            A, b = make_inputs(B, T, N, m)
+            try:
+                tp = bench(lambda: comp(A, b), warmup=2, rep=5)
+                record("fwd", "torch_doubling_compiled", B, T, N, m, tp, bytes_fwd(B, T, N, m),
+                       speedup_vs_peer=round(tp / ours[("fwd", B, T, N, m)], 1))
+            except Exception as e:
+                log(f"doubling m={m} failed: {e!r}"[:300])
+            if m == 8:
+                t0 = time.perf_counter()
+                eager_loop(A, b)
+                torch.cuda.synchronize()
+                tp = (time.perf_counter() - t0) * 1e3
+                record("fwd", "eager_loop", B, T, N, m, tp, bytes_fwd(B, T, N, m),
+                       speedup_vs_peer=round(tp / ours[("fwd", B, T, N, m)], 1))
+            del A, b
+    # ------------------------------------------------------------------- outputs
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    payload = dict(env=env, copy_tbs=bw, rows=rows, fp64_worst=worst)
+    (out / f"scan_throughput_{stamp}.json").write_text(json.dumps(payload, indent=1))
+    keys = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
+    with open(out / f"scan_throughput_{stamp}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+        for j, kind in enumerate(("fwd", "fwdbwd")):
+            for (B, T, N) in shapes:
+                pts = [(r["m"], r["pct_copy"]) for r in rows
+                       if r["impl"] == "ours" and r["kind"] == kind and (r["B"], r["T"], r["N"]) == (B, T, N)]
+                if pts:
+                    ax[j].plot(*zip(*pts), marker="o", label=f"B{B} T{T} N{N}")
+            ax[j].set_xscale("log", base=2)
+            ax[j].set_xlabel("block size m")
+            ax[j].set_ylabel("% of copy bandwidth (byte floor)")
+            ax[j].set_title(f"{kind}, fp32, {env['device']}")
+            ax[j].axhline(100, color="gray", lw=0.5)
+            ax[j].legend()
+        fig.tight_layout()
+        fig.savefig(out / f"scan_throughput_{stamp}.png", dpi=100)
+    except Exception as e:
+        log(f"plot skipped: {e!r}")
+    res = Path(args.results)
+    new = not res.exists()
+    with open(res, "a") as f:
+        if new:
+            f.write("# Benchmark results\n\nRows appended by the benchmark scripts; newest last.\n")
+        f.write(f"\n## scan_throughput.py, {env['date']}\n\n{env['device']} ({env['sms']} SMs), "
+                f"torch {env['torch']}, Triton {env['triton']}; copy {bw:.3f} TB/s; fp32; "
+                f"fp64 check worst rel. error {worst:.1e}. TB/s = bytes(inputs once + outputs once)/median time; "
+                f"fwd+bwd floor = A, b, dh read + h, dA, db written.\n\n")
+        f.write("| kind | impl | B | T | N | m | ms | TB/s | % copy | extra |\n|---|---|---|---|---|---|---|---|---|---|\n")
+        for r in rows:
+            extra = {k: v for k, v in r.items() if k not in ("kind", "impl", "B", "T", "N", "m", "ms", "tbs", "pct_copy")}
+            f.write(f"| {r['kind']} | {r['impl']} | {r['B']} | {r['T']} | {r['N']} | {r['m']} | {r['ms']:.4f} | "
+                    f"{r['tbs']:.3f} | {r['pct_copy']} | {extra if extra else ''} |\n")
+    log(f"wrote {out}/scan_throughput_{stamp}.{{json,csv,png}} and appended to {res}")
+
+
+if __name__ == "__main__":
+    main()

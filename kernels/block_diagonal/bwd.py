@@ -1,0 +1,193 @@
+"""Backward kernels: the adjoint scan, run backwards in time over a chunk ``[t0, t1)``.
+
+With ``lam_t = dL/dh_t`` (total) and ``mu_t = A_t^T lam_t``:
+``lam_t = g_t + mu_{t+1}``, ``db_t = lam_t``, ``dA_t = lam_t h_{t-1}^T``, ``dh0 = mu_{bos}``.
+A chunk takes ``mu_in = mu_{t1}`` (the next chunk's ``mu_out``, or ``dh_final`` at the end of a
+sequence) and returns ``mu_out = mu_{t0}``.
+"""
+import triton
+import triton.language as tl
+
+from .fwd import _affine_combine, _seq_bounds
+
+
+@triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
+def _bd_bwd_kernel(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
+                   M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, NS: tl.constexpr,
+                   HAS_H0: tl.constexpr, HAS_MUIN: tl.constexpr, STORE_GRADS: tl.constexpr,
+                   STORE_MUOUT: tl.constexpr, VARLEN: tl.constexpr):
+    pid_h = tl.program_id(0)
+    s = tl.program_id(1)
+    c = tl.program_id(2)
+    bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
+    hb = pid_h * BH + tl.arange(0, BH)
+    i = tl.arange(0, MP)
+    mask_s = (hb < H)[:, None] & (i < M)[None, :]
+    offs_s = hb[:, None] * M + i[None, :]
+    offs_a = hb[:, None, None] * (M * M) + i[None, :, None] * M + i[None, None, :]
+    mask_a = mask_s[:, :, None] & (i < M)[None, None, :]
+    HM = H * M
+    HMM = HM * M
+    sc = (s.to(tl.int64) * NC + c) * HM
+    if HAS_MUIN:
+        mu = tl.load(MuIn + sc + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+    else:
+        mu = tl.zeros([BH, MP], dtype=tl.float32)
+    if HAS_H0:
+        h0 = tl.load(H0 + s.to(tl.int64) * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+    z = 0 * offs_s
+    for k in tl.range(t0, t1, num_stages=NS):
+        t = t1 - 1 - (k - t0)
+        lam = tl.load(G + t * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32) + mu
+        a = tl.load(A + t * HMM + offs_a, mask=mask_a, other=0.0).to(tl.float32)
+        if STORE_GRADS:
+            tl.store(DB + t * HM + offs_s, lam.to(DB.dtype.element_ty), mask=mask_s)
+            hp = tl.load(Hs + (t - 1) * HM + offs_s, mask=mask_s & ((t + z) > bos),
+                         other=0.0).to(tl.float32)
+            if HAS_H0:
+                hp = tl.where(t == bos, h0, hp)
+            tl.store(DA + t * HMM + offs_a, (lam[:, :, None] * hp[:, None, :]).to(DA.dtype.element_ty),
+                     mask=mask_a)
+        mu = tl.sum(a * lam[:, :, None], axis=1)
+    if STORE_MUOUT:
+        tl.store(MuOut + sc + offs_s, mu, mask=mask_s)
+
+
+@triton.jit
+def _bstep(a, g, hp, mu, t, t0, bos, h0, DA, DB, HM, HMM, offs_s, offs_a, mask_s, mask_a,
+           HAS_H0: tl.constexpr, STORE_GRADS: tl.constexpr):
+    lam = g.to(tl.float32) + mu
+    if STORE_GRADS:
+        okm = (t + 0 * offs_s) >= t0
+        tl.store(DB + t * HM + offs_s, lam.to(DB.dtype.element_ty), mask=mask_s & okm)
+        hpf = hp.to(tl.float32)
+        if HAS_H0:
+            hpf = tl.where(t == bos, h0, hpf)
+        tl.store(DA + t * HMM + offs_a, (lam[:, :, None] * hpf[:, None, :]).to(DA.dtype.element_ty),
+                 mask=mask_a & okm[:, :, None])
+    return tl.where(t >= t0, tl.sum(a.to(tl.float32) * lam[:, :, None], axis=1), mu)
+
+
+@triton.jit
+def _bload(A, G, Hs, t, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS: tl.constexpr):
+    ok = (t + 0 * offs_s) >= t0
+    a = tl.load(A + t * HMM + offs_a, mask=mask_a & ok[:, :, None], other=0.0)
+    g = tl.load(G + t * HM + offs_s, mask=mask_s & ok, other=0.0)
+    if STORE_GRADS:
+        hp = tl.load(Hs + (t - 1) * HM + offs_s, mask=mask_s & ok & ((t + 0 * offs_s) > bos), other=0.0)
+    else:
+        hp = g
+    return a, g, hp
+
+
+@triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
+def _bd_bwd_kernel_g4(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
+                      M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr,
+                      HAS_H0: tl.constexpr, HAS_MUIN: tl.constexpr, STORE_GRADS: tl.constexpr,
+                      STORE_MUOUT: tl.constexpr, VARLEN: tl.constexpr):
+    """``_bd_bwd_kernel`` hand-pipelined like ``_bd_fwd_kernel_g4``: groups of 4 steps, newest
+    first, the next (older) group's ``A``, ``g``, ``h_{t-1}`` loaded before the current one is used."""
+    pid_h = tl.program_id(0)
+    s = tl.program_id(1)
+    c = tl.program_id(2)
+    bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
+    hb = pid_h * BH + tl.arange(0, BH)
+    i = tl.arange(0, MP)
+    mask_s = (hb < H)[:, None] & (i < M)[None, :]
+    offs_s = hb[:, None] * M + i[None, :]
+    offs_a = hb[:, None, None] * (M * M) + i[None, :, None] * M + i[None, None, :]
+    mask_a = mask_s[:, :, None] & (i < M)[None, None, :]
+    HM = H * M
+    HMM = HM * M
+    sc = (s.to(tl.int64) * NC + c) * HM
+    if HAS_MUIN:
+        mu = tl.load(MuIn + sc + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+    else:
+        mu = tl.zeros([BH, MP], dtype=tl.float32)
+    if HAS_H0:
+        h0 = tl.load(H0 + s.to(tl.int64) * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+    else:
+        h0 = mu
+    top = t1 - 1
+    a0, g0, p0 = _bload(A, G, Hs, top, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+    a1, g1, p1 = _bload(A, G, Hs, top - 1, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+    a2, g2, p2 = _bload(A, G, Hs, top - 2, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+    a3, g3, p3 = _bload(A, G, Hs, top - 3, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+    for k in range(t0, t1, 4):
+        top = t1 - 1 - (k - t0)
+        tn = top - 4
+        n0, e0, q0 = _bload(A, G, Hs, tn, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+        n1, e1, q1 = _bload(A, G, Hs, tn - 1, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+        n2, e2, q2 = _bload(A, G, Hs, tn - 2, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+        n3, e3, q3 = _bload(A, G, Hs, tn - 3, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+        mu = _bstep(a0, g0, p0, mu, top, t0, bos, h0, DA, DB, HM, HMM, offs_s, offs_a, mask_s, mask_a,
+                    HAS_H0, STORE_GRADS)
+        mu = _bstep(a1, g1, p1, mu, top - 1, t0, bos, h0, DA, DB, HM, HMM, offs_s, offs_a, mask_s, mask_a,
+                    HAS_H0, STORE_GRADS)
+        mu = _bstep(a2, g2, p2, mu, top - 2, t0, bos, h0, DA, DB, HM, HMM, offs_s, offs_a, mask_s, mask_a,
+                    HAS_H0, STORE_GRADS)
+        mu = _bstep(a3, g3, p3, mu, top - 3, t0, bos, h0, DA, DB, HM, HMM, offs_s, offs_a, mask_s, mask_a,
+                    HAS_H0, STORE_GRADS)
+        a0, a1, a2, a3 = n0, n1, n2, n3
+        g0, g1, g2, g3 = e0, e1, e2, e3
+        p0, p1, p2, p3 = q0, q1, q2, q3
+    if STORE_MUOUT:
+        tl.store(MuOut + sc + offs_s, mu, mask=mask_s)
+
+
+@triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
+def _diag_bwd_kernel(Aa, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, N, CHUNK, NC,
+                     BT: tl.constexpr, BN: tl.constexpr, HAS_H0: tl.constexpr,
+                     HAS_MUIN: tl.constexpr, STORE_GRADS: tl.constexpr, STORE_MUOUT: tl.constexpr,
+                     VARLEN: tl.constexpr):
+    """m = 1: tile row ``r`` is time ``top - 1 - r`` (reversal by indexing, not ``reverse=True``);
+    ``lam_t = g_t + coef_t * lam_{t+1}`` with ``coef_t = a_{t+1}`` inside the chunk and ``1`` at its
+    last step, where the carry is ``mu_in`` itself."""
+    pid_n = tl.program_id(0)
+    s = tl.program_id(1)
+    c = tl.program_id(2)
+    bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
+    n = pid_n * BN + tl.arange(0, BN)
+    mn = n < N
+    r = tl.arange(0, BT)
+    last = (r == BT - 1)[:, None]
+    sc = (s.to(tl.int64) * NC + c) * N
+    if HAS_MUIN:
+        lam_c = tl.load(MuIn + sc + n, mask=mn, other=0.0).to(tl.float32)
+    else:
+        lam_c = tl.zeros([BN], dtype=tl.float32)
+    if HAS_H0:
+        h0 = tl.load(H0 + s.to(tl.int64) * N + n, mask=mn, other=0.0).to(tl.float32)
+    # tile rows r = 0..BT-1 are times top - 1 - r; prefetch the next (older) tile
+    offs0 = -r[:, None] * N + n[None, :]
+    tt = t1 - 1 - r
+    valid = (tt >= t0)[:, None] & mn[None, :]
+    c_nxt = tl.load(Aa + (t1 - 1) * N + offs0 + N, mask=valid & (tt + 1 < t1)[:, None], other=1.0)
+    g_nxt = tl.load(G + (t1 - 1) * N + offs0, mask=valid, other=0.0)
+    if STORE_GRADS:
+        p_nxt = tl.load(Hs + (t1 - 1) * N + offs0 - N, mask=valid & (tt > bos)[:, None], other=0.0)
+    for k in range(t0, t1, BT):
+        top = t1 - 1 - (k - t0)
+        t = top - r
+        valid = (t >= t0)[:, None] & mn[None, :]
+        offs = top * N + offs0
+        coef = c_nxt.to(tl.float32)
+        gv = g_nxt.to(tl.float32)
+        tn = t - BT
+        vn = (tn >= t0)[:, None] & mn[None, :]
+        c_nxt = tl.load(Aa + offs - BT * N + N, mask=vn & (tn + 1 < t1)[:, None], other=1.0)
+        g_nxt = tl.load(G + offs - BT * N, mask=vn, other=0.0)
+        if STORE_GRADS:
+            hp = p_nxt.to(tl.float32)
+            p_nxt = tl.load(Hs + offs - BT * N - N, mask=vn & (tn > bos)[:, None], other=0.0)
+        cc, cv = tl.associative_scan((coef, gv), 0, _affine_combine)
+        lam = cc * lam_c[None, :] + cv
+        if STORE_GRADS:
+            tl.store(DB + offs, lam.to(DB.dtype.element_ty), mask=valid)
+            if HAS_H0:
+                hp = tl.where((t == bos)[:, None], h0[None, :], hp)
+            tl.store(DA + offs, (lam * hp).to(DA.dtype.element_ty), mask=valid)
+        lam_c = tl.sum(tl.where(last, lam, 0.0), axis=0)
+    if STORE_MUOUT:
+        a0 = tl.load(Aa + t0 * N + n, mask=mn & ((t0 + 0 * n) < t1), other=1.0).to(tl.float32)
+        tl.store(MuOut + sc + n, a0 * lam_c, mask=mn)

@@ -1,0 +1,416 @@
+"""Launchers and autograd Functions for ``block_diagonal_scan`` and ``diagonal_scan``.
+
+Dispatch: m = 1 goes to the tile kernels of the diagonal scan; m = 2..32 to the sequential
+block kernels. When ``num_seqs x programs-per-sequence`` cannot fill the GPU, time is split into
+chunks: (1) per chunk the product of its transitions and its local end state, (2) a short scan of
+the chunk carries (the same forward kernel, with chunks as time steps), (3) each chunk re-run
+from its carry. The backward does the same with transposed products (``P^T``, saved by the
+forward).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _diag_bwd_kernel
+from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_summary_kernel, _diag_fwd_kernel
+
+__all__ = ["block_diagonal_scan", "diagonal_scan"]
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+MAX_M = 32
+# Test/benchmark knobs (not public API): ``chunk`` forces a chunk length (0 = never chunk),
+# ``bh``/``num_warps``/``num_stages``/``bt``/``bn`` override the kernel configuration.
+TUNE: dict = {}
+
+
+def _tune_from_env():
+    """``LRNN_SCAN_TUNE="key=value,key=value"`` seeds TUNE (ints where they parse)."""
+    for item in os.environ.get("LRNN_SCAN_TUNE", "").split(","):
+        if "=" in item:
+            k, v = item.split("=", 1)
+            TUNE[k.strip()] = int(v) if v.strip().lstrip("-").isdigit() else v.strip()
+
+
+_tune_from_env()
+
+
+def _poison() -> bool:
+    return os.environ.get("LRNN_SCAN_POISON", "0") not in ("", "0")
+
+
+def _empty(shape, dtype, device):
+    if _poison():
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _num_sms(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+# ----------------------------------------------------------------------------- validation
+def _check_float(name, x, ndim, shape_doc):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOATS:
+        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have shape {shape_doc}, got {tuple(x.shape)}")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous()), got strides {x.stride()}")
+    if x.device.type != "cuda" and not _interpret():
+        raise ValueError(f"{name} must be a CUDA tensor (or set TRITON_INTERPRET=1), got {x.device}")
+
+
+def _check_common(ref, ref_name, B, T, state_shape, initial_state, cu_seqlens):
+    """Returns ``num_seqs``; checks the initial state and ``cu_seqlens``."""
+    nseq = B
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor):
+            raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+        if cu_seqlens.dtype not in (torch.int64, torch.int32) or cu_seqlens.dim() != 1 \
+                or cu_seqlens.numel() < 2:
+            raise ValueError(f"cu_seqlens must be an int64 tensor of shape (num_seqs + 1,), got "
+                             f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.device != ref.device:
+            raise ValueError(f"cu_seqlens must be on {ref.device} like {ref_name}, got {cu_seqlens.device}")
+        if B != 1:
+            raise ValueError(f"cu_seqlens needs batch size 1 ({ref_name}.shape[0] == 1), got {B}")
+        cu = cu_seqlens.tolist()
+        if cu[0] != 0 or cu[-1] != T or any(y < x for x, y in zip(cu[:-1], cu[1:])):
+            raise ValueError(f"cu_seqlens must be non-decreasing from 0 to T={T}, got {cu}")
+        nseq = len(cu) - 1
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor):
+            raise TypeError(f"initial_state must be a torch.Tensor, got {type(initial_state).__name__}")
+        if initial_state.dtype not in _FLOATS + (torch.float64,):
+            raise TypeError(f"initial_state must be a floating tensor, got {initial_state.dtype}")
+        want = (nseq,) + tuple(state_shape)
+        if tuple(initial_state.shape) != want:
+            raise ValueError(f"initial_state must have shape {want} ((B or num_seqs), ...), "
+                             f"got {tuple(initial_state.shape)}")
+        if initial_state.device != ref.device:
+            raise ValueError(f"initial_state must be on {ref.device} like {ref_name}, got "
+                             f"{initial_state.device}")
+    return nseq
+
+
+def _max_len(T, nseq, cu_seqlens):
+    if cu_seqlens is None:
+        return T
+    cu = cu_seqlens.tolist()
+    return max([y - x for x, y in zip(cu[:-1], cu[1:])] + [0])
+
+
+def _choose_chunk(nprog, max_len, device, align, m=1):
+    """Chunk length, or None for one pass over the whole sequence."""
+    if "chunk" in TUNE:
+        c = TUNE["chunk"]
+        return None if not c or c >= max_len else c
+    target = 4 * _num_sms(device)
+    # m >= 16: the chunk-summary kernel (an m x (m+1) matrix state per block) measured 10-40x
+    # slower than the unchunked scan on an H200 (benchmarks/RESULTS.md), so never chunk there.
+    if m >= 16 or nprog >= target or max_len < 1024:
+        return None
+    nc = triton.cdiv(target, nprog)
+    chunk = max(256, triton.cdiv(max_len, nc))
+    chunk = triton.cdiv(chunk, align) * align
+    return None if chunk >= max_len else chunk
+
+
+# ----------------------------------------------------------------------------- m >= 2 kernels
+def _bd_cfg(m):
+    mp = triton.next_power_of_2(m)
+    # one 16-byte vector of A per thread and step keeps the time axis of a load group in-thread
+    bh = TUNE.get("bh", max(1, 128 // (mp * mp)))
+    nw = TUNE.get("num_warps", max(1, min(4, bh * mp * mp // 128)))
+    ns = TUNE.get("num_stages", 3)
+    return mp, bh, nw, ns
+
+
+def _fwd_kernel(m):
+    """The hand-pipelined 4-step-group kernel, or the one-step loop (``TUNE['variant']``)."""
+    return _bd_fwd_kernel_g4 if TUNE.get("variant", "g4") == "g4" else _bd_fwd_kernel
+
+
+def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
+    """Backward: hand-pipelined 4-step groups when there are few programs (latency-bound), else
+    the one-step loop. On an H200 (fwd+bwd, fp32) g4 won at 48-768 programs (B8 N4096 m2,
+    B8 N768 m8, B1 N768 m8) and lost at 1024-2048 (B8 N4096 m8, m32); ``TUNE['bwd_variant']``
+    overrides."""
+    nprog = grid[0] * grid[1] * grid[2]
+    if TUNE.get("bwd_variant", "g4" if nprog < 1024 else "v1") == "g4":
+        _bd_bwd_kernel_g4[grid](*args, M=M, MP=MP, BH=BH, **kw)
+    else:
+        _bd_bwd_kernel[grid](*args, M=M, MP=MP, BH=BH, NS=NS, **kw)
+
+
+def _fwd_launch(grid, *args, M, MP, BH, NS, **kw):
+    k = _fwd_kernel(M)
+    if k is _bd_fwd_kernel:
+        kw["NS"] = NS
+    k[grid](*args, M=M, MP=MP, BH=BH, **kw)
+
+
+def _bd_forward(A, b, h0, cu, chunk):
+    B, T, H, m = b.shape
+    nseq = B if cu is None else cu.numel() - 1
+    mp, bh, nw, ns = _bd_cfg(m)
+    dev = b.device
+    h = _empty(b.shape, b.dtype, dev)
+    final = _empty((nseq, H, m), torch.float32, dev)
+    dummy = b
+    varlen = cu is not None
+    cu_arg = cu if varlen else dummy
+    if chunk is None:
+        _fwd_launch((triton.cdiv(H, bh), nseq, 1),
+            A, b, h, h0 if h0 is not None else dummy, final, cu_arg, T, H, max(T, 1), 1,
+            M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True,
+            VARLEN=varlen, num_warps=nw)
+        return h, final, None
+    nc = triton.cdiv(_max_len(T, nseq, cu), chunk)
+    P = _empty((nseq, nc, H, m, m), torch.float32, dev)
+    E = _empty((nseq, nc, H, m), torch.float32, dev)
+    ncb = min(triton.next_power_of_2(m + 1), 16)
+    ngrp = triton.cdiv(m + 1, ncb)
+    bhs = max(1, 1024 // (mp * mp * ncb))
+    nws = max(1, min(8, bhs * mp * mp * ncb // 1024))
+    _bd_summary_kernel[(triton.cdiv(H, bhs) * ngrp, nseq, nc)](
+        A, b, P, E, cu_arg, T, H, chunk, nc, M=m, MP=mp, BH=bhs, NCB=ncb, NGRP=ngrp, NS=ns,
+        VARLEN=varlen, num_warps=nws, num_stages=ns)
+    X = _empty((nseq, nc, H, m), torch.float32, dev)
+    _fwd_launch((triton.cdiv(H, bh), nseq, 1),
+        P, E, X, h0 if h0 is not None else dummy, final, dummy, nc, H, nc, 1,
+        M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True,
+        VARLEN=False, num_warps=nw)
+    first = (h0.float() if h0 is not None else torch.zeros(nseq, H, m, device=dev))[:, None]
+    init = torch.cat([first, X[:, :-1]], 1).contiguous()
+    _fwd_launch((triton.cdiv(H, bh), nseq, nc),
+        A, b, h, init, dummy, cu_arg, T, H, chunk, nc,
+        M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=True, STORE_H=True, STORE_FINAL=False,
+        VARLEN=varlen, num_warps=nw)
+    return h, final, P
+
+
+def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
+    B, T, H, m = h.shape
+    nseq = B if cu is None else cu.numel() - 1
+    mp, bh, nw, ns = _bd_cfg(m)
+    dev = h.device
+    dA = _empty(A.shape, A.dtype, dev)
+    db = _empty(h.shape, h.dtype, dev)
+    dh0 = _empty((nseq, H, m), torch.float32, dev)
+    varlen = cu is not None
+    dummy = h
+    cu_arg = cu if varlen else dummy
+    h0_arg = h0 if h0 is not None else dummy
+    grid1 = (triton.cdiv(H, bh), nseq, 1)
+    if chunk is None:
+        _bwd_launch(grid1,
+            A, h, h0_arg, g, dA, db, dhT if dhT is not None else dummy, dh0, cu_arg, T, H,
+            max(T, 1), 1, M=m, MP=mp, BH=bh, NS=ns, HAS_H0=h0 is not None, HAS_MUIN=dhT is not None,
+            STORE_GRADS=True, STORE_MUOUT=True, VARLEN=varlen, num_warps=nw)
+        return dA, db, dh0
+    nc = P.shape[1]
+    F = _empty((nseq, nc, H, m), torch.float32, dev)
+    _bwd_launch((triton.cdiv(H, bh), nseq, nc),
+        A, h, h0_arg, g, dummy, dummy, dummy, F, cu_arg, T, H, chunk, nc,
+        M=m, MP=mp, BH=bh, NS=ns, HAS_H0=False, HAS_MUIN=False, STORE_GRADS=False, STORE_MUOUT=True,
+        VARLEN=varlen, num_warps=nw)
+    A2 = P.flip(1).transpose(-1, -2).contiguous()
+    b2 = F.flip(1).contiguous()
+    X = _empty((nseq, nc, H, m), torch.float32, dev)
+    _fwd_launch(grid1,
+        A2, b2, X, dhT if dhT is not None else dummy, dh0, dummy, nc, H, nc, 1,
+        M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=dhT is not None, STORE_H=True, STORE_FINAL=True,
+        VARLEN=False, num_warps=nw)
+    last = (dhT.float() if dhT is not None else torch.zeros(nseq, H, m, device=dev))[:, None]
+    muin = torch.cat([X.flip(1)[:, 1:], last], 1).contiguous()
+    _bwd_launch((triton.cdiv(H, bh), nseq, nc),
+        A, h, h0_arg, g, dA, db, muin, dummy, cu_arg, T, H, chunk, nc,
+        M=m, MP=mp, BH=bh, NS=ns, HAS_H0=h0 is not None, HAS_MUIN=True, STORE_GRADS=True,
+        STORE_MUOUT=False, VARLEN=varlen, num_warps=nw)
+    return dA, db, dh0
+
+
+# ----------------------------------------------------------------------------- m == 1 kernels
+def _diag_cfg():
+    # (BT, BN, num_warps) = (64, 32, 2): fastest of a 12-config sweep on an H200 (RESULTS.md)
+    return (TUNE.get("bt", 64), TUNE.get("bn", 32), TUNE.get("num_warps_diag", 2),
+            TUNE.get("num_stages_diag", 3))
+
+
+def _diag_forward(a, b, h0, cu, chunk):
+    B, T, N = b.shape
+    nseq = B if cu is None else cu.numel() - 1
+    bt, bn, nw, ns = _diag_cfg()
+    dev = b.device
+    h = _empty(b.shape, b.dtype, dev)
+    final = _empty((nseq, N), torch.float32, dev)
+    varlen = cu is not None
+    dummy = b
+    cu_arg = cu if varlen else dummy
+    gn = triton.cdiv(N, bn)
+    if chunk is None:
+        _diag_fwd_kernel[(gn, nseq, 1)](
+            a, b, h, h0 if h0 is not None else dummy, final, dummy, cu_arg, T, N, max(T, 1), 1,
+            BT=bt, BN=bn, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True, STORE_P=False,
+            VARLEN=varlen, num_warps=nw)
+        return h, final, None
+    nc = triton.cdiv(_max_len(T, nseq, cu), chunk)
+    P = _empty((nseq, nc, N), torch.float32, dev)
+    E = _empty((nseq, nc, N), torch.float32, dev)
+    _diag_fwd_kernel[(gn, nseq, nc)](
+        a, b, dummy, dummy, E, P, cu_arg, T, N, chunk, nc, BT=bt, BN=bn, HAS_INIT=False,
+        STORE_H=False, STORE_FINAL=True, STORE_P=True, VARLEN=varlen, num_warps=nw)
+    X = _empty((nseq, nc, N), torch.float32, dev)
+    _diag_fwd_kernel[(gn, nseq, 1)](
+        P, E, X, h0 if h0 is not None else dummy, final, dummy, dummy, nc, N, nc, 1,
+        BT=bt, BN=bn, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True, STORE_P=False,
+        VARLEN=False, num_warps=nw)
+    first = (h0.float() if h0 is not None else torch.zeros(nseq, N, device=dev))[:, None]
+    init = torch.cat([first, X[:, :-1]], 1).contiguous()
+    _diag_fwd_kernel[(gn, nseq, nc)](
+        a, b, h, init, dummy, dummy, cu_arg, T, N, chunk, nc, BT=bt, BN=bn, HAS_INIT=True,
+        STORE_H=True, STORE_FINAL=False, STORE_P=False, VARLEN=varlen, num_warps=nw)
+    return h, final, P
+
+
+def _diag_backward(a, h, h0, g, dhT, cu, chunk, P):
+    B, T, N = h.shape
+    nseq = B if cu is None else cu.numel() - 1
+    bt, bn, nw, ns = _diag_cfg()
+    dev = h.device
+    da = _empty(a.shape, a.dtype, dev)
+    db = _empty(h.shape, h.dtype, dev)
+    dh0 = _empty((nseq, N), torch.float32, dev)
+    varlen = cu is not None
+    dummy = h
+    cu_arg = cu if varlen else dummy
+    h0_arg = h0 if h0 is not None else dummy
+    gn = triton.cdiv(N, bn)
+    if chunk is None:
+        _diag_bwd_kernel[(gn, nseq, 1)](
+            a, h, h0_arg, g, da, db, dhT if dhT is not None else dummy, dh0, cu_arg, T, N,
+            max(T, 1), 1, BT=bt, BN=bn, HAS_H0=h0 is not None, HAS_MUIN=dhT is not None,
+            STORE_GRADS=True, STORE_MUOUT=True, VARLEN=varlen, num_warps=nw)
+        return da, db, dh0
+    nc = P.shape[1]
+    F = _empty((nseq, nc, N), torch.float32, dev)
+    _diag_bwd_kernel[(gn, nseq, nc)](
+        a, h, h0_arg, g, dummy, dummy, dummy, F, cu_arg, T, N, chunk, nc, BT=bt, BN=bn,
+        HAS_H0=False, HAS_MUIN=False, STORE_GRADS=False, STORE_MUOUT=True, VARLEN=varlen,
+        num_warps=nw)
+    X = _empty((nseq, nc, N), torch.float32, dev)
+    _diag_fwd_kernel[(gn, nseq, 1)](
+        P.flip(1).contiguous(), F.flip(1).contiguous(), X, dhT if dhT is not None else dummy,
+        dh0, dummy, dummy, nc, N, nc, 1, BT=bt, BN=bn, HAS_INIT=dhT is not None, STORE_H=True,
+        STORE_FINAL=True, STORE_P=False, VARLEN=False, num_warps=nw)
+    last = (dhT.float() if dhT is not None else torch.zeros(nseq, N, device=dev))[:, None]
+    muin = torch.cat([X.flip(1)[:, 1:], last], 1).contiguous()
+    _diag_bwd_kernel[(gn, nseq, nc)](
+        a, h, h0_arg, g, da, db, muin, dummy, cu_arg, T, N, chunk, nc, BT=bt, BN=bn,
+        HAS_H0=h0 is not None, HAS_MUIN=True, STORE_GRADS=True, STORE_MUOUT=False,
+        VARLEN=varlen, num_warps=nw)
+    return da, db, dh0
+
+
+# ----------------------------------------------------------------------------- autograd
+class _ScanFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A, b, h0, cu, chunk, diag):
+        fwd = _diag_forward if diag else _bd_forward
+        h, final, P = fwd(A, b, h0, cu, chunk)
+        ctx.save_for_backward(A, h, h0, cu, P)
+        ctx.chunk, ctx.diag = chunk, diag
+        ctx.h0_dtype = None if h0 is None else h0.dtype
+        return h, final
+
+    @staticmethod
+    def backward(ctx, dh, dfinal):
+        A, h, h0, cu, P = ctx.saved_tensors
+        g = torch.zeros_like(h) if dh is None else dh.contiguous()
+        dhT = None if dfinal is None else dfinal.float().contiguous()
+        bwd = _diag_backward if ctx.diag else _bd_backward
+        dA, db, dh0 = bwd(A, h, h0, g, dhT, cu, ctx.chunk, P)
+        return dA, db, (dh0.to(ctx.h0_dtype) if h0 is not None else None), None, None, None
+
+
+def block_diagonal_scan(A, b, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """Block-diagonal linear recurrence ``h_t = A_t h_{t-1} + b_t`` with ``m x m`` blocks.
+
+    Args:
+        A: ``(B, T, H, m, m)`` transitions, ``1 <= m <= 32``; float32/bfloat16/float16, contiguous.
+        b: ``(B, T, H, m)`` inputs.
+        initial_state: optional ``(B or num_seqs, H, m)`` state ``h_0`` (any float dtype).
+        output_final_state: also return the fp32 final state ``(B or num_seqs, H, m)``.
+        cu_seqlens: optional int64 ``(num_seqs + 1,)`` offsets of packed sequences (``B == 1``).
+
+    Returns:
+        ``(h, h_final or None)``; ``h`` has ``b``'s shape and dtype. Differentiable in ``A``, ``b``
+        and ``initial_state``.
+    """
+    _check_float("A", A, 5, "(B, T, H, m, m)")
+    _check_float("b", b, 4, "(B, T, H, m)")
+    B, T, H, m = b.shape
+    if tuple(A.shape) != (B, T, H, m, m):
+        raise ValueError(f"A must have shape (B, T, H, m, m) = {(B, T, H, m, m)} to match b "
+                         f"{tuple(b.shape)}, got {tuple(A.shape)}")
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"block size m (b.shape[-1]) must be in 1..{MAX_M}, got {m}")
+    if A.device != b.device:
+        raise ValueError(f"A and b must be on one device, got A on {A.device}, b on {b.device}")
+    nseq = _check_common(b, "b", B, T, (H, m), initial_state, cu_seqlens)
+    h0 = initial_state.contiguous() if initial_state is not None else None
+    cu = cu_seqlens.to(torch.int64).contiguous() if cu_seqlens is not None else None
+    if m == 1:
+        h, final = _diag_apply(A.view(B, T, H), b.view(B, T, H),
+                               None if h0 is None else h0.view(nseq, H), cu, nseq)
+        h, final = h.view(B, T, H, 1), final.view(nseq, H, 1)
+    else:
+        mp, bh, _, _ = _bd_cfg(m)
+        chunk = _choose_chunk(nseq * triton.cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m)
+        h, final = _ScanFn.apply(A, b, h0, cu, chunk, False)
+    return h, (final if output_final_state else None)
+
+
+def _diag_apply(a, b, h0, cu, nseq):
+    B, T, N = b.shape
+    bt, bn, _, _ = _diag_cfg()
+    chunk = _choose_chunk(nseq * triton.cdiv(N, bn), _max_len(T, nseq, cu), b.device, bt)
+    return _ScanFn.apply(a, b, h0, cu, chunk, True)
+
+
+def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """Diagonal linear recurrence ``h_t = a_t * h_{t-1} + b_t`` (the m = 1 block case).
+
+    Args:
+        a, b: ``(B, T, N)``, float32/bfloat16/float16, contiguous.
+        initial_state: optional ``(B or num_seqs, N)``.
+        output_final_state: also return the fp32 final state ``(B or num_seqs, N)``.
+        cu_seqlens: optional int64 ``(num_seqs + 1,)`` (``B == 1``).
+
+    Returns:
+        ``(h, h_final or None)``; ``h`` has ``b``'s shape and dtype.
+    """
+    _check_float("a", a, 3, "(B, T, N)")
+    _check_float("b", b, 3, "(B, T, N)")
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have one shape (B, T, N), got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.device != b.device:
+        raise ValueError(f"a and b must be on one device, got a on {a.device}, b on {b.device}")
+    B, T, N = b.shape
+    nseq = _check_common(b, "b", B, T, (N,), initial_state, cu_seqlens)
+    h0 = initial_state.contiguous() if initial_state is not None else None
+    cu = cu_seqlens.to(torch.int64).contiguous() if cu_seqlens is not None else None
+    h, final = _diag_apply(a, b, h0, cu, nseq)
+    return h, (final if output_final_state else None)

@@ -1,0 +1,161 @@
+"""Triton kernels: companion (H-LRU) recurrence, O(m) per channel-step, newest component stored.
+
+Each program owns ``BN`` channels of one sequence. The last ``m`` outputs live in a register
+*ring* of ``m`` slots: ``h_τ`` sits in slot ``(τ + m) mod m``. At step ``t`` the ring holds
+``h_{t-1} … h_{t-m}``, and slot ``c`` holds ``h_{t-i}`` for ``i = ((t − c − 1) mod m) + 1``: we
+load the logits with that column permutation, so ``h_t = Σ_c a[c]·ring[c] + a0·v_t`` is one
+elementwise product and one row reduction, and the new value overwrites slot ``t mod m``. No
+register shuffles, no ``m x m`` matrix. The loops run two steps per iteration (an odd leftover
+outside) so that the state-independent gate normalisation of one step overlaps the other's chain.
+
+Layouts (contiguous): coefficients ``(tokens, N, K1)``, ``K1 = m + COL0`` (``COL0 = 1``: logits
+with the input gate in column 0; ``COL0 = 0``: materialised ``a``, no gate, ``b`` in place of
+``v``), ``v``/``h`` ``(tokens, N)``, states ``(num_seqs, N, m)`` newest first.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..fused_gates.gate_math import gate_normalize
+from ..fused_gates.kernels import _seq_bounds
+
+
+@triton.jit
+def _coef_cols(t, o_c, M: tl.constexpr, COL0: tl.constexpr):
+    """Column of the coefficient that multiplies ring slot ``c`` at step ``t``."""
+    return (t - o_c - 1 + M) % M + COL0
+
+
+@triton.jit
+def _load_hist(HOUT, H0, bos, tau, o_n, mask, n64, N, M: tl.constexpr, HAS_H0: tl.constexpr):
+    """h_τ for τ >= -m: the saved output for τ >= 0, else initial_state[..., -1-τ]."""
+    tau = tau + o_n * 0  # broadcast to the tile (a scalar mask trips the interpreter)
+    past = tau >= 0  # masked loads: nothing outside [bos, bos+L) is touched, even for L = 0
+    x = tl.load(HOUT + (bos + tl.maximum(tau, 0)) * N + o_n, mask=mask & past,
+                other=0.0).to(tl.float32)
+    if HAS_H0:
+        x0 = tl.load(H0 + (n64 * N + o_n) * M + tl.maximum(-1 - tau, 0), mask=mask & (tau < 0),
+                     other=0.0).to(tl.float32)
+    else:
+        x0 = x * 0.0
+    return tl.where(past, x, x0)
+
+
+@triton.jit
+def _fwd_step(Z, V, HOUT, bos, t, ring, o_n, o_c, m_n, mask, N, eps,
+              M: tl.constexpr, COL0: tl.constexpr, VARIANT: tl.constexpr):
+    K1: tl.constexpr = M + COL0
+    tok = bos + t
+    zp = Z + (tok * N + o_n[:, None]) * K1
+    z = tl.load(zp + _coef_cols(t, o_c, M, COL0)[None, :], mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(V + tok * N + o_n, mask=m_n, other=0.0).to(tl.float32)
+    if COL0 == 1:
+        z0 = tl.load(Z + (tok * N + o_n) * K1, mask=m_n, other=0.0).to(tl.float32)
+        w, w0, _g, _g0, _s, _s0 = gate_normalize(z, z0, mask, eps, 1, VARIANT)
+        y = tl.sum(w * ring, axis=1) + w0 * v
+    else:
+        y = tl.sum(z * ring, axis=1) + v
+    tl.store(HOUT + tok * N + o_n, y.to(HOUT.dtype.element_ty), mask=m_n)
+    return tl.where((o_c == t % M)[None, :], y[:, None], ring)
+
+
+@triton.jit(do_not_specialize=["T"])
+def companion_fwd_kernel(Z, V, H0, HOUT, HF, CU, T, N, eps,
+                         M: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
+                         COL0: tl.constexpr, VARIANT: tl.constexpr, NS: tl.constexpr,
+                         HAS_H0: tl.constexpr, STORE_HF: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_n = tl.program_id(0)
+    i_b = tl.program_id(1)
+    bos, L = _seq_bounds(CU, i_n, T, IS_VARLEN)
+    o_n = i_b * BN + tl.arange(0, BN)
+    o_c = tl.arange(0, MP)
+    m_n = o_n < N
+    mask = m_n[:, None] & (o_c < M)[None, :]
+    n64 = i_n.to(tl.int64)
+    ring = tl.zeros([BN, MP], dtype=tl.float32)
+    if HAS_H0:  # slot c holds h_{c-m} = initial_state[m-1-c]
+        ring = tl.load(H0 + (n64 * N + o_n[:, None]) * M + (M - 1 - o_c)[None, :], mask=mask,
+                       other=0.0).to(tl.float32)
+    for p in tl.range(0, L // 2, num_stages=NS):
+        ring = _fwd_step(Z, V, HOUT, bos, 2 * p, ring, o_n, o_c, m_n, mask, N, eps, M, COL0, VARIANT)
+        ring = _fwd_step(Z, V, HOUT, bos, 2 * p + 1, ring, o_n, o_c, m_n, mask, N, eps, M, COL0,
+                         VARIANT)
+    if L % 2 == 1:
+        ring = _fwd_step(Z, V, HOUT, bos, L - 1, ring, o_n, o_c, m_n, mask, N, eps, M, COL0, VARIANT)
+    if STORE_HF:  # final[k] = h_{L-1-k}, in slot (L-1-k+m) mod m  <=>  k = (L-1-c+m) mod m
+        tl.store(HF + (n64 * N + o_n[:, None]) * M + ((L - 1 - o_c + M) % M)[None, :], ring,
+                 mask=mask)
+
+
+@triton.jit
+def _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, t, ring, pend, o_n, o_c, m_n, mask, n64, N, eps,
+              M: tl.constexpr, COL0: tl.constexpr, VARIANT: tl.constexpr, HAS_H0: tl.constexpr):
+    K1: tl.constexpr = M + COL0
+    tok = bos + t
+    slot = (o_c == t % M)[None, :]
+    hold = _load_hist(HOUT, H0, bos, t - M, o_n, m_n, n64, N, M, HAS_H0)  # h_{t-m}
+    ring = tl.where(slot, hold[:, None], ring)
+    cols = _coef_cols(t, o_c, M, COL0)[None, :]
+    zp = Z + (tok * N + o_n[:, None]) * K1
+    z = tl.load(zp + cols, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(V + tok * N + o_n, mask=m_n, other=0.0).to(tl.float32)
+    g = tl.load(DH + tok * N + o_n, mask=m_n, other=0.0).to(tl.float32)
+    lam = g + tl.sum(tl.where(slot, pend, 0.0), axis=1)
+    if COL0 == 1:
+        z0 = tl.load(Z + (tok * N + o_n) * K1, mask=m_n, other=0.0).to(tl.float32)
+        w, w0, gg, gg0, s, s0 = gate_normalize(z, z0, mask, eps, 1, VARIANT)
+        y = tl.sum(w * ring, axis=1) + w0 * v
+        dz = lam[:, None] * gg * (ring - s * y[:, None])
+        dz0 = lam * gg0 * (v - s0 * y)
+        tl.store(DZ + (tok * N + o_n) * K1, dz0.to(DZ.dtype.element_ty), mask=m_n)
+        dv = lam * w0
+    else:
+        w = z
+        dz = lam[:, None] * ring
+        dv = lam
+    tl.store(DV + tok * N + o_n, dv.to(DV.dtype.element_ty), mask=m_n)
+    tl.store(DZ + (tok * N + o_n[:, None]) * K1 + cols, dz.to(DZ.dtype.element_ty), mask=mask)
+    pend = tl.where(slot, 0.0, pend) + w * lam[:, None]
+    return ring, pend
+
+
+@triton.jit(do_not_specialize=["T"])
+def companion_bwd_kernel(Z, V, H0, HOUT, DH, DHF, DZ, DV, DH0, CU, T, N, eps,
+                         M: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
+                         COL0: tl.constexpr, VARIANT: tl.constexpr, NS: tl.constexpr,
+                         HAS_H0: tl.constexpr, HAS_DHF: tl.constexpr, STORE_DH0: tl.constexpr,
+                         IS_VARLEN: tl.constexpr):
+    """Adjoint λ_t = g_t + Σ_i a_{i,t+i} λ_{t+i}, run backwards with a ring of pending sums.
+
+    ``pend`` slot ``(τ + m) mod m`` accumulates ``Σ a_{i,τ+i} λ_{τ+i}`` for the not yet visited
+    ``τ``; after step 0 the slots of ``τ = -1 … -m`` hold the gradient of the initial state.
+    The ring of past outputs ``h_{t-1} … h_{t-m}`` is refilled one value per step from ``h``.
+    """
+    i_n = tl.program_id(0)
+    i_b = tl.program_id(1)
+    bos, L = _seq_bounds(CU, i_n, T, IS_VARLEN)
+    o_n = i_b * BN + tl.arange(0, BN)
+    o_c = tl.arange(0, MP)
+    m_n = o_n < N
+    mask = m_n[:, None] & (o_c < M)[None, :]
+    n64 = i_n.to(tl.int64)
+    pend = tl.zeros([BN, MP], dtype=tl.float32)
+    if HAS_DHF:  # dL/dh_{L-1-k} = dhf[k]
+        pend = tl.load(DHF + (n64 * N + o_n[:, None]) * M + ((L - 1 - o_c + M) % M)[None, :],
+                       mask=mask, other=0.0).to(tl.float32)
+    # ring slot c: h_τ with τ in [L-1-m, L-2], τ ≡ c (mod m)
+    base = (L - 1 + M) % M
+    tau0 = L - 1 - M + (o_c - base + M) % M
+    ring = _load_hist(HOUT, H0, bos, tau0[None, :], o_n[:, None], mask, n64, N, M, HAS_H0)
+    if L % 2 == 1:
+        ring, pend = _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, L - 1, ring, pend, o_n, o_c, m_n,
+                               mask, n64, N, eps, M, COL0, VARIANT, HAS_H0)
+    top = L - L % 2 - 1
+    for p in tl.range(0, L // 2, num_stages=NS):
+        ring, pend = _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, top - 2 * p, ring, pend, o_n, o_c,
+                               m_n, mask, n64, N, eps, M, COL0, VARIANT, HAS_H0)
+        ring, pend = _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, top - 2 * p - 1, ring, pend, o_n,
+                               o_c, m_n, mask, n64, N, eps, M, COL0, VARIANT, HAS_H0)
+    if STORE_DH0:  # dh0[k] = pending of τ = -1-k, in slot m-1-k
+        tl.store(DH0 + (n64 * N + o_n[:, None]) * M + (M - 1 - o_c)[None, :], pend, mask=mask)

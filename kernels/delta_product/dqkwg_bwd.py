@@ -1,0 +1,75 @@
+"""Backward, part 1 (parallel over chunks, loops over V tiles): gradients through the read-out
+``O = diag(γ) Q H + P Vn`` and the state update ``H' = γ_C H + (diag(γ_C/γ) K)^T Vn``.
+
+Produces ``dq`` (final), the read-out/state part of ``dk``, ``dW = −dVn H^T`` and the part of the
+gradient of the chunk-local cumulative log-gate ``G`` that comes from these two equations
+(``dGp``, the ``γ_C`` term included at the chunk's last row). README.md has the derivation.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_ptr, len_ptr, scale,
+                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
+                     BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     USE_G: tl.constexpr, DOT: tl.constexpr):
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    start = tl.load(start_ptr + c)
+    ln = tl.load(len_ptr + c)
+    r = tl.arange(0, BC)
+    rm = r < ln
+    s = start + r
+    ck = tl.arange(0, BK)
+    mk = rm[:, None] & (ck < K)[None, :]
+    qm = rm & (s % NH == NH - 1)
+    tok = s // NH
+    qq = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
+                 other=0.).to(tl.float32) * scale
+    dP = tl.zeros([BC, BC], dtype=tl.float32)
+    dqh = tl.zeros([BC, BK], dtype=tl.float32)     # dO H^T
+    dkt = tl.zeros([BC, BK], dtype=tl.float32)     # Vn dH'^T
+    dw = tl.zeros([BC, BK], dtype=tl.float32)      # -dVn H^T
+    o1 = tl.zeros([BC], dtype=tl.float32)          # rowsum((Q H) ⊙ dO)
+    sdh = tl.zeros([BK], dtype=tl.float32)         # <H, dH'> partial sums
+    for v0 in range(0, V, BV):
+        cv = v0 + tl.arange(0, BV)
+        mv = rm[:, None] & (cv < V)[None, :]
+        mkv = (ck < K)[:, None] & (cv < V)[None, :]
+        st = tl.load(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], mask=mkv, other=0.)
+        dst = tl.load(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], mask=mkv, other=0.)
+        vnew = tl.load(vn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.)
+        dvnew = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.)
+        dout = tl.load(do + (tok * H + h)[:, None] * V + cv[None, :], mask=qm[:, None] & (cv < V)[None, :],
+                       other=0.).to(tl.float32)
+        dP += tl.dot(dout, tl.trans(vnew), input_precision=DOT)
+        dqh += tl.dot(dout, tl.trans(st), input_precision=DOT)
+        dkt += tl.dot(vnew, tl.trans(dst), input_precision=DOT)
+        dw -= tl.dot(dvnew, tl.trans(st), input_precision=DOT)
+        o1 += tl.sum(tl.dot(qq, st, input_precision=DOT) * dout, 1)
+        sdh += tl.sum(st * dst, 1)
+    kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.).to(tl.float32)
+    if USE_G:
+        G = tl.load(gcum + s * H + h, mask=rm, other=0.)
+        gC = tl.load(gcum + (start + ln - 1) * H + h)
+    else:
+        G = tl.zeros([BC], dtype=tl.float32)
+        gC = 0.
+    causal = r[:, None] >= r[None, :]
+    gam = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+    eg = tl.exp(G)
+    edec = tl.exp(gC - G)
+    dPg = dP * gam
+    dqq = eg[:, None] * dqh + tl.dot(dPg, kk, input_precision=DOT)
+    dkk = tl.dot(tl.trans(dPg), qq, input_precision=DOT) + dkt * edec[:, None]
+    tl.store(dq + (tok * H + h)[:, None] * K + ck[None, :], dqq * scale, mask=qm[:, None] & (ck < K)[None, :])
+    tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
+    tl.store(dW + (s * H + h)[:, None] * K + ck[None, :], dw, mask=mk)
+    if USE_G:
+        Z = dPg * tl.dot(qq, tl.trans(kk), input_precision=DOT)                   # dP_raw ⊙ P
+        zt = tl.sum(dkt * kk, 1) * edec                                           # <K~_r, dK~_r>
+        dG = eg * o1 + tl.sum(Z, 1) - tl.sum(Z, 0) - zt
+        dgC = tl.sum(sdh, 0) * tl.exp(gC) + tl.sum(zt, 0)
+        dG += tl.where(r == ln - 1, dgC, 0.)
+        tl.store(dGp + s * H + h, dG, mask=rm)

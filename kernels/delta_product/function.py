@@ -1,0 +1,142 @@
+"""Autograd Function wiring the Triton kernels: forward (WY → states → outputs) and a native
+backward that recomputes the chunk-start states and pseudo-values instead of storing them."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from .chunks import build_chunks
+from .dqkwg_bwd import dqkwg_bwd_kernel
+from .output import output_fwd_kernel
+from .state import dv_local_kernel, state_bwd_kernel, state_fwd_kernel
+from .wy import wy_fwd_kernel
+from .wy_bwd import wy_bwd_kernel
+
+
+def _cfg(q, k, v, chunk_size):
+    K, V = q.shape[-1], v.shape[-1]
+    BC = max(16, triton.next_power_of_2(chunk_size))
+    if BC != chunk_size:
+        raise ValueError(f"chunk_size must be a power of two >= 16 for the Triton backend, got {chunk_size}")
+    BK = max(16, triton.next_power_of_2(K))
+    BVf = max(16, triton.next_power_of_2(V))
+    if BK > 256 or BVf > 256:
+        raise ValueError(f"the Triton backend supports K, V <= 256; got K={K}, V={V}")
+    dot = "ieee" if q.dtype == torch.float32 else "tf32"
+    return BC, BK, BVf, min(BVf, 64), dot
+
+
+def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BV, use_g, want_final, dot):
+    NC, N = ch["NC"], ch["N"]
+    hs = torch.empty(NC, H, K, V, device=k.device, dtype=torch.float32)
+    vn = torch.empty(U.shape, device=k.device, dtype=torch.float32)
+    hT = torch.empty(N, H, K, V, device=k.device, dtype=torch.float32) if want_final else hs
+    state_fwd_kernel[(triton.cdiv(V, BV), N * H)](
+        k, W, U, gcum, h0 if h0 is not None else hs, hs, vn, hT, ch["start"], ch["length"], ch["seq_ptr"],
+        H=H, K=K, V=V, BC=BC, BK=BK, BV=BV, USE_G=use_g, USE_H0=h0 is not None,
+        STORE_HT=want_final, DOT=dot, num_warps=4)
+    return hs, vn, (hT if want_final else None)
+
+
+class ChunkDeltaProductFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, h0, scale, output_final_state, cu_seqlens, chunk_size):
+        B, T, H, K = q.shape
+        n_h, V = k.shape[2], v.shape[-1]
+        BC, BK, BVf, BV, dot = _cfg(q, k, v, chunk_size)
+        ch = build_chunks(B, T, n_h, BC, cu_seqlens, q.device)
+        Ls = B * T * n_h
+        qf = q.reshape(B * T, H, K).contiguous()
+        kf = k.reshape(Ls, H, K).contiguous()
+        vf = v.reshape(Ls, H, V).contiguous()
+        bf = beta.reshape(Ls, H).contiguous()
+        use_g = g is not None
+        gf = g.reshape(B * T, H).contiguous() if use_g else None
+        h0c = h0.float().contiguous() if h0 is not None else None
+        dev = q.device
+        gcum = torch.empty(Ls, H, device=dev, dtype=torch.float32) if use_g else bf
+        Ainv = torch.empty(ch["NC"], H, BC, BC, device=dev, dtype=torch.float32)
+        W = torch.empty(Ls, H, K, device=dev, dtype=torch.float32)
+        U = torch.empty(Ls, H, V, device=dev, dtype=torch.float32)
+        if ch["NC"] > 0:
+            wy_fwd_kernel[(ch["NC"], H)](kf, vf, bf, gf if use_g else bf, gcum, Ainv, W, U,
+                                        ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC,
+                                        BK=BK, BV=min(BVf, 64), USE_G=use_g, DOT=dot, num_warps=4)
+        hs, vn, hT = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BV, use_g,
+                                output_final_state, dot)
+        if output_final_state and ch["NC"] == 0:
+            hT = h0c.clone() if h0c is not None else torch.zeros(ch["N"], H, K, V, device=dev)
+        o = torch.empty(B * T, H, V, device=dev, dtype=q.dtype)
+        if ch["NC"] > 0:
+            output_fwd_kernel[(triton.cdiv(V, BV), ch["NC"], H)](
+                qf, kf, gcum, hs, vn, o, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
+                BC=BC, BK=BK, BV=BV, USE_G=use_g, DOT=dot, num_warps=4)
+        ctx.save_for_backward(qf, kf, vf, bf, gf, h0c, gcum, Ainv, W, U)
+        ctx.meta = (B, T, H, K, V, n_h, BC, BK, BVf, BV, dot, scale, use_g, ch,
+                    h0 is not None, q.dtype, k.dtype, v.dtype, beta.dtype,
+                    g.dtype if use_g else None, h0.dtype if h0 is not None else None)
+        return o.reshape(B, T, H, V), hT
+
+    @staticmethod
+    def backward(ctx, do, dhT):
+        qf, kf, vf, bf, gf, h0c, gcum, Ainv, W, U = ctx.saved_tensors
+        (B, T, H, K, V, n_h, BC, BK, BVf, BV, dot, scale, use_g, ch, has_h0,
+         qdt, kdt, vdt, bdt, gdt, h0dt) = ctx.meta
+        dev = qf.device
+        Ls = B * T * n_h
+        N, NC = ch["N"], ch["NC"]
+        do = do.reshape(B * T, H, V).contiguous()
+        hs, vn, _ = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BV, use_g, False, dot)
+        dhs = torch.empty(NC, H, K, V, device=dev, dtype=torch.float32)
+        dvn = torch.empty(Ls, H, V, device=dev, dtype=torch.float32)
+        dh0 = torch.empty(N, H, K, V, device=dev, dtype=torch.float32)
+        dhTc = dhT.float().contiguous() if dhT is not None else None
+        if NC > 0:
+            dv_local_kernel[(triton.cdiv(V, BV), NC, H)](
+                qf, kf, gcum, do, dvn, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
+                BC=BC, BK=BK, BV=BV, USE_G=use_g, DOT=dot, num_warps=4)
+            state_bwd_kernel[(triton.cdiv(V, BV), N * H)](
+                qf, kf, W, gcum, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,
+                ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
+                BK=BK, BV=BV, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, DOT=dot,
+                num_warps=4)
+        else:
+            dh0 = dhTc.clone() if dhTc is not None else torch.zeros_like(dh0)
+        # every token has one query row and one first sub-step, every sub-step one chunk:
+        # all gradient buffers are fully written by the kernels below
+        dq = torch.empty(B * T, H, K, device=dev, dtype=qdt)
+        dk_part = torch.empty(Ls, H, K, device=dev, dtype=torch.float32)
+        dk = torch.empty(Ls, H, K, device=dev, dtype=kdt)
+        dv = torch.empty(Ls, H, V, device=dev, dtype=vdt)
+        db = torch.empty(Ls, H, device=dev, dtype=bdt)
+        dg = torch.empty(B * T, H, device=dev, dtype=gdt) if use_g else db
+        if NC > 0:
+            dW = torch.empty(Ls, H, K, device=dev, dtype=torch.float32)
+            dGp = torch.empty(Ls, H, device=dev, dtype=torch.float32) if use_g else dk_part
+            dqkwg_bwd_kernel[(NC, H)](qf, kf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
+                                      ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
+                                      BC=BC, BK=BK, BV=min(BV, 32), USE_G=use_g, DOT=dot, num_warps=8)
+            wy_bwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
+                                   ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK,
+                                   BV=min(BV, 32), USE_G=use_g, DOT=dot, num_warps=8)
+        else:
+            for x in (dq, dk, dv, db, dg):
+                x.zero_()
+        return (dq.reshape(B, T, H, K), dk.reshape(B, T, n_h, H, K),
+                dv.reshape(B, T, n_h, H, V), db.reshape(B, T, n_h, H),
+                dg.reshape(B, T, H) if use_g else None,
+                dh0.to(h0dt) if has_h0 else None, None, None, None, None)
+
+
+def chunk_delta_product_triton(q, k, v, beta, g=None, scale=None, initial_state=None,
+                               output_final_state=False, cu_seqlens=None, chunk_size=64):
+    """Triton path (inputs validated by :func:`lrnn_scan.delta.chunk_delta_product`).
+
+    float16/bfloat16/float32 inputs; the triangular solve, states and pseudo-values are float32.
+    """
+    if q.dtype == torch.float64:
+        raise TypeError("the Triton backend does not take float64 inputs; use backend='torch'")
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    o, hT = ChunkDeltaProductFunction.apply(q, k, v, beta, g, initial_state, scale,
+                                            bool(output_final_state), cu_seqlens, int(chunk_size))
+    return o, hT

@@ -1,0 +1,65 @@
+"""Backward, part 2 (parallel over chunks): gradients through ``W = A diag(βγ) K``,
+``U = A diag(β) V`` and ``A = (I + strictLower(diag(β)(Γ ⊙ K K^T)))^{-1}`` given ``dW`` and
+``dU = dVn``; finishes ``dk``, gives ``dv``, ``dβ`` and the log-gate gradient (reverse cumulative
+sum of ``dG`` inside the chunk, read at each token's first sub-step). README.md has the derivation.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg, start_ptr, len_ptr,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
+                  BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  USE_G: tl.constexpr, DOT: tl.constexpr):
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    start = tl.load(start_ptr + c)
+    ln = tl.load(len_ptr + c)
+    r = tl.arange(0, BC)
+    rm = r < ln
+    s = start + r
+    ck = tl.arange(0, BK)
+    mk = rm[:, None] & (ck < K)[None, :]
+    b = tl.load(beta + s * H + h, mask=rm, other=0.).to(tl.float32)
+    A = tl.load(Ainv + ((c * H + h) * BC + r[:, None]) * BC + r[None, :])
+    if USE_G:
+        G = tl.load(gcum + s * H + h, mask=rm, other=0.)
+    else:
+        G = tl.zeros([BC], dtype=tl.float32)
+    eg = tl.exp(G)
+    dA = tl.zeros([BC, BC], dtype=tl.float32)
+    dbb = tl.zeros([BC], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        cv = v0 + tl.arange(0, BV)
+        mv = rm[:, None] & (cv < V)[None, :]
+        dvnew = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.)
+        vv = tl.load(v + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.).to(tl.float32)
+        AtdU = tl.dot(tl.trans(A), dvnew, input_precision=DOT)
+        tl.store(dv + (s * H + h)[:, None] * V + cv[None, :], b[:, None] * AtdU, mask=mv)
+        dbb += tl.sum(vv * AtdU, 1)
+        dA += tl.dot(dvnew, tl.trans(vv * b[:, None]), input_precision=DOT)
+    kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.).to(tl.float32)
+    dw = tl.load(dW + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
+    dkk = tl.load(dk_part + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
+    AtdW = tl.dot(tl.trans(A), dw, input_precision=DOT)
+    kdw = tl.sum(kk * AtdW, 1)
+    dkk += (b * eg)[:, None] * AtdW
+    dbb += eg * kdw
+    dA += tl.dot(dw, tl.trans(kk * (b * eg)[:, None]), input_precision=DOT)
+    # A = (I + L)^{-1}: dL = -A^T dA A^T (strict lower part), L = diag(β)(Γ ⊙ K K^T)
+    dL = -tl.dot(tl.dot(tl.trans(A), dA, input_precision=DOT), tl.trans(A), input_precision=DOT)
+    strict = r[:, None] > r[None, :]
+    gam = tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
+    kkt = tl.dot(kk, tl.trans(kk), input_precision=DOT)
+    E = tl.where(strict, dL, 0.) * gam
+    dbb += tl.sum(E * kkt, 1)
+    dS = E * b[:, None]
+    dkk += tl.dot(dS + tl.trans(dS), kk, input_precision=DOT)
+    tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
+    tl.store(db + s * H + h, dbb, mask=rm)
+    if USE_G:
+        Zl = dS * kkt
+        dG = tl.load(dGp + s * H + h, mask=rm, other=0.) + b * eg * kdw + tl.sum(Zl, 1) - tl.sum(Zl, 0)
+        dgs = tl.sum(dG, 0) - tl.cumsum(dG, 0) + dG                                 # reverse cumsum
+        tl.store(dg + (s // NH) * H + h, dgs, mask=rm & (s % NH == 0))

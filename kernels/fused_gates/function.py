@@ -1,0 +1,158 @@
+"""Launchers and autograd Functions: ``fused_gate_scan`` (logits) and ``materialized_block_scan``
+(a materialised ``A``, used as the benchmark baseline when ``kernels.block_diagonal`` is absent)."""
+from __future__ import annotations
+
+import torch
+import triton
+from torch import Tensor
+
+from ._common import (check_cu_seqlens, check_eps, check_float_tensor, check_state, empty,
+                      next_pow2, num_sms, use_triton)
+from .gate_math import variant_code
+from .kernels import block_scan_bwd_kernel, block_scan_fwd_kernel
+from .ref import block_scan_ref, fused_gate_scan_ref
+
+__all__ = ["fused_gate_scan", "materialized_block_scan"]
+
+MAX_M = 32
+
+
+# Benchmark/test knobs (not public API): override "bh", "num_warps", "num_stages".
+TUNE: dict = {}
+
+
+def _config(num_seq: int, H: int, m: int, device) -> tuple[int, int, int]:
+    """(BH blocks per program, num_warps, pipeline stages): fill the GPU first, then widen tiles.
+
+    Measured on an H200 (B=8, T=2048, N=768, m=4 and 8, fp32 forward): one warp, 5 stages, and
+    enough programs for ~4 per SM were best among BH in {1,2,4}, warps {1,2}, stages {3,5}.
+    """
+    mp = max(2, next_pow2(m))
+    bh = max(1, min(next_pow2(H), 256 // (mp * mp)))
+    while bh > 1 and num_seq * -(-H // bh) < 4 * num_sms(device):
+        bh //= 2
+    bh = TUNE.get("bh", bh)
+    elems = bh * mp * mp
+    warps = TUNE.get("num_warps", 1 if elems <= 64 else 2 if elems <= 256 else 4)
+    return bh, warps, TUNE.get("num_stages", 5)
+
+
+def _launch_fwd(z, v, h0, cu, T, H, m, col0, code, eps, out_fp32_final, out_dtype):
+    num_seq = cu.numel() - 1 if cu is not None else v.shape[0]
+    h = empty(v.shape, out_dtype, v.device)
+    hf = empty((num_seq, H, m), torch.float32, v.device) if out_fp32_final else None
+    bh, warps, stages = _config(num_seq, H, m, v.device)
+    grid = (num_seq, triton.cdiv(H, bh))
+    block_scan_fwd_kernel[grid](z, v, h0 if h0 is not None else h, h, hf if hf is not None else h,
+                                cu if cu is not None else h, T, H, eps,
+                                M=m, MP=max(2, next_pow2(m)), BH=bh, COL0=col0, VARIANT=code,
+                                NS=stages, HAS_H0=h0 is not None, STORE_HF=hf is not None,
+                                IS_VARLEN=cu is not None, num_warps=warps, num_stages=stages)
+    return h, hf
+
+
+def _launch_bwd(z, v, h0, h, dh, dhf, cu, T, H, m, col0, code, eps, need_dh0):
+    num_seq = cu.numel() - 1 if cu is not None else v.shape[0]
+    dz = empty(z.shape, z.dtype, z.device)
+    dv = empty(v.shape, v.dtype, v.device)
+    dh0 = empty((num_seq, H, m), torch.float32, v.device) if need_dh0 else None
+    bh, warps, stages = _config(num_seq, H, m, v.device)
+    grid = (num_seq, triton.cdiv(H, bh))
+    block_scan_bwd_kernel[grid](z, v, h0 if h0 is not None else h, h, dh,
+                                dhf if dhf is not None else dh, dz, dv,
+                                dh0 if dh0 is not None else dv, cu if cu is not None else h,
+                                T, H, eps, M=m, MP=max(2, next_pow2(m)), BH=bh, COL0=col0,
+                                VARIANT=code, NS=stages, HAS_H0=h0 is not None,
+                                HAS_DHF=dhf is not None, STORE_DH0=dh0 is not None, IS_VARLEN=cu is not None,
+                                num_warps=warps, num_stages=stages)
+    return dz, dv, dh0
+
+
+class _BlockScanFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z, v, h0, cu, col0, code, eps, output_final_state, out_dtype):
+        B, T, H, m = v.shape
+        z, v = z.contiguous(), v.contiguous()
+        h0c = h0.float().contiguous() if h0 is not None else None
+        h, hf = _launch_fwd(z, v, h0c, cu, T, H, m, col0, code, eps, output_final_state, out_dtype)
+        ctx.save_for_backward(z, v, h0c, h, cu)
+        ctx.cfg = (T, H, m, col0, code, eps, h0 is not None and h0.requires_grad,
+                   h0.dtype if h0 is not None else None)
+        return h, hf
+
+    @staticmethod
+    def backward(ctx, dh, dhf):
+        z, v, h0, h, cu = ctx.saved_tensors
+        T, H, m, col0, code, eps, need_dh0, h0_dtype = ctx.cfg
+        dh = dh.contiguous() if dh is not None else torch.zeros_like(h)
+        dhf = dhf.float().contiguous() if dhf is not None else None
+        dz, dv, dh0 = _launch_bwd(z, v, h0, h, dh, dhf, cu, T, H, m, col0, code, eps, need_dh0)
+        if dh0 is not None:
+            dh0 = dh0.to(h0_dtype)
+        return dz, dv, dh0, None, None, None, None, None, None
+
+
+def _check_common(v, initial_state, cu_seqlens, B, T, H, m):
+    num_seq = check_cu_seqlens(cu_seqlens, B, T, v.device)
+    check_state("initial_state", initial_state, (num_seq, H, m), v.device)
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"block size m must be in 1..{MAX_M}, got {m}")
+
+
+def fused_gate_scan(logits: Tensor, v: Tensor, variant: str = "softmax", eps: float = 1e-6,
+                    initial_state: Tensor | None = None, output_final_state: bool = False,
+                    cu_seqlens: Tensor | None = None):
+    """BD-LRU scan with gates normalised in registers.
+
+    ``(A_t, a0_t) = normalize_gates(logits_t, variant, eps)``, ``h_t = A_t h_{t-1} + a0_t ⊙ v_t``.
+
+    Args:
+        logits: ``(B, T, H, m, m+1)``; ``[..., 0]`` input gate, ``[..., 1:]`` row of ``A``.
+        v: ``(B, T, H, m)``.
+        variant: a gate variant of :mod:`lrnn_scan.gates` (softmax, sigmoid, relu, tanh,
+            identity, none, or an alias).
+        initial_state: ``(B | num_seqs, H, m)`` (fp32 recommended), default zeros.
+        output_final_state: also return the fp32 final state ``(B | num_seqs, H, m)``.
+        cu_seqlens: int64 ``(num_seqs + 1,)`` packed-sequence offsets (``B == 1``).
+
+    Returns:
+        ``(h, h_final or None)``, ``h`` of shape ``(B, T, H, m)`` in ``result_type(logits, v)``.
+    """
+    check_float_tensor("logits", logits, 5, "(B, T, H, m, m+1)")
+    check_float_tensor("v", v, 4, "(B, T, H, m)")
+    B, T, H, m = v.shape
+    if tuple(logits.shape) != (B, T, H, m, m + 1):
+        raise ValueError(f"logits must have shape (B, T, H, m, m+1) = {(B, T, H, m, m + 1)} to "
+                         f"match v {tuple(v.shape)}, got {tuple(logits.shape)}")
+    if logits.device != v.device:
+        raise ValueError(f"logits and v must be on one device, got {logits.device} and {v.device}")
+    eps = check_eps(eps)
+    code = variant_code(variant)
+    _check_common(v, initial_state, cu_seqlens, B, T, H, m)
+    out_dtype = torch.promote_types(logits.dtype, v.dtype)
+    if not use_triton(v, block_scan_fwd_kernel):
+        h, hf = fused_gate_scan_ref(logits, v, variant, eps, initial_state, output_final_state,
+                                    cu_seqlens, dtype=torch.float32)
+        return h, hf
+    h, hf = _BlockScanFn.apply(logits, v, initial_state, cu_seqlens, 1, code, eps,
+                               bool(output_final_state), out_dtype)
+    return h, (hf if output_final_state else None)
+
+
+def materialized_block_scan(A: Tensor, b: Tensor, initial_state: Tensor | None = None,
+                            output_final_state: bool = False, cu_seqlens: Tensor | None = None):
+    """``h_t = A_t h_{t-1} + b_t`` over a materialised ``A (B,T,H,m,m)`` with the same kernels
+    (``COL0 = 0``, no gate). A baseline for the benchmark; the library's own materialised-A
+    scan is ``kernels.block_diagonal.block_diagonal_scan``."""
+    check_float_tensor("A", A, 5, "(B, T, H, m, m)")
+    check_float_tensor("b", b, 4, "(B, T, H, m)")
+    B, T, H, m = b.shape
+    if tuple(A.shape) != (B, T, H, m, m):
+        raise ValueError(f"A must have shape {(B, T, H, m, m)}, got {tuple(A.shape)}")
+    _check_common(b, initial_state, cu_seqlens, B, T, H, m)
+    out_dtype = torch.promote_types(A.dtype, b.dtype)
+    if not use_triton(b, block_scan_fwd_kernel):
+        return block_scan_ref(A, b, initial_state, output_final_state, cu_seqlens, torch.float32)
+    h, hf = _BlockScanFn.apply(A, b, initial_state, cu_seqlens, 0, 5, 1.0,
+                               bool(output_final_state), out_dtype)
+    return h, (hf if output_final_state else None)

@@ -1,0 +1,153 @@
+"""GPU checks of the block-diagonal / diagonal scan kernels at full sizes (skipped without CUDA).
+
+Forward, final state and all gradients against an fp64 torch reference on the GPU (a log-depth
+doubling scan, differentiated by autograd), fp32 and bf16, T = 65536, varlen, and a case whose
+``A`` has more than 2^31 elements (int64 offsets). Outputs are NaN-poisoned before each run.
+"""
+import importlib.util
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+os.environ["LRNN_SCAN_POISON"] = "1"
+
+
+def _load():
+    try:
+        import lrnn_scan.kernels.block_diagonal as m
+        return m
+    except Exception:
+        root = Path(__file__).resolve().parents[2]
+        for k in [k for k in sys.modules if k == "lrnn_scan" or k.startswith("lrnn_scan.")]:
+            del sys.modules[k]
+        pkg = types.ModuleType("lrnn_scan")
+        pkg.__path__ = []
+        sys.modules["lrnn_scan"] = pkg
+        spec = importlib.util.spec_from_file_location(
+            "lrnn_scan.kernels", root / "kernels" / "__init__.py",
+            submodule_search_locations=[str(root / "kernels")])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["lrnn_scan.kernels"] = mod
+        spec.loader.exec_module(mod)
+        import lrnn_scan.kernels.block_diagonal as m
+        return m
+
+
+bd = _load()
+DEV = "cuda"
+
+
+def doubling(A, b):
+    """fp64 Hillis-Steele scan over dim 1: h_t = A_t h_{t-1} + b_t from h_0 = 0."""
+    T, d = A.shape[1], 1
+    while d < T:
+        b = torch.cat([b[:, :d], (A[:, d:] @ b[:, :-d].unsqueeze(-1)).squeeze(-1) + b[:, d:]], 1)
+        A = torch.cat([A[:, :d], A[:, d:] @ A[:, :-d]], 1)
+        d *= 2
+    return b
+
+
+def ref_scan(A, b, h0, cu):
+    """Returns (h, h_final) in fp64, differentiable."""
+    if cu is None:
+        segs = [(A, b, h0)]
+    else:
+        c = cu.tolist()
+        segs = [(A[:, x:y], b[:, x:y], h0[i:i + 1] if h0 is not None else None)
+                for i, (x, y) in enumerate(zip(c[:-1], c[1:]))]
+    hs, fs = [], []
+    for Ai, bi, hi in segs:
+        if Ai.shape[1] == 0:
+            fs.append(hi if hi is not None else torch.zeros_like(bi[:, 0:1].sum(1)))
+            hs.append(bi)
+            continue
+        if hi is not None:
+            first = bi[:, :1] + (Ai[:, :1] @ hi[:, None, ..., None]).squeeze(-1)
+            bi = torch.cat([first, bi[:, 1:]], 1)
+        h = doubling(Ai, bi)
+        hs.append(h)
+        fs.append(h[:, -1])
+    return torch.cat(hs, 1), torch.cat(fs, 0)
+
+
+def rel(x, y):
+    return ((x.double() - y.double()).norm() / y.double().norm()).item()
+
+
+def make(B, T, H, m, dtype, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    A = torch.rand(B, T, H, m, m, device=DEV, generator=g)
+    A = A / A.sum(-1, keepdim=True) * (2 * torch.rand(B, T, H, m, 1, device=DEV, generator=g) - 1)
+    b = torch.randn(B, T, H, m, device=DEV, generator=g)
+    return A.to(dtype).contiguous(), b.to(dtype).contiguous()
+
+
+def check(A, b, h0, cu, tol, heads=None):
+    A.requires_grad_(True)
+    b.requires_grad_(True)
+    if h0 is not None:
+        h0.requires_grad_(True)
+    h, hf = bd.block_diagonal_scan(A, b, h0, True, cu)
+    g, gf = torch.randn_like(h), torch.randn_like(hf)
+    ins = (A, b) + ((h0,) if h0 is not None else ())
+    grads = torch.autograd.grad((h.float() * g.float()).sum() + (hf * gf).sum(), ins)
+    sl = slice(None) if heads is None else heads
+    Ad = A.detach()[:, :, sl].double().requires_grad_()
+    bdd = b.detach()[:, :, sl].double().requires_grad_()
+    h0d = h0.detach()[:, sl].double().requires_grad_() if h0 is not None else None
+    hr, hfr = ref_scan(Ad, bdd, h0d, cu)
+    ins_r = (Ad, bdd) + ((h0d,) if h0 is not None else ())
+    rgr = torch.autograd.grad((hr * g[:, :, sl].double()).sum() + (hfr * gf[:, sl].double()).sum(), ins_r)
+    errs = {"h": rel(h[:, :, sl], hr), "h_final": rel(hf[:, sl], hfr)}
+    for name, x, y in zip(("dA", "db", "dh0"), grads, rgr):
+        assert not torch.isnan(x).any(), name
+        errs[name] = rel(x[:, :, sl] if name != "dh0" else x[:, sl], y)
+    assert not torch.isnan(h).any() and not torch.isnan(hf).any()
+    print(errs)
+    for k, v in errs.items():
+        assert v < tol, (k, v, errs)
+    return errs
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 16, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_full_size(m, dtype):
+    A, b = make(2, 2048, 512 // m if m != 3 else 170, m, dtype, seed=m)
+    h0 = torch.randn(2, A.shape[2], m, device=DEV)
+    check(A, b, h0, None, 1e-4 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_long_chunked_varlen(m):
+    T = 65536
+    A, b = make(1, T, 256 // m, m, torch.float32, seed=100 + m)
+    cu = torch.tensor([0, 5, 30001, 30001, 47000, T], device=DEV, dtype=torch.int64)
+    h0 = torch.randn(5, A.shape[2], m, device=DEV)
+    check(A, b, h0, cu, 1e-4)
+    check(A.detach().clone(), b.detach().clone(), None, None, 1e-4)
+
+
+def test_diagonal_api_long():
+    T, N = 65536, 512
+    a = torch.rand(2, T, N, device=DEV).requires_grad_()
+    x = torch.randn(2, T, N, device=DEV).requires_grad_()
+    h, hf = bd.diagonal_scan(a, x, None, True)
+    hr, hfr = ref_scan(a.detach().double()[..., None, None], x.detach().double()[..., None], None, None)
+    assert rel(h, hr[..., 0]) < 1e-5 and rel(hf, hfr[..., 0]) < 1e-5
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory < 40e9,
+                    reason="needs ~30 GB of GPU memory")
+def test_more_than_2_31_elements():
+    B, T, H, m = 1, 65536, 160, 16
+    assert B * T * H * m * m > 2 ** 31
+    A, b = make(B, T, H, m, torch.bfloat16, seed=7)
+    heads = torch.tensor([0, H - 1], device=DEV)
+    check(A, b, None, None, 2e-2, heads=heads)

@@ -1,0 +1,105 @@
+"""GPU checks of the Triton DeltaProduct path (forward + native backward, gated included) at full
+head sizes in bf16 against an fp64 reference computed on the same GPU (issue 4).
+
+Error ratio = ‖x − x_ref‖ / ‖x_ref‖ (relative RMS); bf16 must stay ≤ 5e-3, float32 ≤ 1e-4. The
+reference runs on the same (bf16-rounded) inputs upcast to fp64.
+The fp64 reference is the torch chunkwise path, itself checked against the token loop and the
+generic scan on the CPU (tests/test_delta_chunk.py).
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lrnn_scan.delta import chunk_delta_product
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def _inputs(B, T, n_h, H, K, V, gated, beta_max, dtype, corr=0.0, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, device="cuda", dtype=torch.float64)
+    q = r(B, T, H, K)
+    k = r(B, T, n_h, H, K)
+    if corr:
+        k = corr * r(1, 1, 1, H, K) + (1 - corr) * k
+    k = F.normalize(k, dim=-1)
+    v = r(B, T, n_h, H, V)
+    beta = torch.rand(B, T, n_h, H, generator=gen, device="cuda", dtype=torch.float64) * beta_max
+    g = F.logsigmoid(r(B, T, H) + 3.0) if gated else None
+    h0 = r(B, H, K, V) * 0.1
+    lo = [x.to(dtype) if x is not None else None for x in (q, k, v, beta, g)] + [h0.float()]
+    ref = [x.double() if x is not None else None for x in lo]     # same (rounded) inputs, in fp64
+    return ref, lo
+
+
+def _run(backend, xs, C=64):
+    xs = [x.detach().clone().requires_grad_() if x is not None else None for x in xs]
+    q, k, v, beta, g, h0 = xs
+    o, f = chunk_delta_product(q, k, v, beta, g, initial_state=h0, output_final_state=True,
+                               chunk_size=C, backend=backend)
+    return xs, o, f
+
+
+def _ratio(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("n_h,gated,beta_max", [(1, False, 1.0), (1, True, 2.0), (2, True, 2.0),
+                                                (3, False, 2.0), (4, True, 1.0)])
+def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max):
+    B, T, H, K, V = 2, 1024, 4, 128, 128
+    ref_in, lo_in = _inputs(B, T, n_h, H, K, V, gated, beta_max, torch.bfloat16, seed=n_h)
+    xs_r, o_r, f_r = _run("torch", ref_in)
+    xs_t, o_t, f_t = _run("triton", lo_in)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    do = torch.randn(o_r.shape, generator=gen, device="cuda", dtype=torch.float64)
+    dh = torch.randn(f_r.shape, generator=gen, device="cuda", dtype=torch.float64)
+    live_r = [x for x in xs_r if x is not None]
+    live_t = [x for x in xs_t if x is not None]
+    gr = torch.autograd.grad((o_r * do).sum() + (f_r * dh).sum(), live_r)
+    gt = torch.autograd.grad((o_t.float() * do.float()).sum() + (f_t * dh.float()).sum(), live_t)
+    names = ["dq", "dk", "dv", "dbeta"] + (["dg"] if gated else []) + ["dh0"]
+    res = {"o": _ratio(o_t, o_r), "final": _ratio(f_t, f_r)}
+    res.update({n: _ratio(a, b) for n, a, b in zip(names, gt, gr)})
+    print(f"\n[delta bf16] n_h={n_h} gated={gated} beta_max={beta_max} ratios: " +
+          " ".join(f"{k}={v:.2e}" for k, v in res.items()))
+    for name, val in res.items():
+        assert val == val and val <= 5e-3, (name, val)
+
+
+@pytest.mark.parametrize("n_h,gated", [(2, True), (3, False)])
+def test_fp32_varlen_vs_fp64(n_h, gated):
+    T, H, K, V = 700, 2, 64, 128
+    cu = torch.tensor([0, 1, 129, 130, 500, 700], device="cuda")
+    ref_in, _ = _inputs(1, T, n_h, H, K, V, gated, 2.0, torch.float32, seed=11)
+    ref_in[5] = ref_in[5].new_zeros(5, H, K, V).normal_()
+    lo_in = [x.float() if x is not None else None for x in ref_in]
+    outs = []
+    for backend, xs in (("torch", ref_in), ("triton", lo_in)):
+        xs = [x.detach().clone().requires_grad_() if x is not None else None for x in xs]
+        o, f = chunk_delta_product(*xs[:5], initial_state=xs[5], output_final_state=True,
+                                   cu_seqlens=cu, backend=backend)
+        live = [x for x in xs if x is not None]
+        gg = torch.autograd.grad((o.double().sin()).sum() + f.double().cos().sum(), live)
+        outs.append((o, f, gg))
+    (o_r, f_r, g_r), (o_t, f_t, g_t) = outs
+    assert _ratio(o_t, o_r) < 1e-4 and _ratio(f_t, f_r) < 1e-4
+    for a, b in zip(g_t, g_r):
+        assert _ratio(a, b) < 1e-4
+
+
+def test_reflections_correlated_keys_finite():
+    B, T, n_h, H, K, V = 1, 2048, 2, 2, 128, 128
+    ref_in, lo_in = _inputs(B, T, n_h, H, K, V, True, 2.0, torch.bfloat16, corr=0.95, seed=5)
+    lo_in[3] = torch.full_like(lo_in[3], 1.99)
+    ref_in[3] = lo_in[3].double()
+    xs_t, o_t, f_t = _run("triton", lo_in)
+    # the recurrence is ill-conditioned here (near-reflections about almost parallel keys): the
+    # requirement is finiteness; the error ratio is reported and held to a looser bound
+    gt = torch.autograd.grad(o_t.float().sum() + f_t.sum(), [x for x in xs_t if x is not None])
+    assert torch.isfinite(o_t).all() and torch.isfinite(f_t).all()
+    assert all(torch.isfinite(x).all() for x in gt)
+    _, o_r, f_r = _run("torch", ref_in)
+    print(f"\n[delta bf16 beta=1.99 corr keys] o ratio {_ratio(o_t, o_r):.2e} final {_ratio(f_t, f_r):.2e}")
+    assert _ratio(o_t, o_r) <= 3e-2 and _ratio(f_t, f_r) <= 3e-2

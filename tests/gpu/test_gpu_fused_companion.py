@@ -1,0 +1,195 @@
+"""GPU checks of the fused-gate block-diagonal and companion kernels against fp64 references.
+
+Run with ``pytest tests/gpu``; skipped without CUDA. Every output is NaN-poisoned before the
+kernels write it (``LRNN_SCAN_POISON=1``). References run in float64 on the CPU.
+"""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("LRNN_SCAN_POISON", "1")
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+try:
+    from lrnn_scan.kernels.companion import (companion_scan, companion_scan_coeffs,
+                                             companion_scan_coeffs_ref, companion_scan_ref)
+    from lrnn_scan.kernels.fused_gates import fused_gate_scan, fused_gate_scan_ref
+except ImportError:  # source tree without an install
+    from kernels.companion import (companion_scan, companion_scan_coeffs, companion_scan_coeffs_ref,
+                                   companion_scan_ref)
+    from kernels.fused_gates import fused_gate_scan, fused_gate_scan_ref
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+VARIANTS = ["softmax", "sigmoid", "relu", "tanh", "identity", "none"]
+DEV = "cuda"
+
+
+def rel(a, b):
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    assert torch.isfinite(a).all(), "non-finite values (unwritten output?)"
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def _check(fn, ref, tensors, tol, final=True, ref_dev="cpu", **kw):
+    """Run kernel and fp64 reference (on ref_dev); compare h, h_final and all grads."""
+    xs = [t.to(DEV).requires_grad_() for t in tensors]
+    h, hf = fn(*xs, output_final_state=final, **kw)
+    gh = torch.randn_like(h)
+    loss = (h * gh).sum()
+    if final:
+        ghf = torch.randn_like(hf)
+        loss = loss + (hf * ghf).sum()
+    grads = torch.autograd.grad(loss, xs)
+    cpu = [t.detach().to(ref_dev).double().requires_grad_() for t in tensors]
+    kw_cpu = {k: (v.to(ref_dev) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    hr, hfr = ref(*cpu, output_final_state=final, **kw_cpu)
+    lr = (hr.double() * gh.to(ref_dev).double()).sum()
+    if final:
+        lr = lr + (hfr.double() * ghf.to(ref_dev).double()).sum()
+    rgrads = torch.autograd.grad(lr, cpu)
+    errs = [rel(h, hr)] + ([rel(hf, hfr)] if final else []) + [rel(a, b) for a, b in zip(grads, rgrads)]
+    assert max(errs) < tol, errs
+    return errs
+
+
+def _fused(B, T, H, m, variant="softmax", dtype=torch.float32, h0=True, cu=None, tol=1e-4,
+           ref_dev="cpu"):
+    z = torch.randn(B, T, H, m, m + 1, dtype=dtype) * (0.3 if variant == "none" else 1.5)
+    v = torch.randn(B, T, H, m, dtype=dtype)
+    ns = B if cu is None else len(cu) - 1
+    tensors = [z, v] + ([torch.randn(ns, H, m)] if h0 else [])
+    cuk = None if cu is None else torch.tensor(cu, dtype=torch.int64)
+
+    def fn(z, v, *s, **kw):
+        return fused_gate_scan(z, v, variant, initial_state=s[0] if s else None,
+                               cu_seqlens=None if cuk is None else cuk.to(DEV), **kw)
+
+    def ref(z, v, *s, **kw):
+        return fused_gate_scan_ref(z, v, variant, initial_state=s[0] if s else None,
+                                   cu_seqlens=cuk, **kw)
+    return _check(fn, ref, tensors, tol, ref_dev=ref_dev)
+
+
+def _comp(B, T, N, m, variant="softmax", dtype=torch.float32, h0=True, cu=None, tol=1e-4,
+          ref_dev="cpu"):
+    coeffs = variant == "coeffs"
+    z = (torch.rand(B, T, N, m, dtype=dtype) / m if coeffs
+         else torch.randn(B, T, N, m + 1, dtype=dtype) * (0.3 if variant == "none" else 1.5))
+    v = torch.randn(B, T, N, dtype=dtype)
+    ns = B if cu is None else len(cu) - 1
+    tensors = [z, v] + ([torch.randn(ns, N, m)] if h0 else [])
+    cuk = None if cu is None else torch.tensor(cu, dtype=torch.int64)
+
+    def fn(z, v, *s, **kw):
+        cu_d = None if cuk is None else cuk.to(DEV)
+        if coeffs:
+            return companion_scan_coeffs(z, v, initial_state=s[0] if s else None, cu_seqlens=cu_d, **kw)
+        return companion_scan(z, v, variant, initial_state=s[0] if s else None, cu_seqlens=cu_d, **kw)
+
+    def ref(z, v, *s, **kw):
+        if coeffs:
+            return companion_scan_coeffs_ref(z, v, initial_state=s[0] if s else None, cu_seqlens=cuk, **kw)
+        return companion_scan_ref(z, v, variant, initial_state=s[0] if s else None, cu_seqlens=cuk, **kw)
+    return _check(fn, ref, tensors, tol, ref_dev=ref_dev)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fused_variants(variant):
+    torch.manual_seed(0)
+    _fused(2, 300, 5, 4, variant)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 32])
+def test_fused_block_sizes(m):
+    torch.manual_seed(m)
+    _fused(2, 129, 3, m)
+
+
+def test_fused_bf16():
+    torch.manual_seed(1)
+    _fused(2, 256, 8, 8, dtype=torch.bfloat16, tol=2e-2)
+
+
+def test_fused_varlen():
+    torch.manual_seed(2)
+    _fused(1, 200, 4, 4, "sigmoid", cu=[0, 1, 63, 64, 150, 150, 200])
+
+
+def test_fused_long():
+    torch.manual_seed(3)
+    _fused(1, 65536, 2, 4, h0=False, ref_dev=DEV)  # fp64 loop on the GPU: faster than the CPU
+
+
+@pytest.mark.parametrize("variant", VARIANTS + ["coeffs"])
+def test_companion_variants(variant):
+    torch.manual_seed(0)
+    _comp(2, 300, 37, 4, variant)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16])
+def test_companion_orders(m):
+    torch.manual_seed(m)
+    _comp(2, 129, 40, m)
+
+
+def test_companion_bf16():
+    torch.manual_seed(1)
+    _comp(2, 256, 64, 8, dtype=torch.bfloat16, tol=2e-2)
+
+
+def test_companion_varlen():
+    torch.manual_seed(2)
+    _comp(1, 200, 33, 3, "tanh", cu=[0, 1, 2, 63, 64, 150, 150, 200])
+
+
+def test_companion_long():
+    torch.manual_seed(3)
+    _comp(1, 65536, 3, 4, h0=False, ref_dev=DEV)
+
+
+def _big_check(fn, ref, z, v, nb):
+    """Kernel on a tensor with > 2^31 elements; check the last ``nb`` batch rows (largest offsets)."""
+    z.requires_grad_()
+    v.requires_grad_()
+    h, _ = fn(z, v)
+    gh = torch.randn_like(h[-nb:])
+    dz, dv = torch.autograd.grad((h[-nb:] * gh).sum(), [z, v])
+    zs = z[-nb:].detach().cpu().double().requires_grad_()
+    vs = v[-nb:].detach().cpu().double().requires_grad_()
+    hr, _ = ref(zs, vs)
+    rz, rv = torch.autograd.grad((hr * gh.cpu().double()).sum(), [zs, vs])
+    errs = [rel(h[-nb:], hr), rel(dz[-nb:], rz), rel(dv[-nb:], rv)]
+    assert max(errs) < 2e-2, errs
+    return errs
+
+
+def _free_gib():
+    free, _ = torch.cuda.mem_get_info()
+    return free / 2**30
+
+
+def test_fused_int64_offsets():
+    B, T, H, m = 4096, 256, 32, 8          # logits: 2.4e9 elements (> 2^31)
+    if _free_gib() < 24:
+        pytest.skip("needs ~24 GiB of free GPU memory")
+    torch.manual_seed(4)
+    z = torch.randn(B, T, H, m, m + 1, device=DEV, dtype=torch.bfloat16)
+    assert z.numel() > 2**31
+    v = torch.randn(B, T, H, m, device=DEV, dtype=torch.bfloat16)
+    _big_check(lambda z, v: fused_gate_scan(z, v), lambda z, v: fused_gate_scan_ref(z, v), z, v, 2)
+
+
+def test_companion_int64_offsets():
+    B, T, N, m = 4096, 256, 512, 4         # logits: 2.7e9 elements (> 2^31)
+    if _free_gib() < 24:
+        pytest.skip("needs ~24 GiB of free GPU memory")
+    torch.manual_seed(5)
+    z = torch.randn(B, T, N, m + 1, device=DEV, dtype=torch.bfloat16)
+    assert z.numel() > 2**31
+    v = torch.randn(B, T, N, device=DEV, dtype=torch.bfloat16)
+    _big_check(lambda z, v: companion_scan(z, v), lambda z, v: companion_scan_ref(z, v), z, v, 2)

@@ -1,0 +1,441 @@
+"""Training harness: one run (:func:`train`) and an LR × seed grid (:func:`run_grid`).
+
+Protocol (``shared/reference/tasks.md`` §1): AdamW (0.9, 0.999, 1e-8), a per-step cosine schedule
+from ``lr`` to ``min_lr`` (1e-5) that is really applied to the optimizer (checked in the tests),
+batch 128, early stop once the test accuracy reaches ``early_stop`` (0.999), bf16 autocast on CUDA
+only. Metrics on the test set: ``micro`` (scored tokens correct / scored tokens), ``macro`` (mean
+per-class recall over the classes that occur as target or prediction, MAD's torchmetrics metric;
+computed over the whole test set, where MAD averages per-batch values), ``seq`` (all scored positions of a sequence right), ``scaled`` =
+``(micro − chance)/(1 − chance)`` (for Chomsky tasks).
+
+Checkpoints (``out_dir/checkpoint.pt``, written atomically after every epoch) hold the model,
+optimizer, scheduler, torch and numpy RNG states, the epoch counter and the history; the data
+order of epoch ``e`` is a pure function of ``(seed, e)``, so a run resumed from a checkpoint
+reproduces the uninterrupted run exactly (on the same device). ``out_dir/log.jsonl`` gets one JSON
+line per epoch (and a ``start``/``end`` line).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .layers import build_layer, canonical_model_name
+from .tasks import TaskData, canonical_task_name, make_task
+from .wrappers import build_model
+
+__all__ = ["TrainConfig", "train", "run_grid", "evaluate", "build_for_config", "Progress",
+           "load_checkpoint"]
+
+
+@dataclass
+class TrainConfig:
+    # task
+    task: str = "s3"
+    task_kwargs: dict = field(default_factory=dict)
+    data_seed: int = 0
+    # model
+    model: str = "bdlru"
+    block_size: int | None = None
+    hidden_size: int = 120
+    gate: str | None = None
+    layer_kwargs: dict = field(default_factory=dict)
+    layer_source: str = "models"           # "models" (lrnn_scan.models if present) | "reference"
+    d_model: int = 64
+    n_layers: int = 1
+    mlp_ratio: float = 2.0
+    # optimisation
+    lr: float = 1e-3
+    min_lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    warmup_steps: int = 0
+    grad_clip: float | None = None
+    batch_size: int = 128
+    epochs: int = 20
+    steps_per_epoch: int | None = None     # streaming (Chomsky) tasks; default 100
+    seed: int = 0
+    early_stop: float | None = 0.999
+    stop_metric: str = "micro"             # micro | macro
+    # runtime
+    device: str = "auto"
+    amp: str = "auto"                      # auto (bf16 on CUDA) | bf16 | off
+    num_threads: int | None = None
+    eval_batch_size: int | None = None
+    out_dir: str | None = None
+    resume: bool = True
+    progress: str = "auto"                 # auto | bar | print | none
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["betas"] = list(d["betas"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        bad = set(d) - names
+        if bad:
+            raise ValueError(f"unknown TrainConfig field(s) {sorted(bad)}")
+        d = dict(d)
+        if "betas" in d:
+            d["betas"] = tuple(d["betas"])
+        return cls(**d)
+
+    # fields that do not change the result (allowed to differ on resume)
+    _RUNTIME = ("out_dir", "resume", "progress", "num_threads", "eval_batch_size")
+
+    def identity(self) -> dict:
+        d = self.to_dict()
+        for k in self._RUNTIME:
+            d.pop(k, None)
+        return d
+
+
+# ----------------------------------------------------------------------------- progress
+class Progress:
+    """Optional tqdm bar (if tqdm is installed), else plain prints."""
+
+    def __init__(self, mode: str, total: int, desc: str):
+        self.mode = mode
+        if mode == "auto":
+            try:
+                import tqdm  # noqa: F401
+                self.mode = "bar" if sys.stderr.isatty() else "print"
+            except ImportError:
+                self.mode = "print"
+        self.bar = None
+        if self.mode == "bar":
+            try:
+                from tqdm.auto import tqdm
+                self.bar = tqdm(total=total, desc=desc, leave=False)
+            except ImportError:
+                self.mode = "print"
+        self.desc = desc
+
+    def update(self, n=1, **post):
+        if self.bar is not None:
+            self.bar.update(n)
+            if post:
+                self.bar.set_postfix({k: f"{float(v):.4g}" for k, v in post.items()},
+                                     refresh=False)
+
+    def log(self, msg: str):
+        if self.mode == "none":
+            return
+        if self.bar is not None:
+            self.bar.write(msg)
+        else:
+            print(msg, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ----------------------------------------------------------------------------- building
+def _device(cfg: TrainConfig) -> torch.device:
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def build_for_config(cfg: TrainConfig, task: TaskData | None = None):
+    """``(task, model)`` for a config (model on CPU, freshly initialised from ``cfg.seed``)."""
+    if task is None:
+        task = make_task(cfg.task, cfg.data_seed, **cfg.task_kwargs)
+    torch.manual_seed(cfg.seed)
+    layers = [build_layer(cfg.model, cfg.d_model, hidden_size=cfg.hidden_size,
+                          block_size=cfg.block_size, gate=cfg.gate, prefer=cfg.layer_source,
+                          **cfg.layer_kwargs) for _ in range(cfg.n_layers)]
+    model = build_model(task.arch, task.vocab_size, task.n_out, cfg.d_model, layers,
+                        cfg.mlp_ratio)
+    return task, model
+
+
+def _lr_lambda(cfg: TrainConfig, total_steps: int):
+    base, lo, warm = cfg.lr, min(cfg.min_lr, cfg.lr), cfg.warmup_steps
+
+    def f(step: int) -> float:
+        if warm and step < warm:
+            return (step + 1) / warm
+        t = min(step - warm, max(1, total_steps - warm - 1)) / max(1, total_steps - warm - 1)
+        return (lo + (base - lo) * 0.5 * (1.0 + math.cos(math.pi * t))) / base
+    return f
+
+
+def _autocast(cfg: TrainConfig, device: torch.device):
+    use = device.type == "cuda" and cfg.amp in ("auto", "bf16")
+    if use:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast(device.type, enabled=False)
+
+
+# ----------------------------------------------------------------------------- metrics
+@torch.no_grad()
+def evaluate(model, batches, n_out: int, device, cfg: TrainConfig | None = None,
+             chance: float = 0.0) -> dict:
+    """Test metrics over a list of ``(X, Y)`` batches (numpy or torch)."""
+    model.eval()
+    correct = total = 0
+    seq_ok = n_seq = 0
+    loss_sum = 0.0
+    cls_correct = torch.zeros(n_out, dtype=torch.float64)
+    cls_total = torch.zeros(n_out, dtype=torch.float64)
+    cls_pred = torch.zeros(n_out, dtype=torch.float64)
+    ctx = _autocast(cfg, device) if cfg is not None else torch.autocast("cpu", enabled=False)
+    for X, Y in batches:
+        X = torch.as_tensor(X, device=device)
+        Y = torch.as_tensor(Y, device=device)
+        with ctx:
+            logits = model(X)
+        logits = logits.float()
+        mask = Y != -100
+        loss_sum += F.cross_entropy(logits[mask], Y[mask], reduction="sum").item()
+        pred = logits.argmax(-1)
+        ok = (pred == Y) & mask
+        correct += int(ok.sum())
+        total += int(mask.sum())
+        has = mask.any(1)
+        seq_ok += int(((ok | ~mask).all(1) & has).sum())
+        n_seq += int(has.sum())
+        y = Y[mask].cpu()
+        cls_total += torch.bincount(y, minlength=n_out)[:n_out].double()
+        cls_correct += torch.bincount(y[ok[mask].cpu()], minlength=n_out)[:n_out].double()
+        cls_pred += torch.bincount(pred[mask].cpu(), minlength=n_out)[:n_out].double()
+    model.train()
+    micro = correct / max(total, 1)
+    # torchmetrics' macro MulticlassAccuracy: per-class recall, averaged over the classes that
+    # occur as a target or a prediction (a predicted class without support scores 0)
+    present = (cls_total > 0) | (cls_pred > 0)
+    recall = cls_correct / cls_total.clamp_min(1)
+    macro = float(recall[present].mean()) if present.any() else 0.0
+    out = {"micro": micro, "macro": macro, "seq": seq_ok / max(n_seq, 1),
+           "loss": loss_sum / max(total, 1), "scored": total}
+    if chance:
+        out["scaled"] = (micro - chance) / (1.0 - chance)
+    return out
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def _atomic_save(obj, path):
+    tmp = path + ".tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str):
+    """``(cfg, task, model, ckpt)`` rebuilt from a checkpoint file (model on CPU)."""
+    ck = torch.load(path, map_location="cpu", weights_only=False)
+    cfg = TrainConfig.from_dict(ck["config"])
+    task, model = build_for_config(cfg)
+    model.load_state_dict(ck["model"])
+    return cfg, task, model, ck
+
+
+class _Logger:
+    def __init__(self, out_dir):
+        self.path = os.path.join(out_dir, "log.jsonl") if out_dir else None
+
+    def __call__(self, **rec):
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+
+# ----------------------------------------------------------------------------- training
+def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
+          _stop_after_epochs: int | None = None) -> dict:
+    """Train one model; return a result dict (best/final metrics, history, timings).
+
+    ``task`` may be passed to reuse generated data across runs (it must match ``cfg``).
+    ``_stop_after_epochs`` simulates an interruption (for the resume tests).
+    """
+    if isinstance(cfg, dict):
+        cfg = TrainConfig.from_dict(cfg)
+    canonical_model_name(cfg.model)
+    canonical_task_name(cfg.task)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    device = _device(cfg)
+    t0 = time.time()
+    task, model = build_for_config(cfg, task)
+    model.to(device)
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
+                            eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+    if task.streaming:
+        steps_per_epoch = cfg.steps_per_epoch or 100
+        Xtr = Ytr = None
+    else:
+        Xtr = torch.as_tensor(task.train[0])
+        Ytr = torch.as_tensor(task.train[1])
+        steps_per_epoch = math.ceil(len(Xtr) / cfg.batch_size)
+    total_steps = steps_per_epoch * cfg.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total_steps))
+    stream_rng = np.random.default_rng(np.random.SeedSequence([int(cfg.data_seed), 7,
+                                                               int(cfg.seed)]))
+    eval_batches = task.test
+    if cfg.eval_batch_size:
+        eval_batches = _rebatch(task.test, cfg.eval_batch_size)
+
+    state = {"epoch": 0, "step": 0, "history": [], "best": None, "best_epoch": None,
+             "stopped_early": False, "train_time": 0.0}
+    out_dir = cfg.out_dir
+    ck_path = os.path.join(out_dir, "checkpoint.pt") if out_dir else None
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    log = _Logger(out_dir)
+    resumed = False
+    if ck_path and cfg.resume and os.path.exists(ck_path):
+        ck = torch.load(ck_path, map_location="cpu", weights_only=False)
+        if TrainConfig.from_dict(ck["config"]).identity() != cfg.identity():
+            raise ValueError(f"{ck_path} was written by a different configuration; use another "
+                             f"out_dir or --no-resume")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        sched.load_state_dict(ck["scheduler"])
+        torch.set_rng_state(ck["torch_rng"])
+        if device.type == "cuda" and ck.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(ck["cuda_rng"], device)
+        stream_rng.bit_generator.state = ck["stream_rng"]
+        state = ck["state"]
+        resumed = True
+    elif ck_path and not cfg.resume and os.path.exists(os.path.join(out_dir, "log.jsonl")):
+        os.remove(os.path.join(out_dir, "log.jsonl"))
+    else:
+        torch.manual_seed(cfg.seed + 1)       # training-time randomness (none by default)
+
+    desc = f"{task.name}/{cfg.model}" + (f"-m{cfg.block_size}" if cfg.block_size else "")
+    prog = Progress(cfg.progress, total_steps, desc)
+    src = getattr(model.blocks[0].layer, "layer_source", "?")
+    if resumed:
+        prog.log(f"[{desc}] resumed from {ck_path} at epoch {state['epoch']}")
+    else:
+        prog.log(f"[{desc}] {n_params:,} parameters (layer from {src}), {steps_per_epoch} "
+                 f"steps/epoch x {cfg.epochs} epochs, lr={cfg.lr:g}, seed={cfg.seed}, "
+                 f"device={device.type}")
+        log(event="start", config=cfg.to_dict(), n_params=n_params, layer_source=src,
+            task_info=task.info)
+    prog.update(state["step"])
+    model.train()
+    ctx = _autocast(cfg, device)
+    epochs_this_call = 0
+    while state["epoch"] < cfg.epochs and not state["stopped_early"]:
+        epoch = state["epoch"]
+        te = time.time()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        n_tok = 0
+        if task.streaming:
+            batches = (task.sample_train(stream_rng, cfg.batch_size)
+                       for _ in range(steps_per_epoch))
+        else:
+            g = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + epoch)
+            perm = torch.randperm(len(Xtr), generator=g)
+            batches = ((Xtr[perm[i:i + cfg.batch_size]], Ytr[perm[i:i + cfg.batch_size]])
+                       for i in range(0, len(Xtr), cfg.batch_size))
+        for X, Y in batches:
+            X = torch.as_tensor(X).to(device, non_blocking=True)
+            Y = torch.as_tensor(Y).to(device, non_blocking=True)
+            with ctx:
+                logits = model(X)
+            mask = Y != -100
+            loss = F.cross_entropy(logits.float()[mask], Y[mask])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            state["step"] += 1
+            k = int(mask.sum())
+            loss_sum += loss.detach().double().cpu() * k
+            n_tok += k
+            prog.update(1, loss=loss)
+        state["train_time"] += time.time() - te
+        metrics = evaluate(model, eval_batches, task.n_out, device, cfg,
+                           task.chance if task.scaled else 0.0)
+        state["epoch"] = epoch + 1
+        rec = {"epoch": epoch + 1, "step": state["step"], "lr": opt.param_groups[0]["lr"],
+               "train_loss": float(loss_sum) / max(n_tok, 1),
+               **{f"test_{k}": v for k, v in metrics.items()},
+               "epoch_time": time.time() - te}
+        state["history"].append(rec)
+        score = metrics[cfg.stop_metric]
+        if state["best"] is None or score > state["best"][cfg.stop_metric]:
+            state["best"], state["best_epoch"] = metrics, epoch + 1
+        if cfg.early_stop is not None and score >= cfg.early_stop:
+            state["stopped_early"] = True
+        prog.log(f"[{desc}] epoch {epoch + 1}/{cfg.epochs} loss {rec['train_loss']:.4f} "
+                 f"test micro {metrics['micro']:.4f} macro {metrics['macro']:.4f}"
+                 + (f" scaled {metrics['scaled']:.4f}" if "scaled" in metrics else "")
+                 + f" lr {rec['lr']:.2e} ({rec['epoch_time']:.1f}s)")
+        log(event="epoch", **rec)
+        if ck_path:
+            _atomic_save({"config": cfg.to_dict(), "model": model.state_dict(),
+                          "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                          "torch_rng": torch.get_rng_state(),
+                          "cuda_rng": (torch.cuda.get_rng_state(device)
+                                       if device.type == "cuda" else None),
+                          "stream_rng": stream_rng.bit_generator.state, "state": state},
+                         ck_path)
+        epochs_this_call += 1
+        if _stop_after_epochs is not None and epochs_this_call >= _stop_after_epochs:
+            break
+    prog.close()
+    final = state["history"][-1] if state["history"] else {}
+    best = state["best"] or {}
+    result = {"task": task.name, "model": canonical_model_name(cfg.model),
+              "block_size": cfg.block_size, "hidden_size": cfg.hidden_size, "lr": cfg.lr,
+              "seed": cfg.seed, "epochs_run": state["epoch"], "steps": state["step"],
+              "stopped_early": state["stopped_early"], "n_params": n_params,
+              "layer_source": src, "best_epoch": state["best_epoch"],
+              **{f"best_{k}": v for k, v in best.items()},
+              **{f"final_{k[5:]}": v for k, v in final.items() if k.startswith("test_")},
+              "final_lr": opt.param_groups[0]["lr"],
+              "train_time_s": state["train_time"], "wall_time_s": time.time() - t0,
+              "history": state["history"], "complete": state["epoch"] >= cfg.epochs
+              or state["stopped_early"]}
+    if result["complete"]:
+        log(event="end", **{k: v for k, v in result.items() if k != "history"})
+        prog.log(f"[{desc}] done: best test micro {best.get('micro', float('nan')):.4f} "
+                 f"macro {best.get('macro', float('nan')):.4f} (epoch {state['best_epoch']}), "
+                 f"{state['train_time']:.1f}s training")
+    return result
+
+
+def _rebatch(batches, bs):
+    out = []
+    for X, Y in batches:
+        for i in range(0, len(X), bs):
+            out.append((X[i:i + bs], Y[i:i + bs]))
+    return out
+
+
+def run_grid(cfg: TrainConfig, lrs=(1e-3, 5e-4, 1e-4), seeds=(0, 1, 2, 3, 4),
+             metric: str = "micro", task: TaskData | None = None) -> dict:
+    """Train ``cfg`` for every ``lr × seed`` and return ``{"best": result, "runs": [...]}``;
+    ``best`` maximises the best-epoch test ``metric`` (the paper's "best test accuracy over the
+    LR grid × seeds"). Per-run output directories are ``out_dir/lr{lr}_seed{seed}``."""
+    if task is None:
+        task = make_task(cfg.task, cfg.data_seed, **cfg.task_kwargs)
+    runs = []
+    for lr in lrs:
+        for seed in seeds:
+            c = copy.deepcopy(cfg)
+            c.lr, c.seed = float(lr), int(seed)
+            if cfg.out_dir:
+                c.out_dir = os.path.join(cfg.out_dir, f"lr{lr:g}_seed{seed}")
+            runs.append(train(c, task))
+    best = max(runs, key=lambda r: r.get(f"best_{metric}", -1.0))
+    return {"best": best, "runs": runs}

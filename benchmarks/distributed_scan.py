@@ -233,7 +233,7 @@ def local_costs(pb: Problem, T_shard, dev, warmup, reps):
     one local forward over the shard (what rank 0 does) — to balance the split."""
     xs = [x[:, :T_shard] for x in pb.inputs]
     if pb.family == "delta":
-        from lrnn_scan.distributed import _DeltaCfg, _delta_totals
+        from lrnn_scan.distributed.delta import _DeltaCfg, _delta_totals
         q, k, v = xs[0], xs[1], xs[2]
         B, T, H, K = q.shape
         cfg = _DeltaCfg(None, 1, 2, K ** -0.5, 64, pb.path, (B, T, k.shape[2], H, K, v.shape[-1]),

@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer-source", default="models", choices=["models", "reference"])
     p.add_argument("--progress", default="print", choices=["auto", "bar", "print", "none"])
     sub.add_parser("tasks", help="list task and model names")
+    from lrnn_scan.bench.cli import add_subparser as add_bench   # lrnn-scan bench (issue 7)
+    add_bench(sub)
     return ap
 
 
@@ -207,7 +209,7 @@ def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     try:
         return {"train": _cmd_train, "sweep": _cmd_sweep, "spectrum": _cmd_spectrum,
-                "demo": _cmd_demo, "tasks": _cmd_tasks}[a.cmd](a)
+                "demo": _cmd_demo, "tasks": _cmd_tasks, "bench": a.__dict__.get("func")}[a.cmd](a)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         if os.environ.get("LRNN_SCAN_DEBUG"):
             raise

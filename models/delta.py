@@ -179,6 +179,11 @@ class DeltaProduct(RecurrentLayer):
         """``(HouseholderProduct, B)`` from ``k`` ``[*, n_h, H, K]`` etc. (heads before n_h)."""
         keys, b = k.movedim(-3, -2), beta.movedim(-2, -1)                 # [*, H, n_h, K], [*, H, n_h]
         gate = None if g is None else g.exp()
+        # Under autocast the projections are half precision while the gate (from A_log) is fp32:
+        # the operator needs one dtype, so everything is lifted to the widest one.
+        dt = keys.dtype if gate is None else torch.promote_types(keys.dtype, gate.dtype)
+        keys, b, v = keys.to(dt), b.to(dt), v.to(dt)
+        gate = None if gate is None else gate.to(dt)
         op = ls.HouseholderProduct(keys, b, gate, check_values=False)
         return op, householder_input(keys, b, v.movedim(-3, -2))
 

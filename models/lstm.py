@@ -65,7 +65,10 @@ class LSTM(RecurrentLayer):
             if bool(empty.any()):   # an empty sequence keeps its initial state
                 h0, c0 = hc if hc is not None else (torch.zeros_like(hn), torch.zeros_like(cn))
                 hn, cn = torch.where(empty, h0, hn), torch.where(empty, c0, cn)
-        return self.out_proj(out).to(x.dtype), {"h": hn[0], "c": cn[0]}
+        # Under autocast nn.LSTM returns half-precision h/c; recurrent states are kept in (at least)
+        # float32 like every other layer's.
+        sdt = torch.promote_types(p_dtype, torch.float32)
+        return self.out_proj(out).to(x.dtype), {"h": hn[0].to(sdt), "c": cn[0].to(sdt)}
 
     def _step(self, x_t: Tensor, state: State):
         y, new = self._forward(x_t.unsqueeze(1), state, None)

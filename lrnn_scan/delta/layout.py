@@ -29,8 +29,10 @@ def padded_gather(cu: list[int], n_h: int, chunk: int, device) -> dict:
     sub-steps get ``k = v = β = g = 0`` (the identity step), so they do not change the state.
     """
     N = len(cu) - 1
-    lens = torch.tensor([cu[i + 1] - cu[i] for i in range(N)], dtype=torch.long)
-    L = int(lens.max().item()) * n_h if N else 0
+    lens_list = [cu[i + 1] - cu[i] for i in range(N)]
+    lens = torch.tensor(lens_list, dtype=torch.long)
+    # Sizes come from the Python list, never from a tensor: no data-dependent bound for Dynamo.
+    L = max(lens_list) * n_h if N else 0
     P = max(chunk, -(-L // chunk) * chunk)
     p = torch.arange(P)
     starts = torch.tensor(cu[:-1], dtype=torch.long)
@@ -48,7 +50,7 @@ def padded_gather(cu: list[int], n_h: int, chunk: int, device) -> dict:
         "g_mask": (valid & (j[None, :] == 0)).to(device),
     }
     # flat position (in [N*P]) of each packed token's last sub-step, for reading outputs
-    tok_n = torch.repeat_interleave(torch.arange(N), lens)
-    tok_local = torch.arange(int(lens.sum().item())) - starts[tok_n] if N else torch.zeros(0, dtype=torch.long)
+    tok_n = torch.repeat_interleave(torch.arange(N), lens, output_size=sum(lens_list))
+    tok_local = torch.arange(sum(lens_list)) - starts[tok_n] if N else torch.zeros(0, dtype=torch.long)
     out["out_pos"] = (tok_n * P + tok_local * n_h + n_h - 1).to(device)
     return out

@@ -1,0 +1,541 @@
+"""``torch.compile`` support: the Triton kernels as ``torch.library`` custom ops.
+
+Dynamo cannot trace into Triton launchers wrapped in ``torch.autograd.Function`` (they read
+``cu_seqlens`` on the host, choose launch configurations, etc.). This module registers each kernel
+entry point as an opaque ``torch.library.custom_op`` with a fake (meta) implementation, so
+``torch.compile(model, fullgraph=True)`` keeps it in the graph, and ``register_autograd`` wiring
+the existing *backward launchers* (never recomputing the forward):
+
+===================================================  ===============================================
+op (namespace ``lrnn_scan``)                          wraps
+===================================================  ===============================================
+``bd_scan_fwd`` / ``bd_scan_bwd``                      ``kernels.block_diagonal.scan._bd_forward`` /
+                                                       ``_bd_backward`` (``diag=True``: ``_diag_*``)
+``fused_gate_fwd`` / ``fused_gate_bwd``                ``kernels.fused_gates.function._launch_fwd`` /
+                                                       ``_launch_bwd``
+``companion_fwd`` / ``companion_bwd``                  ``kernels.companion.function._CompanionFn``
+                                                       ``.forward`` / ``.backward`` (launches are inline
+                                                       in the Function: called with a stand-in ctx)
+``delta_product_fwd`` / ``delta_product_bwd``          ``kernels.delta_product.function``
+                                                       ``.ChunkDeltaProductFunction`` (same way)
+===================================================  ===============================================
+
+Public wrappers with the kernels' exact signatures: :func:`block_diagonal_scan`,
+:func:`diagonal_scan`, :func:`fused_gate_scan`, :func:`companion_scan`,
+:func:`companion_scan_coeffs`, :func:`chunk_delta_product_triton`.
+
+Nothing here runs at ``import lrnn_scan``: this module is not imported by the package, and the ops
+are defined on the first call of :func:`register` (which imports Triton and the kernels).
+:func:`enable` additionally routes the engine's kernel dispatch (``lrnn_scan.dispatch``,
+``lrnn_scan.gated``, ``lrnn_scan.delta``) through the ops by replacing the entry points on the
+kernel packages, and sets the Dynamo options the torch paths need for ``fullgraph=True``
+(``trace_autograd_ops`` for the operator adjoints, ``allow_rnn`` for the LSTM baseline);
+:func:`disable` undoes both.
+
+Status: the ops, fake implementations and autograd are tested on CPU under the Triton
+interpreter (``TRITON_INTERPRET=1``, ``tests/test_ecosystem.py``). **They have not yet been run on a
+GPU.**
+"""
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import torch
+from torch import Tensor
+
+__all__ = ["register", "enable", "disable", "is_enabled", "compile_model", "block_diagonal_scan",
+           "diagonal_scan", "fused_gate_scan", "companion_scan", "companion_scan_coeffs",
+           "chunk_delta_product_triton", "DYNAMO_OPTIONS"]
+
+#: Dynamo options the torch (non-Triton) paths need under ``fullgraph=True`` (see module doc).
+DYNAMO_OPTIONS = {"trace_autograd_ops": True, "allow_rnn": True}
+
+_OPS: dict = {}
+_SAVED: dict = {}          # (module, attribute) -> original, while enabled
+_SAVED_DYNAMO: dict = {}
+
+
+def _kernels(name: str):
+    """``lrnn_scan.kernels.<name>`` (or ``kernels.<name>`` from an uninstalled checkout)."""
+    try:
+        return importlib.import_module(f"lrnn_scan.kernels.{name}")
+    except ModuleNotFoundError:
+        from lrnn_scan.delta._kernels import load_kernels
+        load_kernels()  # puts the checkout root on sys.path
+        return importlib.import_module(f"kernels.{name}")
+
+
+def _compiling() -> bool:
+    try:
+        return torch.compiler.is_compiling()
+    except AttributeError:  # pragma: no cover - old torch
+        return False
+
+
+class _Ctx(SimpleNamespace):
+    """Stand-in for an autograd ctx, to call a Function's forward/backward launch code directly."""
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+def _empty0(ref: Tensor) -> Tensor:
+    return ref.new_empty((0,), dtype=torch.float32)
+
+
+def _dyn():
+    return torch.library.get_ctx().new_dynamic_size()
+
+
+# ============================================================================ block diagonal
+def _bd_chunk(mod, b: Tensor, cu, diag: bool):
+    """The chunk length ``block_diagonal_scan`` / ``diagonal_scan`` would pick (None = one pass)."""
+    import triton
+    B, T = b.shape[:2]
+    nseq = B if cu is None else cu.numel() - 1
+    if diag:
+        N = b.shape[2]
+        bt, bn, _, _ = mod._diag_cfg()
+        return mod._choose_chunk(nseq * triton.cdiv(N, bn), mod._max_len(T, nseq, cu), b.device, bt)
+    H, m = b.shape[2], b.shape[3]
+    _, bh, _, _ = mod._bd_cfg(m)
+    return mod._choose_chunk(nseq * triton.cdiv(H, bh), mod._max_len(T, nseq, cu), b.device, 1, m)
+
+
+def _p_shape(b: Tensor, nseq, nc, diag: bool):
+    if diag:
+        return (nseq, nc, b.shape[2])
+    return (nseq, nc, b.shape[2], b.shape[3], b.shape[3])
+
+
+def _register_block_diagonal():
+    mod = _kernels("block_diagonal.scan")
+
+    @torch.library.custom_op("lrnn_scan::bd_scan_fwd", mutates_args=())
+    def bd_scan_fwd(A: Tensor, b: Tensor, h0: Tensor | None, cu: Tensor | None,
+                    diag: bool) -> tuple[Tensor, Tensor, Tensor]:
+        chunk = _bd_chunk(mod, b, cu, diag)
+        h, final, P = (mod._diag_forward if diag else mod._bd_forward)(A, b, h0, cu, chunk)
+        nseq = final.shape[0]
+        if P is None:
+            P = torch.empty(_p_shape(b, nseq, 0, diag), dtype=torch.float32, device=b.device)
+        return h, final, P
+
+    @bd_scan_fwd.register_fake
+    def _(A, b, h0, cu, diag):
+        nseq = b.shape[0] if cu is None else cu.shape[0] - 1
+        state = (nseq, b.shape[2]) if diag else (nseq, b.shape[2], b.shape[3])
+        if cu is None:
+            chunk = _bd_chunk(mod, b, None, diag)
+            nc = 0 if chunk is None else -(-b.shape[1] // chunk)
+        else:
+            nc = _dyn()
+        return (torch.empty_like(b), b.new_empty(state, dtype=torch.float32),
+                b.new_empty(_p_shape(b, nseq, nc, diag), dtype=torch.float32))
+
+    @torch.library.custom_op("lrnn_scan::bd_scan_bwd", mutates_args=())
+    def bd_scan_bwd(A: Tensor, h: Tensor, h0: Tensor | None, g: Tensor, dhT: Tensor | None,
+                    cu: Tensor | None, P: Tensor, diag: bool) -> tuple[Tensor, Tensor, Tensor]:
+        chunk = None if P.shape[1] == 0 else _bd_chunk(mod, h, cu, diag)
+        return (mod._diag_backward if diag else mod._bd_backward)(
+            A, h, h0, g, dhT, cu, chunk, None if chunk is None else P)
+
+    @bd_scan_bwd.register_fake
+    def _(A, h, h0, g, dhT, cu, P, diag):
+        nseq = h.shape[0] if cu is None else cu.shape[0] - 1
+        state = (nseq, h.shape[2]) if diag else (nseq, h.shape[2], h.shape[3])
+        return torch.empty_like(A), torch.empty_like(h), h.new_empty(state, dtype=torch.float32)
+
+    def setup_context(ctx, inputs, output):
+        A, b, h0, cu, diag = inputs
+        h, _, P = output
+        ctx.save_for_backward(A, h, h0, cu, P)
+        ctx.diag = diag
+        ctx.h0_dtype = None if h0 is None else h0.dtype
+
+    def backward(ctx, dh, dfinal, dP):
+        A, h, h0, cu, P = ctx.saved_tensors
+        g = torch.zeros_like(h) if dh is None else dh.contiguous()
+        dhT = None if dfinal is None else dfinal.float().contiguous()
+        dA, db, dh0 = bd_scan_bwd(A, h, h0, g, dhT, cu, P, ctx.diag)
+        return dA, db, (None if h0 is None else dh0.to(ctx.h0_dtype)), None, None
+
+    bd_scan_fwd.register_autograd(backward, setup_context=setup_context)
+    _OPS.update(bd_scan_fwd=bd_scan_fwd, bd_scan_bwd=bd_scan_bwd, bd_module=mod)
+
+
+def _check_cu_eager(check, *args):
+    """Run a kernel's argument check unless tracing (the checks read ``cu_seqlens`` on the host)."""
+    if not _compiling():
+        check(*args)
+
+
+def block_diagonal_scan(A, b, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """:func:`lrnn_scan.kernels.block_diagonal.block_diagonal_scan` through the custom op."""
+    register()
+    mod = _OPS["bd_module"]
+    mod._check_float("A", A, 5, "(B, T, H, m, m)")
+    mod._check_float("b", b, 4, "(B, T, H, m)")
+    B, T, H, m = b.shape
+    if tuple(A.shape) != (B, T, H, m, m):
+        raise ValueError(f"A must have shape (B, T, H, m, m) = {(B, T, H, m, m)} to match b "
+                         f"{tuple(b.shape)}, got {tuple(A.shape)}")
+    if not 1 <= m <= mod.MAX_M:
+        raise ValueError(f"block size m (b.shape[-1]) must be in 1..{mod.MAX_M}, got {m}")
+    if not _compiling():
+        mod._check_common(b, "b", B, T, (H, m), initial_state, cu_seqlens)
+    nseq = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    h0 = initial_state.contiguous() if initial_state is not None else None
+    cu = cu_seqlens.to(torch.int64).contiguous() if cu_seqlens is not None else None
+    if m == 1:
+        h, final, _ = _OPS["bd_scan_fwd"](A.view(B, T, H), b.view(B, T, H),
+                                          None if h0 is None else h0.view(nseq, H), cu, True)
+        h, final = h.view(B, T, H, 1), final.view(nseq, H, 1)
+    else:
+        h, final, _ = _OPS["bd_scan_fwd"](A, b, h0, cu, False)
+    return h, (final if output_final_state else None)
+
+
+def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """:func:`lrnn_scan.kernels.block_diagonal.diagonal_scan` through the custom op."""
+    register()
+    mod = _OPS["bd_module"]
+    mod._check_float("a", a, 3, "(B, T, N)")
+    mod._check_float("b", b, 3, "(B, T, N)")
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have one shape (B, T, N), got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
+    B, T, N = b.shape
+    if not _compiling():
+        mod._check_common(b, "b", B, T, (N,), initial_state, cu_seqlens)
+    h0 = initial_state.contiguous() if initial_state is not None else None
+    cu = cu_seqlens.to(torch.int64).contiguous() if cu_seqlens is not None else None
+    h, final, _ = _OPS["bd_scan_fwd"](a, b, h0, cu, True)
+    return h, (final if output_final_state else None)
+
+
+# ============================================================================ fused gates
+def _register_fused_gates():
+    fn = _kernels("fused_gates.function")
+
+    @torch.library.custom_op("lrnn_scan::fused_gate_fwd", mutates_args=())
+    def fused_gate_fwd(z: Tensor, v: Tensor, h0: Tensor | None, cu: Tensor | None, col0: int,
+                       code: int, eps: float, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        B, T, H, m = v.shape
+        h0c = h0.float().contiguous() if h0 is not None else None
+        return fn._launch_fwd(z.contiguous(), v.contiguous(), h0c, cu, T, H, m, col0, code, eps,
+                              True, out_dtype)
+
+    @fused_gate_fwd.register_fake
+    def _(z, v, h0, cu, col0, code, eps, out_dtype):
+        nseq = v.shape[0] if cu is None else cu.shape[0] - 1
+        return (v.new_empty(v.shape, dtype=out_dtype),
+                v.new_empty((nseq, v.shape[2], v.shape[3]), dtype=torch.float32))
+
+    @torch.library.custom_op("lrnn_scan::fused_gate_bwd", mutates_args=())
+    def fused_gate_bwd(z: Tensor, v: Tensor, h0: Tensor | None, h: Tensor, dh: Tensor,
+                       dhf: Tensor | None, cu: Tensor | None, col0: int, code: int,
+                       eps: float) -> tuple[Tensor, Tensor, Tensor]:
+        B, T, H, m = v.shape
+        h0c = h0.float().contiguous() if h0 is not None else None
+        dz, dv, dh0 = fn._launch_bwd(z.contiguous(), v.contiguous(), h0c, h, dh, dhf, cu, T, H, m,
+                                     col0, code, eps, h0 is not None)
+        return dz, dv, (dh0 if dh0 is not None else _empty0(v))
+
+    @fused_gate_bwd.register_fake
+    def _(z, v, h0, h, dh, dhf, cu, col0, code, eps):
+        nseq = v.shape[0] if cu is None else cu.shape[0] - 1
+        dh0 = (v.new_empty((nseq, v.shape[2], v.shape[3]), dtype=torch.float32)
+               if h0 is not None else v.new_empty((0,), dtype=torch.float32))
+        return z.new_empty(z.shape), v.new_empty(v.shape), dh0
+
+    def setup_context(ctx, inputs, output):
+        z, v, h0, cu, col0, code, eps, _ = inputs
+        ctx.save_for_backward(z, v, h0, output[0], cu)
+        ctx.cfg = (col0, code, eps, None if h0 is None else h0.dtype)
+
+    def backward(ctx, dh, dhf):
+        z, v, h0, h, cu = ctx.saved_tensors
+        col0, code, eps, h0_dtype = ctx.cfg
+        dh = torch.zeros_like(h) if dh is None else dh.contiguous()
+        dhf = None if dhf is None else dhf.float().contiguous()
+        dz, dv, dh0 = fused_gate_bwd(z, v, h0, h, dh, dhf, cu, col0, code, eps)
+        return dz, dv, (None if h0 is None else dh0.to(h0_dtype)), None, None, None, None, None
+
+    fused_gate_fwd.register_autograd(backward, setup_context=setup_context)
+    _OPS.update(fused_gate_fwd=fused_gate_fwd, fused_gate_bwd=fused_gate_bwd, fg_module=fn)
+
+
+def fused_gate_scan(logits, v, variant="softmax", eps=1e-6, initial_state=None,
+                    output_final_state=False, cu_seqlens=None):
+    """:func:`lrnn_scan.kernels.fused_gates.fused_gate_scan` through the custom op."""
+    register()
+    fn = _OPS["fg_module"]
+    if not fn.use_triton(v, fn.block_scan_fwd_kernel):
+        return _SAVED.get(("fused_gates", "fused_gate_scan"), fn.fused_gate_scan)(
+            logits, v, variant, eps, initial_state, output_final_state, cu_seqlens)
+    fn.check_float_tensor("logits", logits, 5, "(B, T, H, m, m+1)")
+    fn.check_float_tensor("v", v, 4, "(B, T, H, m)")
+    B, T, H, m = v.shape
+    if tuple(logits.shape) != (B, T, H, m, m + 1):
+        raise ValueError(f"logits must have shape (B, T, H, m, m+1) = {(B, T, H, m, m + 1)} to "
+                         f"match v {tuple(v.shape)}, got {tuple(logits.shape)}")
+    eps = fn.check_eps(eps)
+    code = fn.variant_code(variant)
+    if not _compiling():
+        fn._check_common(v, initial_state, cu_seqlens, B, T, H, m)
+    out_dtype = torch.promote_types(logits.dtype, v.dtype)
+    h, hf = _OPS["fused_gate_fwd"](logits, v, initial_state, cu_seqlens, 1, code, eps, out_dtype)
+    return h, (hf if output_final_state else None)
+
+
+# ============================================================================ companion
+def _register_companion():
+    fn = _kernels("companion.function")
+    Fn = fn._CompanionFn
+
+    @torch.library.custom_op("lrnn_scan::companion_fwd", mutates_args=())
+    def companion_fwd(z: Tensor, v: Tensor, h0: Tensor | None, cu: Tensor | None, col0: int,
+                      code: int, eps: float, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        return Fn.forward(_Ctx(), z, v, h0, cu, col0, code, eps, True, out_dtype)
+
+    @companion_fwd.register_fake
+    def _(z, v, h0, cu, col0, code, eps, out_dtype):
+        nseq = v.shape[0] if cu is None else cu.shape[0] - 1
+        m = z.shape[-1] - col0
+        return (v.new_empty(v.shape, dtype=out_dtype),
+                v.new_empty((nseq, v.shape[2], m), dtype=torch.float32))
+
+    @torch.library.custom_op("lrnn_scan::companion_bwd", mutates_args=())
+    def companion_bwd(z: Tensor, v: Tensor, h0: Tensor | None, h: Tensor, dh: Tensor,
+                      dhf: Tensor | None, cu: Tensor | None, col0: int, code: int,
+                      eps: float) -> tuple[Tensor, Tensor, Tensor]:
+        ctx = _Ctx(saved_tensors=(z.contiguous(), v.contiguous(),
+                                  None if h0 is None else h0.float().contiguous(), h, cu),
+                   cfg=(col0, code, eps, h0 is not None, torch.float32))
+        dz, dv, dh0 = Fn.backward(ctx, dh, dhf)[:3]
+        return dz, dv, (dh0 if dh0 is not None else _empty0(v))
+
+    @companion_bwd.register_fake
+    def _(z, v, h0, h, dh, dhf, cu, col0, code, eps):
+        nseq = v.shape[0] if cu is None else cu.shape[0] - 1
+        m = z.shape[-1] - col0
+        dh0 = (v.new_empty((nseq, v.shape[2], m), dtype=torch.float32) if h0 is not None
+               else v.new_empty((0,), dtype=torch.float32))
+        return z.new_empty(z.shape), v.new_empty(v.shape), dh0
+
+    def setup_context(ctx, inputs, output):
+        z, v, h0, cu, col0, code, eps, _ = inputs
+        ctx.save_for_backward(z, v, h0, output[0], cu)
+        ctx.cfg = (col0, code, eps, None if h0 is None else h0.dtype)
+
+    def backward(ctx, dh, dhf):
+        z, v, h0, h, cu = ctx.saved_tensors
+        col0, code, eps, h0_dtype = ctx.cfg
+        dh = torch.zeros_like(h) if dh is None else dh.contiguous()
+        dhf = None if dhf is None else dhf.float().contiguous()
+        dz, dv, dh0 = companion_bwd(z, v, h0, h, dh, dhf, cu, col0, code, eps)
+        return dz, dv, (None if h0 is None else dh0.to(h0_dtype)), None, None, None, None, None
+
+    companion_fwd.register_autograd(backward, setup_context=setup_context)
+    _OPS.update(companion_fwd=companion_fwd, companion_bwd=companion_bwd, comp_module=fn)
+
+
+def _companion(z_name, z, v_name, v, col0, variant, eps, initial_state, output_final_state,
+               cu_seqlens):
+    fn = _OPS["comp_module"]
+    if not _compiling():
+        fn._check(z_name, z, v_name, v, col0, initial_state, cu_seqlens)
+    if col0:
+        eps, code = fn.check_eps(eps), fn.variant_code(variant)
+    else:
+        eps, code = 1.0, 5
+    out_dtype = torch.promote_types(z.dtype, v.dtype)
+    h, hf = _OPS["companion_fwd"](z, v, initial_state, cu_seqlens, col0, code, eps, out_dtype)
+    return h, (hf if output_final_state else None)
+
+
+def companion_scan(logits, v, variant="softmax", eps=1e-6, initial_state=None,
+                   output_final_state=False, cu_seqlens=None):
+    """:func:`lrnn_scan.kernels.companion.companion_scan` through the custom op."""
+    register()
+    fn = _OPS["comp_module"]
+    if not fn.use_triton(v, fn.companion_fwd_kernel):
+        return _SAVED.get(("companion", "companion_scan"), fn.companion_scan)(
+            logits, v, variant, eps, initial_state, output_final_state, cu_seqlens)
+    return _companion("logits", logits, "v", v, 1, variant, eps, initial_state,
+                      output_final_state, cu_seqlens)
+
+
+def companion_scan_coeffs(a, b, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """:func:`lrnn_scan.kernels.companion.companion_scan_coeffs` through the custom op."""
+    register()
+    fn = _OPS["comp_module"]
+    if not fn.use_triton(b, fn.companion_fwd_kernel):
+        return _SAVED.get(("companion", "companion_scan_coeffs"), fn.companion_scan_coeffs)(
+            a, b, initial_state, output_final_state, cu_seqlens)
+    return _companion("a", a, "b", b, 0, "softmax", 1.0, initial_state, output_final_state,
+                      cu_seqlens)
+
+
+# ============================================================================ DeltaProduct
+def _register_delta():
+    fn = _kernels("delta_product.function")
+    Fn = fn.ChunkDeltaProductFunction
+
+    def _meta(q, k, v, beta, g, h0, scale, cu, chunk_size):
+        B, T, H, K = q.shape
+        n_h, V = k.shape[2], v.shape[-1]
+        BC, BK, BVf, BV, dot = fn._cfg(q, k, v, chunk_size)
+        ch = fn.build_chunks(B, T, n_h, BC, cu, q.device)
+        use_g = g is not None
+        return (B, T, H, K, V, n_h, BC, BK, BVf, BV, dot, scale, use_g, ch, h0 is not None,
+                q.dtype, k.dtype, v.dtype, beta.dtype, g.dtype if use_g else None,
+                h0.dtype if h0 is not None else None)
+
+    @torch.library.custom_op("lrnn_scan::delta_product_fwd", mutates_args=())
+    def delta_product_fwd(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
+                          h0: Tensor | None, scale: float, cu: Tensor | None,
+                          chunk_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        ctx = _Ctx()
+        o, hT = Fn.forward(ctx, q, k, v, beta, g, h0, scale, True, cu, chunk_size)
+        gcum, Ainv, W, U = ctx.saved_tensors[6:]
+        if g is None:                    # gcum is then beta itself: outputs must not alias inputs
+            gcum = _empty0(q)
+        return o, hT, gcum, Ainv, W, U
+
+    @delta_product_fwd.register_fake
+    def _(q, k, v, beta, g, h0, scale, cu, chunk_size):
+        B, T, H, K = q.shape
+        n_h, V = k.shape[2], v.shape[-1]
+        BC = fn._cfg(q, k, v, chunk_size)[0]
+        Ls = B * T * n_h
+        N = B if cu is None else cu.shape[0] - 1
+        NC = B * (-(-(T * n_h) // BC)) if cu is None else _dyn()
+        f32 = dict(dtype=torch.float32)
+        return (q.new_empty((B, T, H, V)), q.new_empty((N, H, K, V), **f32),
+                q.new_empty((Ls, H) if g is not None else (0,), **f32),
+                q.new_empty((NC, H, BC, BC), **f32), q.new_empty((Ls, H, K), **f32),
+                q.new_empty((Ls, H, V), **f32))
+
+    @torch.library.custom_op("lrnn_scan::delta_product_bwd", mutates_args=())
+    def delta_product_bwd(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
+                          h0: Tensor | None, gcum: Tensor, Ainv: Tensor, W: Tensor, U: Tensor,
+                          do: Tensor, dhT: Tensor | None, scale: float, cu: Tensor | None,
+                          chunk_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        meta = _meta(q, k, v, beta, g, h0, scale, cu, chunk_size)
+        B, T, H, K, V, n_h = meta[:6]
+        Ls = B * T * n_h
+        bf = beta.reshape(Ls, H).contiguous()
+        saved = (q.reshape(B * T, H, K).contiguous(), k.reshape(Ls, H, K).contiguous(),
+                 v.reshape(Ls, H, V).contiguous(), bf,
+                 g.reshape(B * T, H).contiguous() if g is not None else None,
+                 h0.float().contiguous() if h0 is not None else None,
+                 gcum if g is not None else bf, Ainv, W, U)
+        dq, dk, dv, db, dg, dh0 = Fn.backward(_Ctx(saved_tensors=saved, meta=meta), do, dhT)[:6]
+        return (dq, dk, dv, db, dg if dg is not None else _empty0(q),
+                dh0 if dh0 is not None else _empty0(q))
+
+    @delta_product_bwd.register_fake
+    def _(q, k, v, beta, g, h0, gcum, Ainv, W, U, do, dhT, scale, cu, chunk_size):
+        e = q.new_empty((0,), dtype=torch.float32)
+        return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                torch.empty_like(beta), torch.empty_like(g) if g is not None else e,
+                torch.empty_like(h0) if h0 is not None else e)
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, beta, g, h0, scale, cu, chunk_size = inputs
+        _, _, gcum, Ainv, W, U = output
+        ctx.save_for_backward(q, k, v, beta, g, h0, cu, gcum, Ainv, W, U)
+        ctx.cfg = (scale, chunk_size)
+
+    def backward(ctx, do, dhT, *_):
+        q, k, v, beta, g, h0, cu, gcum, Ainv, W, U = ctx.saved_tensors
+        scale, chunk_size = ctx.cfg
+        do = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device) \
+            if do is None else do
+        dq, dk, dv, db, dg, dh0 = delta_product_bwd(q, k, v, beta, g, h0, gcum, Ainv, W, U, do,
+                                                    dhT, scale, cu, chunk_size)
+        return (dq, dk, dv, db, dg if g is not None else None, dh0 if h0 is not None else None,
+                None, None, None)
+
+    delta_product_fwd.register_autograd(backward, setup_context=setup_context)
+    _OPS.update(delta_product_fwd=delta_product_fwd, delta_product_bwd=delta_product_bwd,
+                delta_module=fn)
+
+
+def chunk_delta_product_triton(q, k, v, beta, g=None, scale=None, initial_state=None,
+                               output_final_state=False, cu_seqlens=None, chunk_size=64):
+    """:func:`lrnn_scan.kernels.delta_product.chunk_delta_product_triton` through the custom op
+    (inputs validated by :func:`lrnn_scan.delta.chunk_delta_product`)."""
+    register()
+    if q.dtype == torch.float64:
+        raise TypeError("the Triton backend does not take float64 inputs; use backend='torch'")
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    o, hT = _OPS["delta_product_fwd"](q, k, v, beta, g, initial_state, scale, cu_seqlens,
+                                      int(chunk_size))[:2]
+    return o, (hT if output_final_state else None)
+
+
+# ============================================================================ registration
+def register() -> dict:
+    """Define the custom ops (once; imports Triton and the kernels). Returns the op table."""
+    if not _OPS:
+        _register_block_diagonal()
+        _register_fused_gates()
+        _register_companion()
+        _register_delta()
+    return _OPS
+
+
+_ROUTES = [("block_diagonal", "block_diagonal_scan", block_diagonal_scan),
+           ("block_diagonal", "diagonal_scan", diagonal_scan),
+           ("fused_gates", "fused_gate_scan", fused_gate_scan),
+           ("companion", "companion_scan", companion_scan),
+           ("companion", "companion_scan_coeffs", companion_scan_coeffs),
+           ("delta_product", "chunk_delta_product_triton", chunk_delta_product_triton)]
+
+
+def enable(*, route_kernels: bool = True, dynamo_options: bool = True) -> None:
+    """Register the ops; route the engine's kernel calls through them; set :data:`DYNAMO_OPTIONS`.
+
+    The engine looks kernels up by attribute at call time (``lrnn_scan.dispatch``,
+    ``lrnn_scan.gated``, ``lrnn_scan.delta``), so replacing the attributes of the kernel packages
+    is enough; :func:`disable` restores them.
+    """
+    register()
+    if route_kernels:
+        for pkg, name, wrapper in _ROUTES:
+            mod = _kernels(pkg)
+            if (pkg, name) not in _SAVED:
+                _SAVED[(pkg, name)] = getattr(mod, name)
+            setattr(mod, name, wrapper)
+    if dynamo_options:
+        import torch._dynamo.config as dcfg
+        for k, v in DYNAMO_OPTIONS.items():
+            if hasattr(dcfg, k):
+                _SAVED_DYNAMO.setdefault(k, getattr(dcfg, k))
+                setattr(dcfg, k, v)
+
+
+def disable() -> None:
+    """Undo :func:`enable` (the ops stay registered; registration cannot be undone)."""
+    for (pkg, name), orig in list(_SAVED.items()):
+        setattr(_kernels(pkg), name, orig)
+        del _SAVED[(pkg, name)]
+    import torch._dynamo.config as dcfg
+    for k, v in list(_SAVED_DYNAMO.items()):
+        setattr(dcfg, k, v)
+        del _SAVED_DYNAMO[k]
+
+
+def is_enabled() -> bool:
+    return bool(_SAVED)
+
+
+def compile_model(model, **kwargs):
+    """``enable()`` then ``torch.compile(model, fullgraph=True, **kwargs)``."""
+    enable()
+    kwargs.setdefault("fullgraph", True)
+    return torch.compile(model, **kwargs)

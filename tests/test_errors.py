@@ -95,3 +95,17 @@ def test_gated_scan_errors():
         ls.hlru_scan(torch.randn(1, 4, 2, 3), torch.randn(1, 4, 2), gate="bogus")
     with pytest.raises(ValueError, match=r"logits must have shape \(B, T, N, m \+ 1\)"):
         ls.hlru_scan(torch.randn(4, 2, 3), torch.randn(1, 4, 2))
+
+
+def test_incomplete_custom_operator_fails_at_construction():
+    class Half(ls.TransitionOperator):          # forgets transpose / identity_like / to_dense
+        tensor_fields, state_size = ("a",), 1
+
+        def __init__(self, a):
+            self.a, self._batch_ndim = a, a.dim()
+
+        def _apply_matrix(self, x):
+            return 0.5 * x
+
+    with pytest.raises(TypeError, match="abstract"):
+        Half(torch.ones(2, 3))

@@ -30,6 +30,7 @@ override :meth:`TransitionOperator.param_grads` with a closed form.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Callable, Sequence
 
 import torch
@@ -38,7 +39,7 @@ from torch import Tensor
 __all__ = ["TransitionOperator", "compose", "dense_compose", "promote_to_dense"]
 
 
-class TransitionOperator:
+class TransitionOperator(ABC):
     """Base class of all transition operators (see the module docstring for the protocol).
 
     Subclasses set ``tensor_fields`` (names of the parameter tensors, in the order ``tensors()``
@@ -91,8 +92,9 @@ class TransitionOperator:
         return self._batch_ndim
 
     @property
-    def state_size(self) -> int:  # pragma: no cover - abstract
-        raise NotImplementedError(f"{type(self).__name__} must define state_size")
+    @abstractmethod
+    def state_size(self) -> int:
+        """``d``: the size of the vector the blocks act on (a class attribute is fine too)."""
 
     @property
     def dtype(self) -> torch.dtype:
@@ -119,21 +121,25 @@ class TransitionOperator:
                          f"(*batch_shape, d, c) with batch_shape={tuple(self.batch_shape)}, "
                          f"d={self.state_size}; got {tuple(x.shape)}")
 
-    def _apply_matrix(self, x: Tensor) -> Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def _apply_matrix(self, x: Tensor) -> Tensor:
+        """``A @ x`` for ``x`` of shape ``(*batch_shape, d, c)``."""
 
     def compose(self, earlier: "TransitionOperator") -> "TransitionOperator":
         """``self @ earlier`` (``self`` acts after ``earlier``). Default: dense promotion."""
         return dense_compose(self, earlier)
 
-    def transpose(self) -> "TransitionOperator":  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def transpose(self) -> "TransitionOperator":
+        """``A^T`` (any family; the adjoint scan runs over it)."""
 
-    def identity_like(self) -> "TransitionOperator":  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def identity_like(self) -> "TransitionOperator":
+        """An operator with this ``batch_shape`` acting as the identity (any family)."""
 
-    def to_dense(self) -> Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def to_dense(self) -> Tensor:
+        """The ``(*batch_shape, d, d)`` matrices."""
 
     # ----------------------------------------------------------------------------- gradients
     def param_grads(self, x: Tensor, cotangent: Tensor) -> tuple[Tensor | None, ...]:

@@ -7,7 +7,8 @@
   arithmetic with/without brackets); :func:`make_task` builds a task's train/test data by name.
 * Harness: :mod:`.wrappers` (decoder-only LM, autoencoder), :mod:`.layers` (model registry over
   :mod:`lrnn_scan.models`, with reference layers as a fallback), :mod:`.train` (:func:`train`,
-  :func:`run_grid`), :mod:`.sweep`, :mod:`.spectrum`, and the ``lrnn-scan`` CLI (:mod:`.cli`).
+  :func:`run_grid`), :mod:`.sweep`, :mod:`.spectrum`, and the ``lrnn-scan`` CLI (:mod:`.cli`);
+  :mod:`.distributed`: ``train`` under ``torchrun`` (DDP, or ``--sequence-parallel`` time shards).
 
 Specification: ``shared/reference/tasks.md``; results: ``mad_tasks/RESULTS.md``.
 """

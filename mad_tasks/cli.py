@@ -5,6 +5,9 @@
     lrnn-scan train --task parity --model bdlru -m 2 --lr 1e-3 5e-4 --seeds 0 1   # LR x seed grid
     lrnn-scan sweep --config sweep.json              # CSV + Markdown + accuracy-vs-m plot
     lrnn-scan spectrum runs/s3/checkpoint.pt         # eigenvalues of the learned transitions
+
+Several processes (``train`` only; DDP, or ``--sequence-parallel`` time shards):
+    torchrun --standalone --nproc-per-node 2 -m lrnn_scan.mad_tasks train --task s3 ...
 """
 from __future__ import annotations
 
@@ -69,6 +72,10 @@ def _add_train_args(p):
     p.add_argument("--no-resume", action="store_true")
     p.add_argument("--progress", default="auto", choices=["auto", "bar", "print", "none"])
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="under torchrun: every rank holds a time shard of the same batch and the "
+                        "scans run across ranks (bdlru, hlru, diagonal, mamba2; decoder tasks); "
+                        "default under torchrun: data parallel (DDP)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,13 +118,17 @@ def _cmd_train(a) -> int:
         steps_per_epoch=a.steps_per_epoch, seed=a.seeds[0],
         early_stop=None if a.early_stop is not None and a.early_stop < 0 else a.early_stop,
         stop_metric=a.stop_metric, device=a.device, num_threads=a.threads, out_dir=a.out,
-        resume=not a.no_resume, progress=a.progress)
+        resume=not a.no_resume, progress=a.progress, sequence_parallel=a.sequence_parallel)
     if len(a.lr) == 1 and len(a.seeds) == 1:
         r = train(cfg)
         runs = [r]
     else:
         g = run_grid(cfg, a.lr, a.seeds, metric=a.stop_metric)
         r, runs = g["best"], g["runs"]
+    from .distributed import is_main_process
+    if not is_main_process():          # under torchrun only rank 0 reports
+        return 0
+    if len(runs) > 1:
         for x in runs:
             print(f"  lr={x['lr']:g} seed={x['seed']}: best micro {x.get('best_micro', 0):.4f} "
                   f"macro {x.get('best_macro', 0):.4f} ({x['epochs_run']} epochs)")
@@ -206,8 +217,14 @@ def _cmd_tasks(_a) -> int:
 
 
 def main(argv=None) -> int:
+    from .distributed import env_world_size, teardown
     a = build_parser().parse_args(argv)
     try:
+        if env_world_size() > 1 and a.cmd != "train":
+            raise ValueError(f"only `train` runs under torchrun with several processes (WORLD_SIZE="
+                             f"{env_world_size()}); run `{a.cmd}` as a single process")
+        if a.cmd != "train" and getattr(a, "sequence_parallel", False):
+            raise ValueError("--sequence-parallel is a `train` option")
         return {"train": _cmd_train, "sweep": _cmd_sweep, "spectrum": _cmd_spectrum,
                 "demo": _cmd_demo, "tasks": _cmd_tasks, "bench": a.__dict__.get("func")}[a.cmd](a)
     except (ValueError, TypeError, FileNotFoundError) as exc:
@@ -215,6 +232,8 @@ def main(argv=None) -> int:
             raise
         print(f"lrnn-scan {a.cmd}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        teardown()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,12 @@ optimizer, scheduler, torch and numpy RNG states, the epoch counter and the hist
 order of epoch ``e`` is a pure function of ``(seed, e)``, so a run resumed from a checkpoint
 reproduces the uninterrupted run exactly (on the same device). ``out_dir/log.jsonl`` gets one JSON
 line per epoch (and a ``start``/``end`` line).
+
+Under ``torchrun`` (``WORLD_SIZE > 1``; see :mod:`.distributed`) the same loop runs on every rank:
+data parallel (DDP over row shards of each global batch) or, with ``sequence_parallel=True``, over
+time shards of it with the layers' scans across ranks. Either way the update is the
+single-process update of the global batch (up to rounding), the test metrics are reduced over the
+ranks, and only rank 0 prints and writes ``out_dir``.
 """
 from __future__ import annotations
 
@@ -29,9 +35,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import distributed as _dist
 from .layers import build_layer, canonical_model_name
 from .tasks import TaskData, canonical_task_name, make_task
-from .wrappers import build_model
+from .wrappers import build_model, set_sequence_parallel
 
 __all__ = ["TrainConfig", "train", "run_grid", "evaluate", "build_for_config", "Progress",
            "load_checkpoint"]
@@ -75,6 +82,7 @@ class TrainConfig:
     out_dir: str | None = None
     resume: bool = True
     progress: str = "auto"                 # auto | bar | print | none
+    sequence_parallel: bool = False        # under torchrun: time shards instead of row shards
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -93,7 +101,8 @@ class TrainConfig:
         return cls(**d)
 
     # fields that do not change the result (allowed to differ on resume)
-    _RUNTIME = ("out_dir", "resume", "progress", "num_threads", "eval_batch_size")
+    _RUNTIME = ("out_dir", "resume", "progress", "num_threads", "eval_batch_size",
+                "sequence_parallel")
 
     def identity(self) -> dict:
         d = self.to_dict()
@@ -144,12 +153,6 @@ class Progress:
 
 
 # ----------------------------------------------------------------------------- building
-def _device(cfg: TrainConfig) -> torch.device:
-    if cfg.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.device)
-
-
 def build_for_config(cfg: TrainConfig, task: TaskData | None = None):
     """``(task, model)`` for a config (model on CPU, freshly initialised from ``cfg.seed``)."""
     if task is None:
@@ -181,11 +184,24 @@ def _autocast(cfg: TrainConfig, device: torch.device):
     return torch.autocast(device.type, enabled=False)
 
 
+def _upcast(logits):
+    """Half-precision (autocast) logits -> float32 for the loss; float32/float64 unchanged."""
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
 # ----------------------------------------------------------------------------- metrics
 @torch.no_grad()
 def evaluate(model, batches, n_out: int, device, cfg: TrainConfig | None = None,
-             chance: float = 0.0) -> dict:
-    """Test metrics over a list of ``(X, Y)`` batches (numpy or torch)."""
+             chance: float = 0.0, *, dist_info: _dist.DistInfo | None = None) -> dict:
+    """Test metrics over a list of ``(X, Y)`` batches (numpy or torch).
+
+    ``dist_info`` (multi-process training): in data-parallel mode rank ``r`` evaluates batches
+    ``r, r + N, …``; in sequence-parallel mode every rank evaluates its time shard of every batch
+    (``model`` already in sequence-parallel mode). The counts are summed over the ranks, so every
+    rank returns the same metrics."""
+    mode = dist_info.mode if dist_info is not None else "single"
+    if mode != "single":
+        batches = list(batches)
     model.eval()
     correct = total = 0
     seq_ok = n_seq = 0
@@ -194,26 +210,51 @@ def evaluate(model, batches, n_out: int, device, cfg: TrainConfig | None = None,
     cls_total = torch.zeros(n_out, dtype=torch.float64)
     cls_pred = torch.zeros(n_out, dtype=torch.float64)
     ctx = _autocast(cfg, device) if cfg is not None else torch.autocast("cpu", enabled=False)
-    for X, Y in batches:
+    seq_bad, seq_has = [], []                 # sequence parallel: per-sequence counts to sum
+    for i, (X, Y) in enumerate(batches):
+        if mode == "dp" and i % dist_info.world != dist_info.rank:
+            continue
         X = torch.as_tensor(X, device=device)
         Y = torch.as_tensor(Y, device=device)
+        if mode == "sp":
+            lo, hi = _dist.shard_bounds(X.shape[1], dist_info.world, dist_info.rank)
+            X, Y = X[:, lo:hi], Y[:, lo:hi]
         with ctx:
             logits = model(X)
-        logits = logits.float()
+        logits = _upcast(logits)
         mask = Y != -100
         loss_sum += F.cross_entropy(logits[mask], Y[mask], reduction="sum").item()
         pred = logits.argmax(-1)
         ok = (pred == Y) & mask
         correct += int(ok.sum())
         total += int(mask.sum())
-        has = mask.any(1)
-        seq_ok += int(((ok | ~mask).all(1) & has).sum())
-        n_seq += int(has.sum())
+        if mode == "sp":
+            seq_bad.append((mask & ~ok).sum(1).double().cpu())
+            seq_has.append(mask.sum(1).double().cpu())
+        else:
+            has = mask.any(1)
+            seq_ok += int(((ok | ~mask).all(1) & has).sum())
+            n_seq += int(has.sum())
         y = Y[mask].cpu()
         cls_total += torch.bincount(y, minlength=n_out)[:n_out].double()
         cls_correct += torch.bincount(y[ok[mask].cpu()], minlength=n_out)[:n_out].double()
         cls_pred += torch.bincount(pred[mask].cpu(), minlength=n_out)[:n_out].double()
     model.train()
+    if mode != "single":
+        head = torch.tensor([correct, total, seq_ok, n_seq, loss_sum], dtype=torch.float64)
+        parts = [head, cls_correct, cls_total, cls_pred]
+        if mode == "sp":
+            parts += [torch.cat(seq_bad) if seq_bad else torch.zeros(0, dtype=torch.float64),
+                      torch.cat(seq_has) if seq_has else torch.zeros(0, dtype=torch.float64)]
+        sizes = [p.numel() for p in parts]
+        parts = list(_dist.all_reduce_sum(torch.cat(parts), device).split(sizes))
+        head, cls_correct, cls_total, cls_pred = parts[:4]
+        correct, total, seq_ok, n_seq = (int(round(float(v))) for v in head[:4])
+        loss_sum = float(head[4])
+        if mode == "sp":
+            bad, has = parts[4], parts[5]
+            seq_ok = int(((bad == 0) & (has > 0)).sum())
+            n_seq = int((has > 0).sum())
     micro = correct / max(total, 1)
     # torchmetrics' macro MulticlassAccuracy: per-class recall, averaged over the classes that
     # occur as a target or a prediction (a predicted class without support scores 0)
@@ -267,10 +308,14 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
     canonical_task_name(cfg.task)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
-    device = _device(cfg)
+    # under torchrun: join the process group; "dp" (row shards + DDP) or "sp" (time shards)
+    dinfo, device = _dist.setup(cfg.device, cfg.sequence_parallel)
+    main = dinfo.main
     t0 = time.time()
     task, model = build_for_config(cfg, task)
     model.to(device)
+    if dinfo.mode == "sp":
+        set_sequence_parallel(model, dinfo.group)
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
                             eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
@@ -293,11 +338,19 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
              "stopped_early": False, "train_time": 0.0}
     out_dir = cfg.out_dir
     ck_path = os.path.join(out_dir, "checkpoint.pt") if out_dir else None
-    if out_dir:
+    if out_dir and main:
         os.makedirs(out_dir, exist_ok=True)
-    log = _Logger(out_dir)
+    log = _Logger(out_dir if main else None)          # only rank 0 writes logs / checkpoints
     resumed = False
-    if ck_path and cfg.resume and os.path.exists(ck_path):
+    do_resume = bool(ck_path and cfg.resume and os.path.exists(ck_path))
+    clear_log = bool(ck_path and not cfg.resume
+                     and os.path.exists(os.path.join(out_dir, "log.jsonl")))
+    if dinfo.active:        # rank 0 decides for all; every rank loads the same checkpoint
+        decision = [do_resume, clear_log]
+        torch.distributed.broadcast_object_list(decision, src=0)
+        do_resume, clear_log = decision
+        torch.distributed.barrier()
+    if do_resume:
         ck = torch.load(ck_path, map_location="cpu", weights_only=False)
         if TrainConfig.from_dict(ck["config"]).identity() != cfg.identity():
             raise ValueError(f"{ck_path} was written by a different configuration; use another "
@@ -311,23 +364,31 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
         stream_rng.bit_generator.state = ck["stream_rng"]
         state = ck["state"]
         resumed = True
-    elif ck_path and not cfg.resume and os.path.exists(os.path.join(out_dir, "log.jsonl")):
-        os.remove(os.path.join(out_dir, "log.jsonl"))
+    elif clear_log:
+        if main:
+            os.remove(os.path.join(out_dir, "log.jsonl"))
     else:
         torch.manual_seed(cfg.seed + 1)       # training-time randomness (none by default)
 
     desc = f"{task.name}/{cfg.model}" + (f"-m{cfg.block_size}" if cfg.block_size else "")
-    prog = Progress(cfg.progress, total_steps, desc)
+    prog = Progress(cfg.progress if main else "none", total_steps, desc)
     src = getattr(model.blocks[0].layer, "layer_source", "?")
     if resumed:
         prog.log(f"[{desc}] resumed from {ck_path} at epoch {state['epoch']}")
     else:
         prog.log(f"[{desc}] {n_params:,} parameters (layer from {src}), {steps_per_epoch} "
                  f"steps/epoch x {cfg.epochs} epochs, lr={cfg.lr:g}, seed={cfg.seed}, "
-                 f"device={device.type}")
+                 f"device={device.type}"
+                 + (f", {dinfo.world} ranks ({'sequence' if dinfo.mode == 'sp' else 'data'} "
+                    "parallel)" if dinfo.active else ""))
         log(event="start", config=cfg.to_dict(), n_params=n_params, layer_source=src,
             task_info=task.info)
     prog.update(state["step"])
+    net = model                                       # what the training step calls
+    if dinfo.mode == "dp":
+        from torch.nn.parallel import DistributedDataParallel
+        net = DistributedDataParallel(model, device_ids=[device.index]
+                                      if device.type == "cuda" else None)
     model.train()
     ctx = _autocast(cfg, device)
     epochs_this_call = 0
@@ -347,24 +408,37 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
         for X, Y in batches:
             X = torch.as_tensor(X).to(device, non_blocking=True)
             Y = torch.as_tensor(Y).to(device, non_blocking=True)
-            with ctx:
-                logits = model(X)
-            mask = Y != -100
-            loss = F.cross_entropy(logits.float()[mask], Y[mask])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            if dinfo.active:
+                # X, Y: the global batch (identical on every rank); this rank's share of it
+                ce, k = _distributed_step(net, model, X, Y, opt, ctx, dinfo, device)
+                loss_sum += ce
+                n_tok += k
+                loss = ce / max(k, 1)
+            else:
+                with ctx:
+                    logits = model(X)
+                mask = Y != -100
+                loss = F.cross_entropy(_upcast(logits)[mask], Y[mask])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
             if cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             sched.step()
             state["step"] += 1
-            k = int(mask.sum())
-            loss_sum += loss.detach().double().cpu() * k
-            n_tok += k
+            if not dinfo.active:
+                k = int(mask.sum())
+                loss_sum += loss.detach().double().cpu() * k
+                n_tok += k
             prog.update(1, loss=loss)
+        if dinfo.active:
+            tot = _dist.all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(n_tok),
+                                                    dtype=torch.float64)]), device)
+            loss_sum, n_tok = tot[0], int(round(float(tot[1])))
         state["train_time"] += time.time() - te
         metrics = evaluate(model, eval_batches, task.n_out, device, cfg,
-                           task.chance if task.scaled else 0.0)
+                           task.chance if task.scaled else 0.0,
+                           dist_info=dinfo if dinfo.active else None)
         state["epoch"] = epoch + 1
         rec = {"epoch": epoch + 1, "step": state["step"], "lr": opt.param_groups[0]["lr"],
                "train_loss": float(loss_sum) / max(n_tok, 1),
@@ -381,7 +455,7 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
                  + (f" scaled {metrics['scaled']:.4f}" if "scaled" in metrics else "")
                  + f" lr {rec['lr']:.2e} ({rec['epoch_time']:.1f}s)")
         log(event="epoch", **rec)
-        if ck_path:
+        if ck_path and main:
             _atomic_save({"config": cfg.to_dict(), "model": model.state_dict(),
                           "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                           "torch_rng": torch.get_rng_state(),
@@ -393,6 +467,8 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
         if _stop_after_epochs is not None and epochs_this_call >= _stop_after_epochs:
             break
     prog.close()
+    if dinfo.active:        # rank 0's checkpoint is on disk before any rank returns
+        torch.distributed.barrier()
     final = state["history"][-1] if state["history"] else {}
     best = state["best"] or {}
     result = {"task": task.name, "model": canonical_model_name(cfg.model),
@@ -412,6 +488,36 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
                  f"macro {best.get('macro', float('nan')):.4f} (epoch {state['best_epoch']}), "
                  f"{state['train_time']:.1f}s training")
     return result
+
+
+def _distributed_step(net, model, X, Y, opt, ctx, dinfo, device):
+    """Forward/backward of this rank's share of the global batch ``(X, Y)``; gradients are then
+    the single-process gradients of the global batch's mean loss on every rank.
+
+    Data parallel: rows ``shard_bounds(B)``; loss = local CE sum / global scored tokens × world
+    (DDP averages). Sequence parallel: steps ``shard_bounds(T)``; loss = local CE sum / global
+    scored tokens, gradients summed over the ranks. Returns ``(local CE sum (float64, CPU),
+    local scored tokens)``."""
+    n_glob = max(int((Y != -100).sum()), 1)
+    weight = 1.0
+    if dinfo.mode == "dp":
+        lo, hi = _dist.shard_bounds(X.shape[0], dinfo.world, dinfo.rank)
+        if hi == lo:            # fewer rows than ranks: join the collective with a 0-weight row
+            lo, hi, weight = 0, 1, 0.0
+        X, Y = X[lo:hi], Y[lo:hi]
+    else:
+        lo, hi = _dist.shard_bounds(X.shape[1], dinfo.world, dinfo.rank)
+        X, Y = X[:, lo:hi], Y[:, lo:hi]
+    with ctx:
+        logits = net(X)
+    mask = Y != -100
+    ce = F.cross_entropy(_upcast(logits)[mask], Y[mask], reduction="sum") * weight
+    scale = (dinfo.world if dinfo.mode == "dp" else 1) / n_glob
+    opt.zero_grad(set_to_none=True)
+    (ce * scale).backward()
+    if dinfo.mode == "sp":
+        _dist.sum_gradients(model.parameters(), device)
+    return ce.detach().double().cpu(), int(mask.sum()) if weight else 0
 
 
 def _rebatch(batches, bs):

@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 from .layers import call_layer
 
-__all__ = ["DecoderLM", "AutoEncoder", "Block", "MLP", "sinusoidal_positions", "build_model"]
+__all__ = ["DecoderLM", "AutoEncoder", "Block", "MLP", "sinusoidal_positions", "build_model",
+           "set_sequence_parallel"]
 
 
 def _init(module: nn.Module):
@@ -129,3 +130,26 @@ class AutoEncoder(nn.Module):
 def build_model(arch: str, vocab_size: int, n_out: int, d_model: int, layers, mlp_ratio=2.0):
     cls = {"decoder": DecoderLM, "autoencoder": AutoEncoder}[arch]
     return cls(vocab_size, n_out, d_model, list(layers), mlp_ratio)
+
+
+def set_sequence_parallel(model: nn.Module, group) -> None:
+    """Switch ``model``'s recurrent layers to sequence-parallel mode over ``group`` (a
+    ``torch.distributed`` process group; ``None`` switches back): each rank then runs the model on
+    its contiguous time shard of the same batch, and the layers' scans (and short convolutions)
+    run across the group (:mod:`lrnn_scan.distributed`). Only the decoder LM qualifies (every
+    other part of it is per token), with layers that declare ``supports_sequence_parallel``
+    (:class:`lrnn_scan.models.BDLRU`, ``HLRU``, ``DiagonalLRU``, ``Mamba2``); anything else raises
+    a ``ValueError`` naming it."""
+    if not isinstance(model, DecoderLM):
+        raise ValueError(f"sequence-parallel mode needs the decoder LM (per-token); "
+                         f"{type(model).__name__} is not supported (the compression autoencoder "
+                         "pools the last position)")
+    bad = sorted({f"{type(b.layer).__name__} (layer source "
+                  f"{getattr(b.layer, 'layer_source', '?')})" for b in model.blocks
+                  if not getattr(b.layer, "supports_sequence_parallel", False)})
+    if bad:
+        raise ValueError(f"sequence-parallel mode is not supported by {', '.join(bad)}; "
+                         "supported: lrnn_scan.models BDLRU, HLRU, DiagonalLRU, Mamba2 "
+                         "(models bdlru, hlru, diagonal, mamba2 with --layer-source models)")
+    for b in model.blocks:
+        b.layer.sequence_parallel_group = group

@@ -71,6 +71,15 @@ class RecurrentLayer(nn.Module):
 
     d_model: int
 
+    #: Sequence parallelism (``lrnn_scan.distributed``): layers that support it set
+    #: ``supports_sequence_parallel = True``. When ``sequence_parallel_group`` is a
+    #: ``torch.distributed`` process group (set on the instance, e.g. by the ``mad_tasks``
+    #: wrapper), ``forward`` takes this rank's time shard of the sequence and its scans run
+    #: across the group (``lrnn_scan.distributed.scan``; ``initial_state`` on rank 0 only, the
+    #: final recurrent state is the whole sequence's). ``None`` (default): ordinary forward.
+    supports_sequence_parallel: bool = False
+    sequence_parallel_group = None
+
     # ------------------------------------------------------------------ public interface
     def forward(self, x: Tensor, state: State | None = None, cu_seqlens: Tensor | None = None):
         """``x`` ``[B, T, d_model]`` -> ``(y [B, T, d_model], final state dict)``.

@@ -61,6 +61,8 @@ class BDLRU(GatedLRU):
         return v.unflatten(-1, (self.num_blocks, self.m))
 
     def _scan(self, z, v, h0, cu_seqlens):
+        if self.sequence_parallel_group is not None:
+            return self._sp_scan(*self._transition(z, v), h0, cu_seqlens)
         return ls.bdlru_scan(z, v, self.gate, eps=self.eps, initial_state=h0,
                              output_final_state=True, cu_seqlens=cu_seqlens)
 

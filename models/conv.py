@@ -46,11 +46,28 @@ class ShortConv(nn.Module):
     def _act(self, y: Tensor) -> Tensor:
         return F.silu(y) if self.activation == "silu" else y
 
-    def forward(self, x: Tensor, state: Tensor | None = None, cu_seqlens: Tensor | None = None):
-        """``x`` ``[B, T, C]``, ``state`` ``[B | num_seqs, K-1, C]`` or None -> ``(y, new_state)``."""
+    def forward(self, x: Tensor, state: Tensor | None = None, cu_seqlens: Tensor | None = None,
+                *, group=None):
+        """``x`` ``[B, T, C]``, ``state`` ``[B | num_seqs, K-1, C]`` or None -> ``(y, new_state)``.
+
+        ``group`` (a ``torch.distributed`` process group): sequence-parallel mode, ``x`` is this
+        rank's time shard; the context before it comes from the earlier ranks
+        (:func:`lrnn_scan.distributed.halo`), ``state`` is read on rank 0 only, and the returned
+        state is this shard's (the last rank's is the whole sequence's).
+        """
         B, T, C = x.shape
         W = self.context
         n = B if cu_seqlens is None else cu_seqlens.numel() - 1
+        if group is not None:
+            if cu_seqlens is not None:
+                raise NotImplementedError("ShortConv: cu_seqlens is not supported in "
+                                          "sequence-parallel mode")
+            import torch.distributed as dist
+
+            from lrnn_scan import distributed as lsd
+            ctx = lsd.halo(x, W, group=group)                   # collective: every rank calls it
+            if state is None or dist.get_rank(group) != 0:
+                state = ctx
         if state is None:
             state = x.new_zeros(n, W, C)
         state = state.to(x.dtype)

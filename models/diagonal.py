@@ -47,4 +47,6 @@ class DiagonalLRU(GatedLRU):
 
     def _scan(self, z, v, h0, cu_seqlens):
         op, b = self._transition(z, v)
+        if self.sequence_parallel_group is not None:
+            return self._sp_scan(op, b, h0, cu_seqlens)
         return ls.scan(op, b, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)

@@ -40,6 +40,8 @@ class GatedLRU(RecurrentLayer):
     (:meth:`_scan`), the one-step operator (:meth:`_transition`) and the read-outs.
     """
 
+    supports_sequence_parallel = True
+
     def __init__(self, d_model: int, hidden_size: int, m: int = 1, gate: str = "softmax", *,
                  selective: bool = True, eps: float = DEFAULT_EPS, bias: bool = True):
         super().__init__()
@@ -93,6 +95,15 @@ class GatedLRU(RecurrentLayer):
     def _readout(self, h: Tensor) -> Tensor:
         """Scan output / state -> ``(*lead, N)`` features for ``out_proj``."""
         return h
+
+    def _sp_scan(self, op, b: Tensor, h0, cu_seqlens):
+        """The sequence-parallel scan of ``(op, b)`` over :attr:`sequence_parallel_group`."""
+        if cu_seqlens is not None:
+            raise NotImplementedError(f"{type(self).__name__}: cu_seqlens is not supported in "
+                                      "sequence-parallel mode")
+        from lrnn_scan import distributed as lsd
+        return lsd.scan(op, b, initial_state=h0, output_final_state=True,
+                        group=self.sequence_parallel_group)
 
     # ------------------------------------------------------------------ interface
     def _forward(self, x: Tensor, state: State | None, cu_seqlens):

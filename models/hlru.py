@@ -46,6 +46,9 @@ class HLRU(GatedLRU):
         return z.unflatten(-1, (self.hidden_size, self.m + 1))
 
     def _scan(self, z, v, h0, cu_seqlens):
+        if self.sequence_parallel_group is not None:    # newest-only input, as in hlru_scan
+            a, a0 = normalize_gates(z, self.gate, self.eps)
+            return self._sp_scan(ls.Companion(a), a0 * v.to(a0.dtype), h0, cu_seqlens)
         return ls.hlru_scan(z, v, self.gate, eps=self.eps, initial_state=h0,
                             output_final_state=True, cu_seqlens=cu_seqlens)
 

@@ -37,6 +37,8 @@ class Mamba2(RecurrentLayer):
     ``a_t`` per channel ``(B, T, D)`` (each channel's block is ``a_t · I_S``).
     """
 
+    supports_sequence_parallel = True
+
     def __init__(self, d_model: int, d_inner: int | None = None, state_size: int = 16,
                  num_heads: int | None = None, *, conv_size: int = 4, dt_min: float = 1e-3,
                  dt_max: float = 0.1):
@@ -86,12 +88,22 @@ class Mamba2(RecurrentLayer):
 
     def _forward(self, x: Tensor, state: State | None, cu_seqlens):
         conv0 = None if state is None else state["conv"]
-        z, xs, Bm, Cm, dt, a, conv_state = self._features(x, lambda t: self.conv(t, conv0, cu_seqlens))
+        z, xs, Bm, Cm, dt, a, conv_state = self._features(
+            x, lambda t: self.conv(t, conv0, cu_seqlens, group=self.sequence_parallel_group))
         Bsz, T, D, S = *x.shape[:2], self.d_inner, self.state_size
         b = ((dt * xs).unsqueeze(-1) * Bm.unsqueeze(-2)).flatten(-2)         # [B, T, D·S]
         op = ls.Diagonal(a.unsqueeze(-1).expand(Bsz, T, D, S).flatten(-2))
         h0 = None if state is None else state["h"].flatten(-2).to(b.dtype)
-        h, h_final = ls.scan(op, b, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)
+        if self.sequence_parallel_group is not None:
+            if cu_seqlens is not None:
+                raise NotImplementedError("Mamba2: cu_seqlens is not supported in "
+                                          "sequence-parallel mode")
+            from lrnn_scan import distributed as lsd
+            h, h_final = lsd.scan(op, b, initial_state=h0, output_final_state=True,
+                                  group=self.sequence_parallel_group)
+        else:
+            h, h_final = ls.scan(op, b, initial_state=h0, output_final_state=True,
+                                 cu_seqlens=cu_seqlens)
         y = self._output(h.unflatten(-1, (D, S)), xs, Cm, z, x)
         return y, {"h": h_final.unflatten(-1, (D, S)), "conv": conv_state}
 

@@ -56,6 +56,26 @@ _SAVED: dict = {}          # (module, attribute) -> original, while enabled
 _SAVED_DYNAMO: dict = {}
 
 
+def _register_logits_autograd(fwd_op, bwd_op) -> None:
+    """Autograd of the from-logits ops (fused gates, companion): both save ``(z, v, h0, h, cu)``
+    and call their backward op with the same arguments."""
+
+    def setup_context(ctx, inputs, output):
+        z, v, h0, cu, col0, code, eps, _ = inputs
+        ctx.save_for_backward(z, v, h0, output[0], cu)
+        ctx.cfg = (col0, code, eps, None if h0 is None else h0.dtype)
+
+    def backward(ctx, dh, dhf):
+        z, v, h0, h, cu = ctx.saved_tensors
+        col0, code, eps, h0_dtype = ctx.cfg
+        dh = torch.zeros_like(h) if dh is None else dh.contiguous()
+        dhf = None if dhf is None else dhf.float().contiguous()
+        dz, dv, dh0 = bwd_op(z, v, h0, h, dh, dhf, cu, col0, code, eps)
+        return dz, dv, (None if h0 is None else dh0.to(h0_dtype)), None, None, None, None, None
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
+
+
 def _kernels(name: str):
     """``lrnn_scan.kernels.<name>`` (or ``kernels.<name>`` from an uninstalled checkout)."""
     try:
@@ -250,20 +270,7 @@ def _register_fused_gates():
                if h0 is not None else v.new_empty((0,), dtype=torch.float32))
         return z.new_empty(z.shape), v.new_empty(v.shape), dh0
 
-    def setup_context(ctx, inputs, output):
-        z, v, h0, cu, col0, code, eps, _ = inputs
-        ctx.save_for_backward(z, v, h0, output[0], cu)
-        ctx.cfg = (col0, code, eps, None if h0 is None else h0.dtype)
-
-    def backward(ctx, dh, dhf):
-        z, v, h0, h, cu = ctx.saved_tensors
-        col0, code, eps, h0_dtype = ctx.cfg
-        dh = torch.zeros_like(h) if dh is None else dh.contiguous()
-        dhf = None if dhf is None else dhf.float().contiguous()
-        dz, dv, dh0 = fused_gate_bwd(z, v, h0, h, dh, dhf, cu, col0, code, eps)
-        return dz, dv, (None if h0 is None else dh0.to(h0_dtype)), None, None, None, None, None
-
-    fused_gate_fwd.register_autograd(backward, setup_context=setup_context)
+    _register_logits_autograd(fused_gate_fwd, fused_gate_bwd)
     _OPS.update(fused_gate_fwd=fused_gate_fwd, fused_gate_bwd=fused_gate_bwd, fg_module=fn)
 
 
@@ -325,20 +332,7 @@ def _register_companion():
                else v.new_empty((0,), dtype=torch.float32))
         return z.new_empty(z.shape), v.new_empty(v.shape), dh0
 
-    def setup_context(ctx, inputs, output):
-        z, v, h0, cu, col0, code, eps, _ = inputs
-        ctx.save_for_backward(z, v, h0, output[0], cu)
-        ctx.cfg = (col0, code, eps, None if h0 is None else h0.dtype)
-
-    def backward(ctx, dh, dhf):
-        z, v, h0, h, cu = ctx.saved_tensors
-        col0, code, eps, h0_dtype = ctx.cfg
-        dh = torch.zeros_like(h) if dh is None else dh.contiguous()
-        dhf = None if dhf is None else dhf.float().contiguous()
-        dz, dv, dh0 = companion_bwd(z, v, h0, h, dh, dhf, cu, col0, code, eps)
-        return dz, dv, (None if h0 is None else dh0.to(h0_dtype)), None, None, None, None, None
-
-    companion_fwd.register_autograd(backward, setup_context=setup_context)
+    _register_logits_autograd(companion_fwd, companion_bwd)
     _OPS.update(companion_fwd=companion_fwd, companion_bwd=companion_bwd, comp_module=fn)
 
 

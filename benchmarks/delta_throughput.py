@@ -117,6 +117,24 @@ def main():
     dev = torch.cuda.get_device_name()
     B, T, H, K = a.B, a.T, a.H, a.K
     rows = []
+    fla_refused = {}            # mode -> reason fla gave (e.g. its Hopper + Triton < 3.7.1 check)
+    res = Path(a.results)
+
+    def record(r):
+        """Append one row to the results file as soon as it is measured (a run cut short still
+        leaves its rows)."""
+        new = not res.exists()
+        with open(res, "a") as fh:
+            if new:
+                fh.write("# Benchmark results\n\n")
+            if len(rows) == 1:
+                fh.write(f"\n## delta_throughput.py — {r['date']} — {dev}, torch {torch.__version__}, "
+                         f"Triton {triton.__version__}, B={B} T={T} H={H} K=V={K} bf16, chunk {a.chunk}\n\n")
+                fh.write("| n_h | gated | mode | ours (ms) | fla (ms) | fla source | ours/fla |\n"
+                         "|---|---|---|---|---|---|---|\n")
+            fh.write(f"| {r['n_h']} | {int(r['gated'])} | {r['mode']} | {r['ours_ms']:.3f} | "
+                     f"{r['fla_ms'] if r['fla_ms'] else '—'} | {r['fla_source']} | "
+                     f"{r['ratio'] if r['ratio'] else '—'} |\n")
     for n_h in a.nh:
         for gated in [s == "1" for s in a.gated]:
             q, k, v, beta, g = inputs(B, T, n_h, H, K, K, gated)
@@ -127,7 +145,9 @@ def main():
                 do = torch.randn(B, T, H, K, device="cuda", dtype=q.dtype) if bwd else None
                 t_ours = time_fn(ours, xs if bwd else None, do)
                 t_fla, src = None, "peers.md H200 (reference, not this run)"
-                if fla is not None:
+                if fla is not None and mode in fla_refused:
+                    src = f"fla refused in this run: {fla_refused[mode]}"
+                elif fla is not None:
                     kf = k.flatten(1, 2)
                     vf = v.flatten(1, 2)
                     bf = beta.flatten(1, 2)
@@ -137,8 +157,12 @@ def main():
                         t_fla, src = time_fn(f_call, xs if bwd else None, do), "fla, same run"
                     except Exception as e:  # noqa: BLE001
                         print(f"[delta_throughput] fla n_h={n_h} gated={gated} {mode} failed: {e}")
+                        fla_refused[mode] = str(e).splitlines()[0][:110]
+                        src = f"fla refused in this run: {fla_refused[mode]}"
                 if t_fla is None:
                     t_fla = PEERS_FLA_H200.get((n_h, gated, mode))
+                    if t_fla is not None and not src.startswith("peers.md"):
+                        src += "; ratio vs peers.md H200 (reference, not this run)"
                 ratio = (t_ours / t_fla) if t_fla else None
                 row = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                            device=dev, torch=torch.__version__, triton=triton.__version__,
@@ -146,6 +170,7 @@ def main():
                            ours_ms=round(t_ours, 4), fla_ms=t_fla, fla_source=src,
                            ratio=round(ratio, 3) if ratio else None)
                 rows.append(row)
+                record(row)
                 print(f"n_h={n_h} gated={int(gated)} {mode:8s} ours {t_ours:8.3f} ms | fla "
                       f"{t_fla if t_fla else float('nan'):7.3f} ms ({src}) | ratio "
                       f"{ratio if ratio else float('nan'):.3f}", flush=True)
@@ -159,18 +184,6 @@ def main():
         w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
-    res = Path(a.results)
-    new = not res.exists()
-    with open(res, "a") as fh:
-        if new:
-            fh.write("# Benchmark results\n\n")
-        fh.write(f"\n## delta_throughput.py — {rows[0]['date']} — {dev}, torch {torch.__version__}, "
-                 f"Triton {triton.__version__}, B={B} T={T} H={H} K=V={K} bf16, chunk {a.chunk}\n\n")
-        fh.write("| n_h | gated | mode | ours (ms) | fla (ms) | fla source | ours/fla |\n|---|---|---|---|---|---|---|\n")
-        for r in rows:
-            fh.write(f"| {r['n_h']} | {int(r['gated'])} | {r['mode']} | {r['ours_ms']:.3f} | "
-                     f"{r['fla_ms'] if r['fla_ms'] else '—'} | {r['fla_source']} | "
-                     f"{r['ratio'] if r['ratio'] else '—'} |\n")
     print(f"[delta_throughput] wrote {out}/delta_throughput.csv/json and appended to {res}")
 
 

@@ -25,7 +25,7 @@ import torch
 
 from .suite import Config, LayerCase, ScanCase, _dtype, _with_grad
 
-__all__ = ["scan_peer_fns", "layer_peer_cases", "make_peer_layer"]
+__all__ = ["scan_peer_fns", "layer_peer_cases", "make_peer_layer", "fla_gated_deltanet_class"]
 
 
 def _diag_inputs(case: ScanCase, cfg: Config, grad: bool, seed: int = 0):
@@ -120,11 +120,35 @@ def scan_peer_fns(case: ScanCase, cfg: Config, mode: str):
 
 
 # ----------------------------------------------------------------------------- layer peers
+def fla_gated_deltanet_class():
+    """``fla.layers.GatedDeltaNet`` (flash-linear-attention 0.6).
+
+    ``fla/layers/__init__`` imports every fla layer, and some of them import ``transformers``;
+    GatedDeltaNet itself needs it only for type checking. When ``transformers`` is missing, the
+    module ``fla.layers.gated_deltanet`` is loaded on its own under a bare ``fla.layers`` package
+    (no other fla layer is imported). Raises ImportError when fla is not installed.
+    """
+    try:
+        return importlib.import_module("fla.layers").GatedDeltaNet
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("transformers"):
+            raise
+    import sys
+    import types
+    from pathlib import Path
+
+    import fla
+    pkg = types.ModuleType("fla.layers")
+    pkg.__path__ = [str(Path(p) / "layers") for p in fla.__path__]
+    sys.modules["fla.layers"] = pkg
+    return importlib.import_module("fla.layers.gated_deltanet").GatedDeltaNet
+
+
 def _fla_gdn_available(cfg: Config) -> str:
     if torch.device(cfg.device).type != "cuda":
         return "fla GatedDeltaNet needs CUDA"
     try:
-        importlib.import_module("fla.layers")
+        fla_gated_deltanet_class()
     except Exception as exc:  # noqa: BLE001
         return f"fla not installed ({type(exc).__name__}: {exc})"
     return ""
@@ -132,7 +156,7 @@ def _fla_gdn_available(cfg: Config) -> str:
 
 def make_peer_layer(kind: str, d_model: int):
     """fla's GatedDeltaNet layer wrapped to return ``(y, None)`` like our layers."""
-    from fla.layers import GatedDeltaNet  # NOT YET RUN ON A GPU
+    GatedDeltaNet = fla_gated_deltanet_class()
 
     class _FlaGDN(torch.nn.Module):
         def __init__(self):

@@ -1,0 +1,160 @@
+"""Layer-level targets of issue 7, timed in one run on CUDA.
+
+One layer, B=8, T=2048, d_model=768, forward+backward (and forward), fp32 and bf16 autocast:
+
+* ``bdlru_m4`` — :class:`lrnn_scan.models.BDLRU` (d_model 768, hidden N = 768, m = 4; fused-gate
+  Triton scan);
+* ``lstm`` — :class:`lrnn_scan.models.LSTM` (``torch.nn.LSTM``, cuDNN) with hidden size 768;
+* ``fla_gated_deltanet`` — fla's ``GatedDeltaNet`` layer (head_dim 128, ``num_heads`` chosen so its
+  parameter count is closest to the BD-LRU layer's), when fla is installed;
+* ``ours_gated_deltanet`` — :class:`lrnn_scan.models.GatedDeltaNet` at matched parameters too.
+
+Targets: BD-LRU ≥ 20× faster than the LSTM, and ≤ 1.5× fla's GatedDeltaNet time (fwd+bwd).
+Timing: ``triton.testing.do_bench`` medians. Writes ``<out>/layer_targets.json`` and appends a
+dated table to ``--results``.
+
+    python benchmarks/layer_targets.py [--out benchmarks/out] [--results benchmarks/RESULTS.md]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lrnn_scan.models import BDLRU, LSTM, GatedDeltaNet  # noqa: E402
+
+
+def n_params(m):
+    return sum(p.numel() for p in m.parameters())
+
+
+def fla_layer(target: int, d: int):
+    """fla GatedDeltaNet with head_dim 128 and the head count closest to ``target`` params."""
+    from lrnn_scan.bench.peers import fla_gated_deltanet_class
+    cls = fla_gated_deltanet_class()
+    best = None
+    with torch.device("meta"):
+        for h in range(1, 17):
+            p = n_params(cls(hidden_size=d, head_dim=128, num_heads=h, mode="chunk"))
+            if best is None or abs(p - target) < abs(best[1] - target):
+                best = (h, p)
+    h = best[0]
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = cls(hidden_size=d, head_dim=128, num_heads=h, mode="chunk")
+
+        def forward(self, x):
+            return self.inner(x)[0], None
+    return Wrapped(), f"fla GatedDeltaNet(hidden 768, head_dim 128, heads {h})"
+
+
+def ours_gdn(target: int, d: int):
+    best = None
+    with torch.device("meta"):
+        for h in range(1, 17):
+            p = n_params(GatedDeltaNet(d, h, head_dim=128))
+            if best is None or abs(p - target) < abs(best[1] - target):
+                best = (h, p)
+    return GatedDeltaNet(d, best[0], head_dim=128), f"lrnn_scan GatedDeltaNet(768, heads {best[0]}, head_dim 128)"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--B", type=int, default=8)
+    ap.add_argument("--T", type=int, default=2048)
+    ap.add_argument("--d", type=int, default=768)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
+    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"))
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("[layer_targets] needs CUDA; nothing timed")
+        return
+    import triton
+    from triton.testing import do_bench
+
+    dev = torch.device("cuda")
+    B, T, d = a.B, a.T, a.d
+    torch.manual_seed(0)
+    bd = BDLRU(d, d, m=4)
+    target = n_params(bd)
+    layers = {"bdlru_m4": (bd, "BDLRU(768, N=768, m=4, softmax gates)"),
+              "lstm": (LSTM(d, d), "torch.nn.LSTM(768, 768) (cuDNN)"),
+              "ours_gated_deltanet": ours_gdn(target, d)}
+    try:
+        layers["fla_gated_deltanet"] = fla_layer(target, d)
+    except Exception as exc:  # noqa: BLE001 - optional peer
+        print(f"[layer_targets] fla GatedDeltaNet skipped: {type(exc).__name__}: {exc}")
+    rows = []
+    for prec in ("fp32", "bf16-autocast"):
+        for name, (layer, desc) in layers.items():
+            layer = layer.to(dev)
+            x = torch.randn(B, T, d, device=dev, requires_grad=True)
+            dy = torch.randn(B, T, d, device=dev)
+            ctx = (torch.autocast("cuda", dtype=torch.bfloat16) if prec != "fp32"
+                   else contextlib.nullcontext())
+            params = [p for p in layer.parameters()]
+
+            def fwd():
+                with ctx:
+                    return layer(x)[0]
+
+            def fwdbwd():
+                y = fwd()
+                torch.autograd.backward(y, dy.to(y.dtype))
+                x.grad = None
+                for p in params:
+                    p.grad = None
+            try:
+                with torch.no_grad():
+                    t_f = do_bench(fwd, warmup=10, rep=50, return_mode="median")
+                t_fb = do_bench(fwdbwd, warmup=10, rep=50, return_mode="median")
+                torch.cuda.reset_peak_memory_stats()
+                fwdbwd()
+                mem = torch.cuda.max_memory_allocated() / 2**30
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                print(f"[layer_targets] {name} {prec} failed: {type(exc).__name__}: {exc}")
+                continue
+            rows.append(dict(name=name, desc=desc, precision=prec, params=n_params(layer),
+                             fwd_ms=round(t_f, 4), fwdbwd_ms=round(t_fb, 4),
+                             peak_gib=round(mem, 3),
+                             tokens_per_s_fwdbwd=round(B * T / (t_fb * 1e-3))))
+            print(f"{name:22s} {prec:14s} params {n_params(layer)/1e6:6.2f}M fwd {t_f:8.3f} ms "
+                  f"fwd+bwd {t_fb:8.3f} ms peak {mem:6.2f} GiB", flush=True)
+            layer.cpu()
+            torch.cuda.empty_cache()
+    ms = {(r["name"], r["precision"]): r["fwdbwd_ms"] for r in rows}
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = (f"\n## layer_targets.py — {now} — {torch.cuda.get_device_name()}, torch "
+            f"{torch.__version__}, Triton {triton.__version__}; one layer, B={B} T={T} "
+            f"d_model={d}; do_bench medians\n\n")
+    lines = ["| layer | precision | params | fwd (ms) | fwd+bwd (ms) | peak GiB | "
+             "LSTM / this (fwd+bwd) | this / fla GDN (fwd+bwd) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lstm = ms.get(("lstm", r["precision"]))
+        fla = ms.get(("fla_gated_deltanet", r["precision"]))
+        vs_lstm = f"{lstm / r['fwdbwd_ms']:.1f}×" if lstm else "—"
+        vs_fla = f"{r['fwdbwd_ms'] / fla:.2f}" if fla else "—"
+        lines.append(f"| {r['desc']} | {r['precision']} | {r['params']/1e6:.2f}M | {r['fwd_ms']:.3f} "
+                     f"| {r['fwdbwd_ms']:.3f} | {r['peak_gib']:.2f} | {vs_lstm} | {vs_fla} |")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "layer_targets.json").write_text(json.dumps(rows, indent=1))
+    with open(a.results, "a") as fh:
+        fh.write(head + table)
+    print(f"[layer_targets] wrote {out}/layer_targets.json and appended to {a.results}")
+
+
+if __name__ == "__main__":
+    main()

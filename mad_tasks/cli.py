@@ -5,6 +5,7 @@
     lrnn-scan train --task parity --model bdlru -m 2 --lr 1e-3 5e-4 --seeds 0 1   # LR x seed grid
     lrnn-scan sweep --config sweep.json              # CSV + Markdown + accuracy-vs-m plot
     lrnn-scan spectrum runs/s3/checkpoint.pt         # eigenvalues of the learned transitions
+    lrnn-scan launch --config jobs.json --workers 14 --deadline-s 480   # many runs on one GPU
 
 Several processes (``train`` only; DDP, or ``--sequence-parallel`` time shards):
     torchrun --standalone --nproc-per-node 2 -m lrnn_scan.mad_tasks train --task s3 ...
@@ -101,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer-source", default="models", choices=["models", "reference"])
     p.add_argument("--progress", default="print", choices=["auto", "bar", "print", "none"])
     sub.add_parser("tasks", help="list task and model names")
+    from .launch import add_launch_args
+    add_launch_args(sub.add_parser("launch", help="many runs at once: a process pool over a "
+                                                  "job list (one GPU shared), JSONL results"))
     from lrnn_scan.bench.cli import add_subparser as add_bench   # lrnn-scan bench (issue 7)
     add_bench(sub)
     return ap
@@ -208,6 +212,11 @@ def _cmd_demo(a) -> int:
     return 0
 
 
+def _cmd_launch(a) -> int:
+    from .launch import main_launch
+    return main_launch(a)
+
+
 def _cmd_tasks(_a) -> int:
     from .layers import MODEL_NAMES
     from .tasks import TASK_NAMES
@@ -226,7 +235,8 @@ def main(argv=None) -> int:
         if a.cmd != "train" and getattr(a, "sequence_parallel", False):
             raise ValueError("--sequence-parallel is a `train` option")
         return {"train": _cmd_train, "sweep": _cmd_sweep, "spectrum": _cmd_spectrum,
-                "demo": _cmd_demo, "tasks": _cmd_tasks, "bench": a.__dict__.get("func")}[a.cmd](a)
+                "demo": _cmd_demo, "tasks": _cmd_tasks, "launch": _cmd_launch,
+                "bench": a.__dict__.get("func")}[a.cmd](a)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         if os.environ.get("LRNN_SCAN_DEBUG"):
             raise

@@ -14,6 +14,12 @@ order of epoch ``e`` is a pure function of ``(seed, e)``, so a run resumed from 
 reproduces the uninterrupted run exactly (on the same device). ``out_dir/log.jsonl`` gets one JSON
 line per epoch (and a ``start``/``end`` line).
 
+Wall-time limits (single process; used by :mod:`.launch`): ``time_budget_s`` cuts the number of
+epochs after epoch 1 to what fits the budget (the cosine is shortened to end at ``min_lr`` after
+them; ``epochs_planned`` in the result); ``stop_at`` (unix time, a runtime field) ends the run
+after the current step once passed, evaluates it and marks it ``time_limited`` (such a run is
+final: it is not resumed).
+
 Under ``torchrun`` (``WORLD_SIZE > 1``; see :mod:`.distributed`) the same loop runs on every rank:
 data parallel (DDP over row shards of each global batch) or, with ``sequence_parallel=True``, over
 time shards of it with the layers' scans across ranks. Either way the update is the
@@ -83,6 +89,11 @@ class TrainConfig:
     resume: bool = True
     progress: str = "auto"                 # auto | bar | print | none
     sequence_parallel: bool = False        # under torchrun: time shards instead of row shards
+    # wall-time limits (GPU batches of many runs, see launch.py)
+    time_budget_s: float | None = None     # after epoch 1: cut `epochs` so the run fits this
+                                           # budget; the cosine then spans the reduced epochs
+    stop_at: float | None = None           # unix time: stop (after the current step, then
+                                           # evaluate) once passed; result "time_limited"
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -102,7 +113,7 @@ class TrainConfig:
 
     # fields that do not change the result (allowed to differ on resume)
     _RUNTIME = ("out_dir", "resume", "progress", "num_threads", "eval_batch_size",
-                "sequence_parallel")
+                "sequence_parallel", "stop_at")
 
     def identity(self) -> dict:
         d = self.to_dict()
@@ -166,10 +177,14 @@ def build_for_config(cfg: TrainConfig, task: TaskData | None = None):
     return task, model
 
 
-def _lr_lambda(cfg: TrainConfig, total_steps: int):
+def _lr_lambda(cfg: TrainConfig, total_steps):
+    """Cosine from ``lr`` to ``min_lr`` over ``total_steps`` (an int, or a one-element list that
+    may be shortened during the run: ``time_budget_s``)."""
     base, lo, warm = cfg.lr, min(cfg.min_lr, cfg.lr), cfg.warmup_steps
+    holder = total_steps if isinstance(total_steps, list) else [total_steps]
 
     def f(step: int) -> float:
+        total_steps = holder[0]
         if warm and step < warm:
             return (step + 1) / warm
         t = min(step - warm, max(1, total_steps - warm - 1)) / max(1, total_steps - warm - 1)
@@ -310,6 +325,9 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
         torch.set_num_threads(cfg.num_threads)
     # under torchrun: join the process group; "dp" (row shards + DDP) or "sp" (time shards)
     dinfo, device = _dist.setup(cfg.device, cfg.sequence_parallel)
+    if dinfo.active and (cfg.time_budget_s or cfg.stop_at):
+        raise ValueError("time_budget_s / stop_at are single-process options (the ranks would "
+                         "stop at different steps)")
     main = dinfo.main
     t0 = time.time()
     task, model = build_for_config(cfg, task)
@@ -326,7 +344,7 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
         Xtr = torch.as_tensor(task.train[0])
         Ytr = torch.as_tensor(task.train[1])
         steps_per_epoch = math.ceil(len(Xtr) / cfg.batch_size)
-    total_steps = steps_per_epoch * cfg.epochs
+    total_steps = [steps_per_epoch * cfg.epochs]      # shortened by time_budget_s after epoch 1
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total_steps))
     stream_rng = np.random.default_rng(np.random.SeedSequence([int(cfg.data_seed), 7,
                                                                int(cfg.seed)]))
@@ -335,7 +353,8 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
         eval_batches = _rebatch(task.test, cfg.eval_batch_size)
 
     state = {"epoch": 0, "step": 0, "history": [], "best": None, "best_epoch": None,
-             "stopped_early": False, "train_time": 0.0}
+             "stopped_early": False, "train_time": 0.0, "epochs_planned": cfg.epochs,
+             "time_limited": False}
     out_dir = cfg.out_dir
     ck_path = os.path.join(out_dir, "checkpoint.pt") if out_dir else None
     if out_dir and main:
@@ -363,6 +382,9 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
             torch.cuda.set_rng_state(ck["cuda_rng"], device)
         stream_rng.bit_generator.state = ck["stream_rng"]
         state = ck["state"]
+        state.setdefault("epochs_planned", cfg.epochs)
+        state.setdefault("time_limited", False)
+        total_steps[0] = steps_per_epoch * state["epochs_planned"]
         resumed = True
     elif clear_log:
         if main:
@@ -371,7 +393,7 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
         torch.manual_seed(cfg.seed + 1)       # training-time randomness (none by default)
 
     desc = f"{task.name}/{cfg.model}" + (f"-m{cfg.block_size}" if cfg.block_size else "")
-    prog = Progress(cfg.progress if main else "none", total_steps, desc)
+    prog = Progress(cfg.progress if main else "none", total_steps[0], desc)
     src = getattr(model.blocks[0].layer, "layer_source", "?")
     if resumed:
         prog.log(f"[{desc}] resumed from {ck_path} at epoch {state['epoch']}")
@@ -392,9 +414,11 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
     model.train()
     ctx = _autocast(cfg, device)
     epochs_this_call = 0
-    while state["epoch"] < cfg.epochs and not state["stopped_early"]:
+    while (state["epoch"] < state["epochs_planned"] and not state["stopped_early"]
+           and not state["time_limited"]):
         epoch = state["epoch"]
         te = time.time()
+        step_times = []
         loss_sum = torch.zeros((), dtype=torch.float64)
         n_tok = 0
         if task.streaming:
@@ -406,6 +430,10 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
             batches = ((Xtr[perm[i:i + cfg.batch_size]], Ytr[perm[i:i + cfg.batch_size]])
                        for i in range(0, len(Xtr), cfg.batch_size))
         for X, Y in batches:
+            if cfg.stop_at is not None and time.time() > cfg.stop_at and n_tok:
+                state["time_limited"] = True          # deadline: evaluate what we have
+                break
+            ts = time.time()
             X = torch.as_tensor(X).to(device, non_blocking=True)
             Y = torch.as_tensor(Y).to(device, non_blocking=True)
             if dinfo.active:
@@ -431,15 +459,21 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
                 loss_sum += loss.detach().double().cpu() * k
                 n_tok += k
             prog.update(1, loss=loss)
+            step_times.append(time.time() - ts)
         if dinfo.active:
             tot = _dist.all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(n_tok),
                                                     dtype=torch.float64)]), device)
             loss_sum, n_tok = tot[0], int(round(float(tot[1])))
         state["train_time"] += time.time() - te
+        t_eval = time.time()
         metrics = evaluate(model, eval_batches, task.n_out, device, cfg,
                            task.chance if task.scaled else 0.0,
                            dist_info=dinfo if dinfo.active else None)
+        t_eval = time.time() - t_eval
         state["epoch"] = epoch + 1
+        if cfg.time_budget_s and epoch == 0 and not resumed:
+            _fit_epochs_to_budget(cfg, state, step_times, t_eval, time.time() - t0,
+                                  steps_per_epoch, total_steps)
         rec = {"epoch": epoch + 1, "step": state["step"], "lr": opt.param_groups[0]["lr"],
                "train_loss": float(loss_sum) / max(n_tok, 1),
                **{f"test_{k}": v for k, v in metrics.items()},
@@ -480,14 +514,33 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
               **{f"final_{k[5:]}": v for k, v in final.items() if k.startswith("test_")},
               "final_lr": opt.param_groups[0]["lr"],
               "train_time_s": state["train_time"], "wall_time_s": time.time() - t0,
-              "history": state["history"], "complete": state["epoch"] >= cfg.epochs
-              or state["stopped_early"]}
+              "epochs_planned": state["epochs_planned"], "time_limited": state["time_limited"],
+              "budget_estimate": state.get("budget_estimate"),
+              "history": state["history"], "complete": state["epoch"] >= state["epochs_planned"]
+              or state["stopped_early"] or state["time_limited"]}
     if result["complete"]:
         log(event="end", **{k: v for k, v in result.items() if k != "history"})
         prog.log(f"[{desc}] done: best test micro {best.get('micro', float('nan')):.4f} "
                  f"macro {best.get('macro', float('nan')):.4f} (epoch {state['best_epoch']}), "
                  f"{state['train_time']:.1f}s training")
     return result
+
+
+def _fit_epochs_to_budget(cfg, state, step_times, t_eval, elapsed, steps_per_epoch,
+                          total_steps):
+    """After epoch 1: the number of epochs that fit ``cfg.time_budget_s`` (wall time since the
+    start of :func:`train`), at most ``cfg.epochs``. The per-step time is the median over epoch 1
+    after its first 5 steps (those include Triton compilation); the cosine schedule is shortened
+    to the new total (it has run ``steps_per_epoch`` of the old, longer one)."""
+    ts = sorted(step_times[5:] or step_times)
+    t_step = ts[len(ts) // 2] if ts else 0.0
+    t_epoch = steps_per_epoch * t_step + t_eval
+    left = cfg.time_budget_s - elapsed
+    fit = 1 + int(max(left, 0.0) // max(t_epoch, 1e-9))
+    n = max(1, min(cfg.epochs, fit))
+    state["epochs_planned"] = n
+    state["budget_estimate"] = {"step_s": t_step, "eval_s": t_eval, "epoch1_s": elapsed}
+    total_steps[0] = steps_per_epoch * n
 
 
 def _distributed_step(net, model, X, Y, opt, ctx, dinfo, device):

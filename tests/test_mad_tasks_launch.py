@@ -1,0 +1,167 @@
+"""Wall-time budgets of the harness and the process-pool launcher (`lrnn-scan launch`); CPU,
+tiny models, a few seconds."""
+import importlib
+import json
+import time
+
+import pytest
+
+from lrnn_scan.mad_tasks import TrainConfig, train
+from lrnn_scan.mad_tasks.cli import main as cli_main
+from lrnn_scan.mad_tasks.launch import (best_records, expand_jobs, load_records, run_jobs,
+                                        summary_markdown)
+from lrnn_scan.mad_tasks.paper import PAPER, paper_value
+
+train_mod = importlib.import_module("lrnn_scan.mad_tasks.train")    # the module, not train()
+
+TINY = dict(task="s3", task_kwargs={"n_train": 256, "n_test": 128}, model="bdlru", block_size=2,
+            hidden_size=8, d_model=8, batch_size=64, num_threads=1, progress="none",
+            early_stop=None)
+
+
+def test_fit_epochs_to_budget_rule():
+    cfg = TrainConfig(epochs=50, time_budget_s=10.0)
+    state, total = {}, [400]
+    # 8 steps/epoch at 0.1 s (the first 5 steps, with compilation, are ignored) + 0.2 s eval
+    train_mod._fit_epochs_to_budget(cfg, state, [5.0] * 5 + [0.1] * 3, 0.2, 2.0, 8, total)
+    assert state["epochs_planned"] == 1 + int(8.0 // 1.0) == 9
+    assert total == [72]
+    cfg.time_budget_s = 1e6
+    train_mod._fit_epochs_to_budget(cfg, state, [0.1] * 8, 0.2, 2.0, 8, total)
+    assert state["epochs_planned"] == 50                    # never more than cfg.epochs
+
+
+def test_time_budget_shortens_run_and_cosine_ends_at_min_lr(monkeypatch):
+    real = train_mod._fit_epochs_to_budget
+
+    def fit3(cfg, state, *a):           # as if 3 epochs fitted the budget
+        real(cfg, state, *a)
+        state["epochs_planned"] = 3
+        a[-1][0] = a[-2] * 3
+    monkeypatch.setattr(train_mod, "_fit_epochs_to_budget", fit3)
+    r = train(TrainConfig(**TINY, epochs=20, lr=1e-2, time_budget_s=100.0))
+    assert (r["epochs_run"], r["epochs_planned"], r["complete"]) == (3, 3, True)
+    assert r["final_lr"] == pytest.approx(1e-5)
+    assert set(r["budget_estimate"]) == {"step_s", "eval_s", "epoch1_s"}
+
+
+def test_tiny_budget_gives_one_epoch_and_no_budget_keeps_epochs():
+    r = train(TrainConfig(**TINY, epochs=4, time_budget_s=1e-3))
+    assert (r["epochs_run"], r["epochs_planned"]) == (1, 1)
+    r = train(TrainConfig(**TINY, epochs=2))
+    assert (r["epochs_run"], r["epochs_planned"], r["budget_estimate"]) == (2, 2, None)
+
+
+def test_stop_at_stops_after_one_step_and_evaluates():
+    r = train(TrainConfig(**TINY, epochs=3, stop_at=time.time() - 1))
+    assert r["time_limited"] and r["complete"]
+    assert (r["steps"], r["epochs_run"]) == (1, 1)
+    assert 0.0 <= r["best_micro"] <= 1.0
+    # stop_at is a runtime field: it does not change the run's identity (resume key)
+    assert TrainConfig(stop_at=1.0).identity() == TrainConfig().identity()
+
+
+def _cfg(tmp_path, **extra):
+    return {"out_dir": str(tmp_path / "launch"), "groups": [
+        {"name": "late", "priority": 2, "tasks": [{"name": "s2", "task_kwargs":
+                                                    {"n_train": 128, "n_test": 64}}],
+         "models": [{"model": "diagonal"}], "lrs": [1e-3], "seeds": [0],
+         "common": {**{k: v for k, v in TINY.items() if k not in ("task", "task_kwargs",
+                                                                 "model", "block_size")},
+                    "epochs": 1}},
+        {"name": "first", "priority": 1, "tasks": [{"name": "s3", "task_kwargs":
+                                                     {"n_train": 128, "n_test": 64}}],
+         "models": [{"model": "bdlru", "block_size": [1, 3]}], "lrs": [1e-3, 2e-3],
+         "seeds": [0], "common": {**{k: v for k, v in TINY.items() if k not in (
+             "task", "task_kwargs", "model", "block_size", "hidden_size")}, "epochs": 1,
+             "hidden_size": 6, "time_budget_s": 60}},
+    ], **extra}
+
+
+def test_expand_jobs_orders_by_priority(tmp_path):
+    jobs = expand_jobs(_cfg(tmp_path))
+    assert [j["group"] for j in jobs] == ["first"] * 4 + ["late"]
+    assert [(j["config"]["block_size"], j["config"]["lr"]) for j in jobs[:4]] == [
+        (1, 1e-3), (1, 2e-3), (3, 1e-3), (3, 2e-3)]
+    assert all(j["config"]["out_dir"] is None and j["config"]["progress"] == "none"
+               for j in jobs)
+    assert expand_jobs(_cfg(tmp_path, checkpoints=True))[0]["config"]["out_dir"]
+
+
+def test_run_jobs_in_process_and_deadline_skips(tmp_path):
+    jobs = expand_jobs(_cfg(tmp_path))
+    out = tmp_path / "a"
+    recs = run_jobs(jobs, str(out), workers=1, log=lambda *_: None)
+    assert [r["status"] for r in recs] == ["ok"] * 5
+    assert load_records(str(out / "results.jsonl"))[0]["id"] == 0
+    assert all("history" in r and r["epochs_run"] == 1 for r in recs)
+    best = best_records(recs)
+    assert set(best) == {("first", "s3", "bdlru", 1), ("first", "s3", "bdlru", 3),
+                         ("late", "s2", "diagonal", None)}
+    md = (out / "summary.md").read_text()
+    assert "BD-LRU m3" in md and "diagonal LRU" in md
+    # a deadline 5 s away with min_start_s 10: nothing starts
+    out = tmp_path / "b"
+    recs = run_jobs(jobs, str(out), workers=1, stop_at=time.time() + 5, min_start_s=10,
+                    log=lambda *_: None)
+    assert [r["status"] for r in recs] == ["skipped"] * 5
+    # a deadline that is near: the budget is cut to it and the run stops by itself
+    recs = run_jobs(jobs[:1], str(tmp_path / "c"), workers=1, stop_at=time.time() + 30,
+                    min_start_s=1, eval_margin_s=5, log=lambda *_: None)
+    assert recs[0]["status"] == "ok" and recs[0]["time_budget_s"] <= 25
+    assert recs[0]["budget_cut_by_deadline"]
+
+
+def test_run_jobs_process_pool_and_cli(tmp_path, capsys):
+    cfg = _cfg(tmp_path)
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(cfg))
+    assert cli_main(["launch", "--config", str(path), "--dry-run"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 5
+    out = tmp_path / "pool"
+    assert cli_main(["launch", "--config", str(path), "--out", str(out), "--workers", "2",
+                     "--only", "first", "--limit", "2", "--deadline-s", "300",
+                     "--override", "epochs", "1"]) == 0
+    recs = load_records(str(out / "results.jsonl"))
+    assert sorted(r["id"] for r in recs) == [0, 1]
+    assert all(r["status"] == "ok" for r in recs)
+    assert len({r["pid"] for r in recs}) >= 1
+    capsys.readouterr()
+    assert cli_main(["launch", "--summarize", str(out / "results.jsonl")]) == 0
+    assert "BD-LRU m1" in capsys.readouterr().out
+
+
+def test_paper_numbers_lookup():
+    assert paper_value("s3_10k", "bdlru", 3) == 1.0
+    assert paper_value("s5_100k", "bdlru", 4) == 0.88
+    assert paper_value("s4_50k", "deltaproduct", None) == 1.0       # n_h = 4 by default
+    assert paper_value("s5_100k", "deltanet", None) == 0.14
+    assert paper_value("parity", "diagonal") == 0.512
+    assert paper_value("cycle_navigation", "bdlru", 5) == 1.0
+    assert paper_value("copy", "hlru", 3) == 0.855
+    assert paper_value("s3_10k", "bdlru", 7) is None
+    assert len(PAPER) == 5 * 20 + 4 * 9 + 3 * 20
+    md = summary_markdown([{"status": "ok", "group": "g", "task": "s3_10k", "model": "lstm",
+                            "block_size": None, "lr": 1e-3, "seed": 0, "best_micro": 0.9,
+                            "best_macro": 0.9, "best_epoch": 1, "epochs_run": 1,
+                            "epochs_planned": 1, "steps": 1, "wall_time_s": 1.0}])
+    assert "1.000 (Table 4) | -0.100" in md
+
+
+def test_retry_without_amp(tmp_path, monkeypatch):
+    real = train_mod.train
+    calls = []
+
+    def fake(cfg, task=None):
+        calls.append(cfg.amp)
+        if cfg.amp != "off":
+            raise RuntimeError("bf16 kernel failed")
+        return real(cfg, task)
+    monkeypatch.setattr(train_mod, "train", fake)
+    jobs = expand_jobs(_cfg(tmp_path))[:1]
+    rec = run_jobs(jobs, str(tmp_path / "r"), workers=1, retry_without_amp=True,
+                   log=lambda *_: None)[0]
+    assert rec["status"] == "ok" and "bf16 kernel failed" in rec["amp_error"]
+    assert calls == ["auto", "off"]
+    rec = run_jobs(jobs, str(tmp_path / "s"), workers=1, log=lambda *_: None)[0]
+    assert rec["status"] == "error" and "bf16 kernel failed" in rec["error"]

@@ -94,6 +94,9 @@ def bytes_fwdbwd_passes(B, T, N, m, esize=4):
 
 
 def ours_fwd(A, b):
+    """Forward only: detached inputs, so the launcher picks its inference chunking (with
+    gradients it keeps the chunking measured for forward+backward, see ``scan._choose_chunk``)."""
+    A, b = A.detach(), b.detach()
     if A.shape[-1] == 1:
         Bb, T, H = b.shape[:3]
         a2, b2 = A.view(Bb, T, H), b.view(Bb, T, H)
@@ -249,7 +252,8 @@ def main():
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--bwd-compare", action="store_true",
-                    help="only compare the backward kernel variants (fp64 check + fwd+bwd timings)")
+                    help="only compare the backward kernel variants ring (opt-in), g4, v1 "
+                         "(fp64 check + fwd+bwd timings)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"),
                     help="markdown file the dated rows are appended to")
@@ -272,14 +276,14 @@ def main():
         run_tune(log)
         return
     if args.bwd_compare:
-        for var in ("g4", "v1"):
+        for var in ("ring", "g4", "v1"):
             _scanmod.TUNE.clear()
             _scanmod.TUNE["bwd_variant"] = var
             log(f"bwd_variant={var}: fp64 check worst {check_fp64(log):.2e}")
         for (B, T, N) in ((8, 2048, 4096), (8, 2048, 768), (1, 16384, 768)):
-            for m in ((2, 8, 32) if N == 4096 else (8,)):
+            for m in ((2, 4, 8, 16, 32) if N == 4096 else (2, 4, 8)):
                 A, b = make_inputs(B, T, N, m, grad=True)
-                for var in ("g4", "v1"):
+                for var in ("ring", "g4", "v1"):
                     _scanmod.TUNE.clear()
                     _scanmod.TUNE["bwd_variant"] = var
                     t = bench(ours_fwdbwd(A, b))
@@ -300,11 +304,12 @@ def main():
             f"{100 * tbs / bw:5.1f}% {extra if extra else ''}")
         return ms
 
-    # forward kernel variants: hand-pipelined 4-step groups (default) vs one step per iteration
+    # forward kernel variants: ring of 16 / 8 slots (ring4 is the default), hand-pipelined 4-step
+    # groups, one step per iteration
     for N in (768, 4096):
         for m in (2, 8, 32):
             A, b = make_inputs(8, 2048, N, m)
-            for var in ("g4", "v1"):
+            for var in ("ring4", "ring2", "g4", "v1"):
                 _scanmod.TUNE.clear()
                 _scanmod.TUNE["variant"] = var
                 record("fwd", f"variant_{var}", 8, 2048, N, m, bench(ours_fwd(A, b)), bytes_fwd(8, 2048, N, m))

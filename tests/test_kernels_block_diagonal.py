@@ -158,7 +158,8 @@ def test_diagonal_varlen_chunked():
     run_check(a, b, torch.randn(5, 20).to(DEV), cu, 1e-5, fn="diag")
 
 
-@pytest.mark.parametrize("fwd,bwd", [("v1", "g4"), ("g4", "g4"), ("v1", "v1")])
+@pytest.mark.parametrize("fwd,bwd", [("v1", "g4"), ("g4", "g4"), ("v1", "v1"), ("ring1", "g4"),
+                                     ("ring2", "v1"), ("ring4", "ring")])
 def test_kernel_variants(fwd, bwd):
     """The one-step-loop and hand-pipelined kernels compute the same thing (also chunked)."""
     scanmod.TUNE.update(variant=fwd, bwd_variant=bwd)
@@ -166,6 +167,48 @@ def test_kernel_variants(fwd, bwd):
     run_check(A, b, torch.randn(2, 2, 3).to(DEV), None, 1e-5)
     scanmod.TUNE["chunk"] = 8
     run_check(A[:1], b[:1], None, torch.tensor([0, 5, 19], device=DEV), 1e-5)
+
+
+@pytest.mark.parametrize("m,variant", [(1, "ring4"), (2, "ring2"), (3, "ring2"), (8, "ring4")])
+def test_ring_variants(m, variant):
+    """The ring forward (the default ring4 runs in every other test; here m = 1 routed through the
+    block kernels and ring2), its one-column-per-program chunk summaries (default) and the
+    matrix-state summaries, on odd lengths and varlen chunks."""
+    scanmod.TUNE.update(variant=variant, diag_variant="ring")
+    A, b = make(2, 37, 3, m, seed=7 * m)
+    run_check(A, b, torch.randn(2, 3, m).to(DEV), None, 1e-5)
+    for summary in ("ring", "v1"):
+        scanmod.TUNE.update(chunk=12, summary=summary)
+        cu = torch.tensor([0, 5, 30, 30, 61, 74], dtype=torch.int64, device=DEV)
+        run_check(A.reshape(1, 74, 3, m, m), b.reshape(1, 74, 3, m), torch.randn(5, 3, m).to(DEV), cu, 1e-5)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
+def test_bwd_ring(m):
+    """The opt-in backward ring kernel: one pass with h0 and dh_final, and varlen chunks."""
+    scanmod.TUNE.update(bwd_variant="ring", diag_variant="ring")
+    A, b = make(2, 37, 3, m, seed=11 * m)
+    run_check(A, b, torch.randn(2, 3, m).to(DEV), None, 1e-5)
+    scanmod.TUNE["chunk"] = 12
+    cu = torch.tensor([0, 5, 30, 30, 61, 74], dtype=torch.int64, device=DEV)
+    run_check(A.reshape(1, 74, 3, m, m), b.reshape(1, 74, 3, m), torch.randn(5, 3, m).to(DEV), cu, 1e-5)
+
+
+def test_chunk_policy(monkeypatch):
+    """Forward only: chunk (256 steps) only below one program per SM; with gradients the rule
+    measured for forward+backward (about 4 programs per SM, chunks >= 256); never for m >= 16."""
+    monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
+    scanmod.TUNE.clear()
+    cc = scanmod._choose_chunk
+    assert cc(12, 16384, "cpu", 1, 2) == 256            # B=1, N=768, m=2
+    assert cc(24, 16384, "cpu", 64, 1) == 256           # m = 1 tiles (aligned to BT = 64)
+    assert cc(192, 2048, "cpu", 1, 4) is None           # B=8, N=768, m=4
+    assert cc(192, 2048, "cpu", 1, 4, grad=True) == 683
+    assert cc(12, 16384, "cpu", 1, 2, grad=True) == 373
+    assert cc(48, 16384, "cpu", 1, 16) is None and cc(48, 16384, "cpu", 1, 16, grad=True) is None
+    assert cc(12, 1000, "cpu", 1, 2) is None            # short sequences: one pass
+    scanmod.TUNE["chunk"] = 100
+    assert cc(10 ** 6, 16384, "cpu", 1, 2) == 100
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -7,10 +7,13 @@ later steps do not depend on the state, so they can be issued early: ``_bd_fwd_k
 the next group of 4 steps before computing the current one (on an H200 Triton's pipeliner did
 not prefetch the one-step loop: ``num_stages`` 3 and 6 timed the same). Time offsets are int64.
 
-* ``_bd_fwd_kernel`` / ``_bd_fwd_kernel_g4``: h_t = A_t h_{t-1} + b_t, state from ``Init[s, c]``
-  (chunk carry or h0); one step per iteration, or hand-pipelined groups of 4 steps (the default).
+* ``_bd_fwd_ring`` (the default), ``_bd_fwd_kernel_g4``, ``_bd_fwd_kernel``:
+  h_t = A_t h_{t-1} + b_t, state from ``Init[s, c]`` (chunk carry or h0); a ring of ``4R``
+  in-flight steps with vectorised loads, hand-pipelined groups of 4 steps, one step per iteration.
+  ``_bd_fwd_ring`` with ``SUMMARY`` also computes chunk summaries, one column of ``[P | E]`` per
+  program.
 * ``_bd_summary_kernel``: per chunk, the product ``P = A_{t1-1} ... A_{t0}`` and the local end
-  state ``E`` (zero start), carried together as the columns of ``S = [P | E]``.
+  state ``E`` (zero start), carried together as the columns of ``S = [P | E]`` in one program.
 * ``_diag_fwd_kernel``: the m = 1 case on ``(BT, BN)`` tiles with ``tl.associative_scan`` over time.
 """
 import triton
@@ -226,3 +229,139 @@ def _diag_fwd_kernel(Aa, Bv, Hout, Init, Final, Pout, CU, T, N, CHUNK, NC,
         tl.store(Final + sc + n, x, mask=mn)
     if STORE_P:
         tl.store(Pout + sc + n, p, mask=mn)
+
+
+# ----------------------------------------------------------------------------- ring kernel
+@triton.jit
+def _ring_ld(A, Bv, t, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM):
+    """Loads step ``t`` (all-zero past ``t1``); the time mask is a scalar so that it does not
+    break the vectorisation of the (contiguous) block loads."""
+    ok = t < t1  # tl.where, not ``&``: the interpreter rejects ``tensor & scalar`` masks (varlen)
+    a = tl.load(A + t * HMM + offs_a, mask=tl.where(ok, mask_a, False), other=0.0)
+    b = tl.load(Bv + t * HM + offs_s, mask=tl.where(ok, mask_s, False), other=0.0)
+    return a, b
+
+
+@triton.jit
+def _ring_step(A, Bv, Hout, a, b, x, t, t1, tn, offs_a, offs_s, mask_a, mask_s, HM, HMM, bscale,
+               MP: tl.constexpr, BH: tl.constexpr, STORE_H: tl.constexpr):
+    """Step ``t`` with the slot ``(a, b)``, then refill the slot with step ``tn``."""
+    a3 = tl.reshape(a.to(tl.float32), (BH, MP, MP))
+    xn = tl.sum(a3 * x[:, None, :], axis=2) + b.to(tl.float32) * bscale
+    if STORE_H:
+        tl.store(Hout + t * HM + offs_s, xn.to(Hout.dtype.element_ty), mask=tl.where(t < t1, mask_s, False))
+    x = tl.where(t < t1, xn, x)
+    a, b = _ring_ld(A, Bv, tn, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+    return x, a, b
+
+
+@triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
+def _bd_fwd_ring(A, Bv, Hout, Init, Final, Pout, CU, T, H, CHUNK, NC,
+                 M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, R: tl.constexpr,
+                 SUMMARY: tl.constexpr, HAS_INIT: tl.constexpr, STORE_H: tl.constexpr,
+                 STORE_FINAL: tl.constexpr, VARLEN: tl.constexpr):
+    """Software-pipelined ring: ``4R`` slots, each refilled with step ``t + 4R`` right after step
+    ``t`` used it, so ``4R - 1`` steps of loads stay in flight (``_bd_fwd_kernel_g4`` oscillates
+    between 4 and 8). ``A`` is loaded as ``(BH, MP*MP)`` rows, contiguous when ``M == MP``: 16-byte
+    vectors, and for ``m <= 2`` one thread owns whole blocks (no cross-thread exchange of ``x``).
+
+    ``SUMMARY``: chunk summaries ``S = [P | E]`` one column per program (``program_id(0)`` runs
+    over block groups x ``M + 1`` columns): column ``col < M`` starts at ``e_col`` without ``b``
+    and gives column ``col`` of ``P`` (into ``Pout``); column ``M`` starts at 0 with ``b`` and gives
+    ``E`` (into ``Final``). The ``M + 1`` programs of a block group read the same ``A`` at about
+    the same time (adjacent program ids), so the repeats mostly hit L2; a matrix-state layout
+    (``(BH, M, M+1)`` per program) made Triton spill and shuffle."""
+    pid = tl.program_id(0)
+    s = tl.program_id(1)
+    c = tl.program_id(2)
+    if SUMMARY:
+        pid_h = pid // (M + 1)
+        col = pid % (M + 1)
+    else:
+        pid_h = pid
+        col = M
+    bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
+    hb = pid_h * BH + tl.arange(0, BH)
+    i = tl.arange(0, MP)
+    k = tl.arange(0, MP * MP)
+    mh = hb < H
+    mask_s = mh[:, None] & (i < M)[None, :]
+    offs_s = hb[:, None] * M + i[None, :]
+    if M == MP:
+        offs_a = hb[:, None] * (M * M) + k[None, :]
+        mask_a = mh[:, None] & (k < M * M)[None, :]
+    else:
+        offs_a = hb[:, None] * (M * M) + ((k // MP) * M + k % MP)[None, :]
+        mask_a = mh[:, None] & ((k // MP < M) & (k % MP < M))[None, :]
+    HM = H * M
+    HMM = HM * M
+    sc = s.to(tl.int64) * NC + c
+    bscale = (col == M).to(tl.float32)
+    if SUMMARY:
+        x = tl.zeros([BH, MP], dtype=tl.float32) + (i == col).to(tl.float32)[None, :]
+    elif HAS_INIT:
+        x = tl.load(Init + sc * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+    else:
+        x = tl.zeros([BH, MP], dtype=tl.float32)
+    D = 4 * R
+    a0, b0 = _ring_ld(A, Bv, t0, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+    a1, b1 = _ring_ld(A, Bv, t0 + 1, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+    a2, b2 = _ring_ld(A, Bv, t0 + 2, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+    a3, b3 = _ring_ld(A, Bv, t0 + 3, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+    if R >= 2:
+        a4, b4 = _ring_ld(A, Bv, t0 + 4, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a5, b5 = _ring_ld(A, Bv, t0 + 5, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a6, b6 = _ring_ld(A, Bv, t0 + 6, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a7, b7 = _ring_ld(A, Bv, t0 + 7, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+    if R >= 4:
+        a8, b8 = _ring_ld(A, Bv, t0 + 8, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a9, b9 = _ring_ld(A, Bv, t0 + 9, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a10, b10 = _ring_ld(A, Bv, t0 + 10, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a11, b11 = _ring_ld(A, Bv, t0 + 11, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a12, b12 = _ring_ld(A, Bv, t0 + 12, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a13, b13 = _ring_ld(A, Bv, t0 + 13, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a14, b14 = _ring_ld(A, Bv, t0 + 14, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a15, b15 = _ring_ld(A, Bv, t0 + 15, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+    for ts in range(t0, t1, D):
+        x, a0, b0 = _ring_step(A, Bv, Hout, a0, b0, x, ts + 0, t1, ts + D + 0, offs_a,
+            offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+        x, a1, b1 = _ring_step(A, Bv, Hout, a1, b1, x, ts + 1, t1, ts + D + 1, offs_a,
+            offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+        x, a2, b2 = _ring_step(A, Bv, Hout, a2, b2, x, ts + 2, t1, ts + D + 2, offs_a,
+            offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+        x, a3, b3 = _ring_step(A, Bv, Hout, a3, b3, x, ts + 3, t1, ts + D + 3, offs_a,
+            offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+        if R >= 2:
+            x, a4, b4 = _ring_step(A, Bv, Hout, a4, b4, x, ts + 4, t1, ts + D + 4, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a5, b5 = _ring_step(A, Bv, Hout, a5, b5, x, ts + 5, t1, ts + D + 5, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a6, b6 = _ring_step(A, Bv, Hout, a6, b6, x, ts + 6, t1, ts + D + 6, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a7, b7 = _ring_step(A, Bv, Hout, a7, b7, x, ts + 7, t1, ts + D + 7, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+        if R >= 4:
+            x, a8, b8 = _ring_step(A, Bv, Hout, a8, b8, x, ts + 8, t1, ts + D + 8, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a9, b9 = _ring_step(A, Bv, Hout, a9, b9, x, ts + 9, t1, ts + D + 9, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a10, b10 = _ring_step(A, Bv, Hout, a10, b10, x, ts + 10, t1, ts + D + 10, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a11, b11 = _ring_step(A, Bv, Hout, a11, b11, x, ts + 11, t1, ts + D + 11, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a12, b12 = _ring_step(A, Bv, Hout, a12, b12, x, ts + 12, t1, ts + D + 12, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a13, b13 = _ring_step(A, Bv, Hout, a13, b13, x, ts + 13, t1, ts + D + 13, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a14, b14 = _ring_step(A, Bv, Hout, a14, b14, x, ts + 14, t1, ts + D + 14, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a15, b15 = _ring_step(A, Bv, Hout, a15, b15, x, ts + 15, t1, ts + D + 15, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+    if SUMMARY:
+        offs_c = (hb[:, None] * (M * M) + i[None, :] * M + col)
+        if col < M:
+            tl.store(Pout + sc * HMM + offs_c, x, mask=mask_s)
+        else:
+            tl.store(Final + sc * HM + offs_s, x, mask=mask_s)
+    elif STORE_FINAL:
+        tl.store(Final + sc * HM + offs_s, x, mask=mask_s)

@@ -1,7 +1,8 @@
 """Launchers and autograd Functions for ``block_diagonal_scan`` and ``diagonal_scan``.
 
 Dispatch: m = 1 goes to the tile kernels of the diagonal scan; m = 2..32 to the sequential
-block kernels. When ``num_seqs x programs-per-sequence`` cannot fill the GPU, time is split into
+block kernels (default forward ``_bd_fwd_ring``, 16 steps in flight). When
+``num_seqs x programs-per-sequence`` cannot fill the GPU (``_choose_chunk``), time is split into
 chunks: (1) per chunk the product of its transitions and its local end state, (2) a short scan of
 the chunk carries (the same forward kernel, with chunks as time steps), (3) each chunk re-run
 from its carry. The backward does the same with transposed products (``P^T``, saved by the
@@ -14,8 +15,9 @@ import os
 import torch
 import triton
 
-from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _diag_bwd_kernel
-from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_summary_kernel, _diag_fwd_kernel
+from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
+from .fwd import (_bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _bd_summary_kernel,
+                  _diag_fwd_kernel)
 
 __all__ = ["block_diagonal_scan", "diagonal_scan"]
 
@@ -111,18 +113,29 @@ def _max_len(T, nseq, cu_seqlens):
     return max([y - x for x, y in zip(cu[:-1], cu[1:])] + [0])
 
 
-def _choose_chunk(nprog, max_len, device, align, m=1):
-    """Chunk length, or None for one pass over the whole sequence."""
+def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
+    """Chunk length, or None for one pass over the whole sequence.
+
+    Forward only (``grad=False``): chunk when there are fewer programs than SMs, into 256-step
+    chunks. On an H200 (fp32, README.md) 256 was the best or within 4 % of the best of
+    {256, 512, 1024, 2048} at B=1, T=16384, N=768, m=1..8, while at 192-384 programs (B=8, N=768,
+    m=4, 8) the unchunked ring kernel beat every chunking by 1.1-2.3x (chunks read inputs twice).
+    With gradients the backward reuses the forward's chunks and the earlier rule stays (aim at
+    4 programs per SM, chunks >= 256): it is the one measured forward+backward.
+    ``TUNE`` keys: ``chunk`` (forced length, 0 = never), ``chunk_target`` (programs per SM),
+    ``chunk_len``, ``chunk_max_m`` (no chunking from this block size on)."""
     if "chunk" in TUNE:
         c = TUNE["chunk"]
         return None if not c or c >= max_len else c
-    target = 4 * _num_sms(device)
-    # m >= 16: the chunk-summary kernel (an m x (m+1) matrix state per block) measured 10-40x
-    # slower than the unchunked scan on an H200 (benchmarks/RESULTS.md), so never chunk there.
-    if m >= 16 or nprog >= target or max_len < 1024:
+    # m >= 16: the matrix-state summary kernel measured 10-40x slower than the scan, one program
+    # per summary column reads A m+1 times; forward m = 32 chunked was 2.5-3x slower.
+    target = TUNE.get("chunk_target", 4 if grad else 1) * _num_sms(device)
+    if m >= TUNE.get("chunk_max_m", 16) or max_len < 1024 or nprog >= target:
         return None
-    nc = triton.cdiv(target, nprog)
-    chunk = max(256, triton.cdiv(max_len, nc))
+    if grad:
+        chunk = max(256, triton.cdiv(max_len, triton.cdiv(target, nprog)))
+    else:
+        chunk = TUNE.get("chunk_len", 256)
     chunk = triton.cdiv(chunk, align) * align
     return None if chunk >= max_len else chunk
 
@@ -137,9 +150,12 @@ def _bd_cfg(m):
     return mp, bh, nw, ns
 
 
-def _fwd_kernel(m):
-    """The hand-pipelined 4-step-group kernel, or the one-step loop (``TUNE['variant']``)."""
-    return _bd_fwd_kernel_g4 if TUNE.get("variant", "g4") == "g4" else _bd_fwd_kernel
+def _fwd_variant():
+    """``ring4`` (``_bd_fwd_ring``, 16 slots), ``ring2`` (8 slots), ``g4`` (hand-pipelined 4-step
+    groups) or ``v1`` (one-step loop); ``TUNE['variant']`` overrides. On an H200 (fp32, README.md)
+    ring4 was the fastest or within 2 % of it at every measured shape but one (chunked m = 8 at
+    B=1, T=16384, N=768: ring2 10 % faster)."""
+    return TUNE.get("variant", "ring4")
 
 
 def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
@@ -148,17 +164,44 @@ def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
     B8 N768 m8, B1 N768 m8) and lost at 1024-2048 (B8 N4096 m8, m32); ``TUNE['bwd_variant']``
     overrides."""
     nprog = grid[0] * grid[1] * grid[2]
-    if TUNE.get("bwd_variant", "g4" if nprog < 1024 else "v1") == "g4":
+    var = TUNE.get("bwd_variant", "g4" if nprog < 1024 else "v1")
+    if var == "ring":  # opt-in, not yet timed on a GPU: 8 slots (16 spilled at m >= 16, PTX)
+        _bd_bwd_ring[grid](*args, M=M, MP=MP, BH=BH, R=2, **kw)
+    elif var == "g4":
         _bd_bwd_kernel_g4[grid](*args, M=M, MP=MP, BH=BH, **kw)
     else:
         _bd_bwd_kernel[grid](*args, M=M, MP=MP, BH=BH, NS=NS, **kw)
 
 
-def _fwd_launch(grid, *args, M, MP, BH, NS, **kw):
-    k = _fwd_kernel(M)
-    if k is _bd_fwd_kernel:
-        kw["NS"] = NS
-    k[grid](*args, M=M, MP=MP, BH=BH, **kw)
+def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, NS, **kw):
+    var = _fwd_variant()
+    if var.startswith("ring"):
+        _bd_fwd_ring[grid](A, b, h, init, final, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH,
+                           R=int(var[4:]), SUMMARY=False, **kw)
+    elif var == "g4":
+        _bd_fwd_kernel_g4[grid](A, b, h, init, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH, **kw)
+    else:
+        _bd_fwd_kernel[grid](A, b, h, init, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH, NS=NS, **kw)
+
+
+def _summary_launch(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, mp, bh, nw, ns, varlen):
+    """Chunk summaries ``P`` (product of the chunk's transitions) and ``E`` (its end state from 0).
+    ``ring`` (default): ``_bd_fwd_ring`` with one column of ``[P | E]`` per program; ``v1``: the
+    matrix-state kernel ``_bd_summary_kernel`` (``TUNE['summary']``)."""
+    if TUNE.get("summary", "ring") == "ring":
+        var = _fwd_variant()
+        R = int(var[4:]) if var.startswith("ring") else 2
+        _bd_fwd_ring[(triton.cdiv(H, bh) * (m + 1), nseq, nc)](
+            A, b, b, b, E, P, cu_arg, T, H, chunk, nc, M=m, MP=mp, BH=bh, R=R, SUMMARY=True,
+            HAS_INIT=False, STORE_H=False, STORE_FINAL=True, VARLEN=varlen, num_warps=nw)
+        return
+    ncb = min(triton.next_power_of_2(m + 1), 16)
+    ngrp = triton.cdiv(m + 1, ncb)
+    bhs = max(1, 1024 // (mp * mp * ncb))
+    nws = max(1, min(8, bhs * mp * mp * ncb // 1024))
+    _bd_summary_kernel[(triton.cdiv(H, bhs) * ngrp, nseq, nc)](
+        A, b, P, E, cu_arg, T, H, chunk, nc, M=m, MP=mp, BH=bhs, NCB=ncb, NGRP=ngrp, NS=ns,
+        VARLEN=varlen, num_warps=nws, num_stages=ns)
 
 
 def _bd_forward(A, b, h0, cu, chunk):
@@ -180,13 +223,7 @@ def _bd_forward(A, b, h0, cu, chunk):
     nc = triton.cdiv(_max_len(T, nseq, cu), chunk)
     P = _empty((nseq, nc, H, m, m), torch.float32, dev)
     E = _empty((nseq, nc, H, m), torch.float32, dev)
-    ncb = min(triton.next_power_of_2(m + 1), 16)
-    ngrp = triton.cdiv(m + 1, ncb)
-    bhs = max(1, 1024 // (mp * mp * ncb))
-    nws = max(1, min(8, bhs * mp * mp * ncb // 1024))
-    _bd_summary_kernel[(triton.cdiv(H, bhs) * ngrp, nseq, nc)](
-        A, b, P, E, cu_arg, T, H, chunk, nc, M=m, MP=mp, BH=bhs, NCB=ncb, NGRP=ngrp, NS=ns,
-        VARLEN=varlen, num_warps=nws, num_stages=ns)
+    _summary_launch(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, mp, bh, nw, ns, varlen)
     X = _empty((nseq, nc, H, m), torch.float32, dev)
     _fwd_launch((triton.cdiv(H, bh), nseq, 1),
         P, E, X, h0 if h0 is not None else dummy, final, dummy, nc, H, nc, 1,
@@ -377,16 +414,31 @@ def block_diagonal_scan(A, b, initial_state=None, output_final_state=False, cu_s
                                None if h0 is None else h0.view(nseq, H), cu, nseq)
         h, final = h.view(B, T, H, 1), final.view(nseq, H, 1)
     else:
-        mp, bh, _, _ = _bd_cfg(m)
-        chunk = _choose_chunk(nseq * triton.cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m)
-        h, final = _ScanFn.apply(A, b, h0, cu, chunk, False)
+        h, final = _bd_apply(A, b, h0, cu, nseq)
     return h, (final if output_final_state else None)
+
+
+def _needs_grad(*xs):
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
+
+
+def _bd_apply(A, b, h0, cu, nseq):
+    B, T, H, m = b.shape
+    mp, bh, _, _ = _bd_cfg(m)
+    chunk = _choose_chunk(nseq * triton.cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m,
+                          _needs_grad(A, b, h0))
+    return _ScanFn.apply(A, b, h0, cu, chunk, False)
 
 
 def _diag_apply(a, b, h0, cu, nseq):
     B, T, N = b.shape
+    if TUNE.get("diag_variant", "tile") == "ring":  # the block kernels with m = 1
+        h, final = _bd_apply(a.view(B, T, N, 1, 1), b.view(B, T, N, 1),
+                             None if h0 is None else h0.view(nseq, N, 1), cu, nseq)
+        return h.view(B, T, N), final.view(nseq, N)
     bt, bn, _, _ = _diag_cfg()
-    chunk = _choose_chunk(nseq * triton.cdiv(N, bn), _max_len(T, nseq, cu), b.device, bt)
+    chunk = _choose_chunk(nseq * triton.cdiv(N, bn), _max_len(T, nseq, cu), b.device, bt, 1,
+                          _needs_grad(a, b, h0))
     return _ScanFn.apply(a, b, h0, cu, chunk, True)
 
 

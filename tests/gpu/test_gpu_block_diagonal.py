@@ -151,3 +151,38 @@ def test_more_than_2_31_elements():
     A, b = make(B, T, H, m, torch.bfloat16, seed=7)
     heads = torch.tensor([0, H - 1], device=DEV)
     check(A, b, None, None, 2e-2, heads=heads)
+
+
+@pytest.mark.parametrize("variant,summary", [("ring2", "ring"), ("g4", "v1"), ("v1", "ring")])
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_forward_variants(variant, summary, m):
+    """The non-default forward kernels and summaries (the default ring4 runs above), one pass and
+    in 256-step varlen chunks; m = 1 through the block kernels."""
+    tune = bd.scan.TUNE
+    try:
+        tune.update(variant=variant, summary=summary, diag_variant="ring", chunk=0)
+        A, b = make(2, 3001, 384 // m, m, torch.float32, seed=200 + m)
+        check(A, b, torch.randn(2, 384 // m, m, device=DEV), None, 1e-4)
+        tune["chunk"] = 256
+        cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
+        A, b = make(1, 6002, 384 // m, m, torch.float32, seed=300 + m)
+        check(A, b, torch.randn(5, 384 // m, m, device=DEV), cu, 1e-4)
+    finally:
+        tune.clear()
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 32])
+def test_backward_ring(m):
+    """The opt-in backward ring kernel (``TUNE['bwd_variant'] = 'ring'``), one pass and chunked
+    varlen, with h0 and dh_final; m = 1 through the block kernels."""
+    tune = bd.scan.TUNE
+    try:
+        tune.update(bwd_variant="ring", diag_variant="ring", chunk=0)
+        A, b = make(2, 3001, 384 // m, m, torch.float32, seed=400 + m)
+        check(A, b, torch.randn(2, 384 // m, m, device=DEV), None, 1e-4)
+        tune["chunk"] = 256
+        cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
+        A, b = make(1, 6002, 384 // m, m, torch.float32, seed=500 + m)
+        check(A, b, torch.randn(5, 384 // m, m, device=DEV), cu, 1e-4)
+    finally:
+        tune.clear()

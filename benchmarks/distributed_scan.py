@@ -373,12 +373,14 @@ def main():
             row["ok"] = False
             print(f"[rank {rank}] [{family}] FAILED:\n{traceback.format_exc()}", flush=True)
         rows.append(row)
+        if rank == 0 and args.results:       # row by row: a run cut short keeps what it measured
+            if len(rows) == 1:
+                write_header(Path(args.results), env, args, world, backend, reps, tol)
+            write_row(Path(args.results), row)
+            log(f"[{family}] appended to {args.results}")
         if use_cuda:
             torch.cuda.empty_cache()
 
-    if rank == 0 and args.results:
-        write_results(Path(args.results), rows, env, args, world, backend, reps, tol)
-        log(f"appended to {args.results}")
     ok = all(r.get("ok", True) for r in rows)
     dist.barrier()
     dist.destroy_process_group()
@@ -386,7 +388,7 @@ def main():
         sys.exit(1)
 
 
-def write_results(res: Path, rows, env, args, world, backend, reps, tol):
+def write_header(res: Path, env, args, world, backend, reps, tol):
     new = not res.exists()
     with open(res, "a") as f:
         if new:
@@ -406,12 +408,14 @@ def write_results(res: Path, rows, env, args, world, backend, reps, tol):
                 f"{world}-dev fwd ms even | w0 | {world}-dev fwd ms w0 | 1-dev fwd+bwd ms | {world}-dev fwd+bwd ms even | "
                 f"{world}-dev fwd+bwd ms w0 | red/loc ms |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-        for r in rows:
-            if "error" in r:
-                f.write(f"| {r['family']} | {r['shape']} | {r['path']} | error: {r['error']} |"
-                        " False | | | | | | | | |\n")
-                continue
 
+
+def write_row(res: Path, r):
+    with open(res, "a") as f:
+        if "error" in r:
+            f.write(f"| {r['family']} | {r['shape']} | {r['path']} | error: {r['error']} |"
+                    " False | | | | | | | | |\n")
+        else:
             def t(base, key, i):
                 if key not in r:
                     return "-"

@@ -73,6 +73,8 @@ def main():
     ap.add_argument("--B", type=int, default=8)
     ap.add_argument("--T", type=int, default=2048)
     ap.add_argument("--d", type=int, default=768)
+    ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16-autocast"],
+                    choices=["fp32", "bf16-autocast"])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     a = ap.parse_args()
@@ -95,7 +97,7 @@ def main():
     except Exception as exc:  # noqa: BLE001 - optional peer
         print(f"[layer_targets] fla GatedDeltaNet skipped: {type(exc).__name__}: {exc}")
     rows = []
-    for prec in ("fp32", "bf16-autocast"):
+    for prec in a.precisions:
         for name, (layer, desc) in layers.items():
             layer = layer.to(dev)
             x = torch.randn(B, T, d, device=dev, requires_grad=True)

@@ -38,11 +38,12 @@ GPU.**
 """
 from __future__ import annotations
 
-import importlib
 from types import SimpleNamespace
 
 import torch
 from torch import Tensor
+
+from ._kernel_modules import kernel_module
 
 __all__ = ["register", "enable", "disable", "is_enabled", "compile_model", "block_diagonal_scan",
            "diagonal_scan", "fused_gate_scan", "companion_scan", "companion_scan_coeffs",
@@ -78,12 +79,7 @@ def _register_logits_autograd(fwd_op, bwd_op) -> None:
 
 def _kernels(name: str):
     """``lrnn_scan.kernels.<name>`` (or ``kernels.<name>`` from an uninstalled checkout)."""
-    try:
-        return importlib.import_module(f"lrnn_scan.kernels.{name}")
-    except ModuleNotFoundError:
-        from lrnn_scan.delta._kernels import load_kernels
-        load_kernels()  # puts the checkout root on sys.path
-        return importlib.import_module(f"kernels.{name}")
+    return kernel_module(name)
 
 
 def _compiling() -> bool:
@@ -484,6 +480,8 @@ def register() -> dict:
         _register_fused_gates()
         _register_companion()
         _register_delta()
+    for pkg in ("block_diagonal", "fused_gates", "companion", "delta_product"):
+        kernel_module(pkg)      # cached, so the engine's lookups trace under torch.compile
     return _OPS
 
 

@@ -19,11 +19,10 @@ Vector states only, time at dim 1. Anything else falls back to the torch scans (
 """
 from __future__ import annotations
 
-import importlib
-
 import torch
 from torch import Tensor
 
+from ._kernel_modules import kernel_module
 from .operators import BlockDiagonal, Companion, Diagonal, TransitionOperator
 
 __all__ = ["try_kernel_scan", "kernel_for"]
@@ -66,7 +65,7 @@ def try_kernel_scan(op: TransitionOperator, b: Tensor, initial_state, output_fin
         return None
     module, fn_name = name.rsplit(".", 1)
     try:
-        fn = getattr(importlib.import_module(f"lrnn_scan.kernels.{module}"), fn_name)
+        fn = getattr(kernel_module(module), fn_name)
     except (ImportError, AttributeError) as exc:
         if required:
             raise ValueError(f"method='kernel': lrnn_scan.kernels.{name} is unavailable ({exc})") \

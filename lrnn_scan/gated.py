@@ -7,11 +7,11 @@ semantics, which the kernel tests check.
 """
 from __future__ import annotations
 
-import importlib
 
 import torch
 from torch import Tensor
 
+from ._kernel_modules import kernel_module
 from .api import scan
 from .gates import DEFAULT_EPS, canonical_gate_name, normalize_gates
 from .operators import BlockDiagonal, Companion
@@ -28,10 +28,16 @@ def _check(name: str, t, rank: int, layout: str) -> None:
         raise ValueError(f"{name} must have shape {layout}; got {tuple(t.shape)}")
 
 
+def _kernel_device(t: Tensor) -> bool:
+    """Whether the fused kernels run on ``t``'s device (CUDA; tests patch this to route CPU
+    tensors to the Triton interpreter)."""
+    return t.device.type == "cuda"
+
+
 def _fused(module: str, fn: str, method: str, logits: Tensor):
     """The fused kernel for CUDA float16/bfloat16/float32 logits, else ``None`` (torch path)."""
     reason = None
-    if logits.device.type != "cuda":
+    if not _kernel_device(logits):
         reason = f"method='kernel' needs CUDA tensors, got {logits.device}"
     elif logits.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         reason = f"method='kernel' takes float16/bfloat16/float32 logits, got {logits.dtype}"
@@ -40,7 +46,7 @@ def _fused(module: str, fn: str, method: str, logits: Tensor):
             raise ValueError(reason)
         return None
     try:
-        return getattr(importlib.import_module(f"lrnn_scan.kernels.{module}"), fn)
+        return getattr(kernel_module(module), fn)
     except (ImportError, AttributeError) as exc:
         if method == "kernel":
             raise ValueError(f"method='kernel': lrnn_scan.kernels.{module}.{fn} unavailable "

@@ -358,3 +358,30 @@ def test_import_lrnn_scan_registers_nothing():
             "print(bad, ops); sys.exit(1 if bad or ops else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["bdlru_m2", "hlru_m3"])
+def test_compile_fullgraph_layers_through_kernel_ops(name, monkeypatch):
+    """The layers' kernel path under ``torch.compile(fullgraph=True)``: BD-LRU / H-LRU routed to
+    the fused kernels (through the custom ops of :func:`lrnn_scan.compile.enable`) trace without a
+    graph break and match eager. Regression: on an H200 the engine's lazy kernel lookup
+    (``importlib.import_module``) failed every layer's fullgraph compile; on CPU the layers are
+    routed to the interpreted kernels by patching the device check."""
+    import lrnn_scan.gated as gated
+    monkeypatch.setattr(gated, "_kernel_device", lambda t: True)
+    torch.manual_seed(0)
+    layer = _layers()[name]().to(DEV)
+    x = torch.randn(2, 7, D, device=DEV)
+    torch._dynamo.reset()
+    lc.enable()
+    try:
+        compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+        yc, sc, gc = _grads(layer, x, compiled)
+        ye, se, ge = _grads(layer, x)
+    finally:
+        lc.disable()
+        torch._dynamo.reset()
+    torch.testing.assert_close(yc, ye, rtol=1e-5, atol=1e-6)
+    for k in ge:
+        torch.testing.assert_close(gc[k], ge[k], rtol=1e-4, atol=1e-6, msg=lambda m: f"{k}: {m}")

@@ -29,6 +29,13 @@ def _import(name: str) -> ModuleType:
         return importlib.import_module(f"kernels.{name}")
 
 
+def kernel_device(device) -> bool:
+    """Whether the engine sends tensors on ``device`` to the Triton kernels: CUDA only. (Tests
+    patch this to send CPU tensors to the Triton interpreter, e.g. to trace the kernel paths
+    under ``torch.compile`` on a machine without a GPU.)"""
+    return device.type == "cuda"
+
+
 def kernel_module(name: str) -> ModuleType:
     """The kernel package ``lrnn_scan.kernels.<name>`` (e.g. ``"fused_gates"``), cached."""
     mod = _CACHE.get(name)

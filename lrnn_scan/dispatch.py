@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import _kernel_modules as _km
 from ._kernel_modules import kernel_module
 from .operators import BlockDiagonal, Companion, Diagonal, TransitionOperator
 
@@ -34,7 +35,7 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def kernel_for(op: TransitionOperator, b: Tensor, dim: int, reverse: bool,
                cu_seqlens) -> tuple[str | None, str]:
     """``(qualified kernel name, "")`` if a kernel fits, else ``(None, reason)``."""
-    if op.device.type != "cuda":
+    if not _km.kernel_device(op.device):
         return None, f"tensors are on {op.device}, the Triton kernels need CUDA"
     if dim != 1:
         return None, f"kernels need time at dim 1, got dim={dim}"

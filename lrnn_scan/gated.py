@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import _kernel_modules as _km
 from ._kernel_modules import kernel_module
 from .api import scan
 from .gates import DEFAULT_EPS, canonical_gate_name, normalize_gates
@@ -28,16 +29,10 @@ def _check(name: str, t, rank: int, layout: str) -> None:
         raise ValueError(f"{name} must have shape {layout}; got {tuple(t.shape)}")
 
 
-def _kernel_device(t: Tensor) -> bool:
-    """Whether the fused kernels run on ``t``'s device (CUDA; tests patch this to route CPU
-    tensors to the Triton interpreter)."""
-    return t.device.type == "cuda"
-
-
 def _fused(module: str, fn: str, method: str, logits: Tensor):
     """The fused kernel for CUDA float16/bfloat16/float32 logits, else ``None`` (torch path)."""
     reason = None
-    if not _kernel_device(logits):
+    if not _km.kernel_device(logits.device):
         reason = f"method='kernel' needs CUDA tensors, got {logits.device}"
     elif logits.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         reason = f"method='kernel' takes float16/bfloat16/float32 logits, got {logits.dtype}"

@@ -360,18 +360,25 @@ def test_import_lrnn_scan_registers_nothing():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def _kernel_layers():
+    """The layers with a Triton path, on it (delta layers in their default chunkwise mode)."""
+    d = _default_layers()
+    return {k: d[k] for k in ("bdlru_m2", "hlru_m3", "diagonal_lru", "mamba2", "deltanet",
+                              "deltaproduct", "gated_deltanet", "gated_deltaproduct")}
+
+
 @needs_kernels
-@pytest.mark.parametrize("name", ["bdlru_m2", "hlru_m3"])
+@pytest.mark.parametrize("name", list(_kernel_layers()))
 def test_compile_fullgraph_layers_through_kernel_ops(name, monkeypatch):
-    """The layers' kernel path under ``torch.compile(fullgraph=True)``: BD-LRU / H-LRU routed to
-    the fused kernels (through the custom ops of :func:`lrnn_scan.compile.enable`) trace without a
+    """The layers' kernel paths under ``torch.compile(fullgraph=True)``: routed to the Triton
+    kernels (through the custom ops of :func:`lrnn_scan.compile.enable`) they trace without a
     graph break and match eager. Regression: on an H200 the engine's lazy kernel lookup
-    (``importlib.import_module``) failed every layer's fullgraph compile; on CPU the layers are
-    routed to the interpreted kernels by patching the device check."""
-    import lrnn_scan.gated as gated
-    monkeypatch.setattr(gated, "_kernel_device", lambda t: True)
+    (``importlib.import_module``) failed every kernel-backed layer's fullgraph compile. On CPU the
+    tensors are routed to the interpreted kernels by patching the engine's device check."""
+    import lrnn_scan._kernel_modules as km
+    monkeypatch.setattr(km, "kernel_device", lambda device: True)
     torch.manual_seed(0)
-    layer = _layers()[name]().to(DEV)
+    layer = _kernel_layers()[name]().to(DEV)
     x = torch.randn(2, 7, D, device=DEV)
     torch._dynamo.reset()
     lc.enable()

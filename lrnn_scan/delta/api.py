@@ -4,13 +4,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import _kernel_modules as _km
 from ._checks import check_inputs
+from ._kernels import load_kernels
 from .chunk_torch import chunk_delta_product_torch
 
 
 def _triton_impl():
-    from ._kernels import load_kernels
-
     return load_kernels().chunk_delta_product_triton
 
 
@@ -50,7 +50,7 @@ def chunk_delta_product(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
     if backend == "auto":
         # The Triton kernels tile chunks as powers of two >= 16; other sizes take the torch path.
         triton_chunk = chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0
-        use_triton = q.is_cuda and q.dtype != torch.float64 and triton_chunk
+        use_triton = _km.kernel_device(q.device) and q.dtype != torch.float64 and triton_chunk
         backend = "triton" if use_triton else "torch"
     if backend == "triton":
         return _triton_impl()(q, k, v, beta, g, scale, initial_state, output_final_state,

@@ -10,8 +10,8 @@ One layer, B=8, T=2048, d_model=768, forward+backward (and forward), fp32 and bf
 * ``ours_gated_deltanet`` — :class:`lrnn_scan.models.GatedDeltaNet` at matched parameters too.
 
 Targets: BD-LRU ≥ 20× faster than the LSTM, and ≤ 1.5× fla's GatedDeltaNet time (fwd+bwd).
-Timing: ``triton.testing.do_bench`` medians. Writes ``<out>/layer_targets.json`` and appends a
-dated table to ``--results``.
+Timing: ``triton.testing.do_bench`` medians. Writes ``<out>/layer_targets.json``; appends each row
+to ``--results`` as it is measured (a run cut short keeps its rows), then the ratios.
 
     python benchmarks/layer_targets.py [--out benchmarks/out] [--results benchmarks/RESULTS.md]
 """
@@ -73,6 +73,8 @@ def main():
     ap.add_argument("--B", type=int, default=8)
     ap.add_argument("--T", type=int, default=2048)
     ap.add_argument("--d", type=int, default=768)
+    ap.add_argument("--layers", nargs="+", default=None,
+                    help="subset of bdlru_m4 lstm ours_gated_deltanet fla_gated_deltanet")
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16-autocast"],
                     choices=["fp32", "bf16-autocast"])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
@@ -96,7 +98,22 @@ def main():
         layers["fla_gated_deltanet"] = fla_layer(target, d)
     except Exception as exc:  # noqa: BLE001 - optional peer
         print(f"[layer_targets] fla GatedDeltaNet skipped: {type(exc).__name__}: {exc}")
+    if a.layers:
+        layers = {k: v for k, v in layers.items() if k in a.layers}
     rows = []
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = (f"\n## layer_targets.py — {now} — {torch.cuda.get_device_name()}, torch "
+            f"{torch.__version__}, Triton {triton.__version__}; one layer, B={B} T={T} "
+            f"d_model={d}; do_bench medians\n\n")
+
+    def record(r):
+        """Append each row as it is measured (a run cut short keeps its rows)."""
+        with open(a.results, "a") as fh:
+            if len(rows) == 1:
+                fh.write(head + "| layer | precision | params | fwd (ms) | fwd+bwd (ms) | peak GiB |\n"
+                         "|---|---|---|---|---|---|\n")
+            fh.write(f"| {r['desc']} | {r['precision']} | {r['params']/1e6:.2f}M | "
+                     f"{r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | {r['peak_gib']:.2f} |\n")
     for prec in a.precisions:
         for name, (layer, desc) in layers.items():
             layer = layer.to(dev)
@@ -130,16 +147,13 @@ def main():
                              fwd_ms=round(t_f, 4), fwdbwd_ms=round(t_fb, 4),
                              peak_gib=round(mem, 3),
                              tokens_per_s_fwdbwd=round(B * T / (t_fb * 1e-3))))
+            record(rows[-1])
             print(f"{name:22s} {prec:14s} params {n_params(layer)/1e6:6.2f}M fwd {t_f:8.3f} ms "
                   f"fwd+bwd {t_fb:8.3f} ms peak {mem:6.2f} GiB", flush=True)
             layer.cpu()
             torch.cuda.empty_cache()
     ms = {(r["name"], r["precision"]): r["fwdbwd_ms"] for r in rows}
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = (f"\n## layer_targets.py — {now} — {torch.cuda.get_device_name()}, torch "
-            f"{torch.__version__}, Triton {triton.__version__}; one layer, B={B} T={T} "
-            f"d_model={d}; do_bench medians\n\n")
-    lines = ["| layer | precision | params | fwd (ms) | fwd+bwd (ms) | peak GiB | "
+    lines = ["\nRatios of the rows above:\n", "| layer | precision | params | fwd (ms) | fwd+bwd (ms) | peak GiB | "
              "LSTM / this (fwd+bwd) | this / fla GDN (fwd+bwd) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lstm = ms.get(("lstm", r["precision"]))
@@ -154,7 +168,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     (out / "layer_targets.json").write_text(json.dumps(rows, indent=1))
     with open(a.results, "a") as fh:
-        fh.write(head + table)
+        fh.write(table)
     print(f"[layer_targets] wrote {out}/layer_targets.json and appended to {a.results}")
 
 

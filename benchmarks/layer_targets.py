@@ -1,6 +1,10 @@
 """Layer-level targets of issue 7, timed in one run on CUDA.
 
-One layer, B=8, T=2048, d_model=768, forward+backward (and forward), fp32 and bf16 autocast:
+One layer, B=8, T=2048, d_model=768, forward+backward (and forward), in three precisions:
+``fp32`` (strict: TF32 off in cuBLAS *and* cuDNN — torch's cuDNN default is TF32 on, so the
+LSTM would otherwise run TF32 while the projections ran full fp32), ``tf32`` (fp32 tensors,
+TF32 tensor-core matmuls in both libraries, i.e. ``torch.set_float32_matmul_precision("high")``)
+and ``bf16-autocast``:
 
 * ``bdlru_m4`` — :class:`lrnn_scan.models.BDLRU` (d_model 768, hidden N = 768, m = 4; fused-gate
   Triton scan);
@@ -10,7 +14,9 @@ One layer, B=8, T=2048, d_model=768, forward+backward (and forward), fp32 and bf
 * ``ours_gated_deltanet`` — :class:`lrnn_scan.models.GatedDeltaNet` at matched parameters too.
 
 Targets: BD-LRU ≥ 20× faster than the LSTM, and ≤ 1.5× fla's GatedDeltaNet time (fwd+bwd).
-Timing: ``triton.testing.do_bench`` medians. Writes ``<out>/layer_targets.json``; appends each row
+Timing: ``triton.testing.do_bench`` medians. A layer whose backward refuses to run (fla's on
+Hopper with Triton < 3.7.1) keeps its forward time. ``--profile`` also writes a torch.profiler
+table of the BD-LRU layer's forward+backward kernels per precision (where the time goes). Writes ``<out>/layer_targets.json``; appends each row
 to ``--results`` as it is measured (a run cut short keeps its rows), then the ratios.
 
     python benchmarks/layer_targets.py [--out benchmarks/out] [--results benchmarks/RESULTS.md]
@@ -68,6 +74,26 @@ def ours_gdn(target: int, d: int):
     return GatedDeltaNet(d, best[0], head_dim=128), f"lrnn_scan GatedDeltaNet(768, heads {best[0]}, head_dim 128)"
 
 
+def _ms(v: float, digits: int = 3) -> str:
+    """A table cell: the number, or 'backward failed' for the NaN of a refused backward."""
+    return f"{v:.{digits}f}" if v == v else "backward failed"
+
+
+def profile_layer(step, path: Path, title: str, top: int = 25):
+    """torch.profiler table of ``step``'s CUDA kernels (3 steps after 3 warm-ups) to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=top, max_name_column_width=70)
+    path.write_text(f"{title}: 3 forward+backward steps\n{table}\n")
+    print(f"[layer_targets] profile of {title} -> {path}\n{table}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--B", type=int, default=8)
@@ -76,7 +102,9 @@ def main():
     ap.add_argument("--layers", nargs="+", default=None,
                     help="subset of bdlru_m4 lstm ours_gated_deltanet fla_gated_deltanet")
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16-autocast"],
-                    choices=["fp32", "bf16-autocast"])
+                    choices=["fp32", "tf32", "bf16-autocast"])
+    ap.add_argument("--profile", action="store_true",
+                    help="write <out>/layer_profile_<precision>.txt for the BD-LRU layer")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     a = ap.parse_args()
@@ -113,8 +141,13 @@ def main():
                 fh.write(head + "| layer | precision | params | fwd (ms) | fwd+bwd (ms) | peak GiB |\n"
                          "|---|---|---|---|---|---|\n")
             fh.write(f"| {r['desc']} | {r['precision']} | {r['params']/1e6:.2f}M | "
-                     f"{r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | {r['peak_gib']:.2f} |\n")
+                     f"{r['fwd_ms']:.3f} | {_ms(r['fwdbwd_ms'])} | {_ms(r['peak_gib'], 2)} |\n")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
     for prec in a.precisions:
+        tf32 = prec == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
         for name, (layer, desc) in layers.items():
             layer = layer.to(dev)
             x = torch.randn(B, T, d, device=dev, requires_grad=True)
@@ -136,36 +169,49 @@ def main():
             try:
                 with torch.no_grad():
                     t_f = do_bench(fwd, warmup=10, rep=50, return_mode="median")
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                print(f"[layer_targets] {name} {prec} forward failed: {type(exc).__name__}: {exc}")
+                continue
+            try:
                 t_fb = do_bench(fwdbwd, warmup=10, rep=50, return_mode="median")
                 torch.cuda.reset_peak_memory_stats()
                 fwdbwd()
                 mem = torch.cuda.max_memory_allocated() / 2**30
-            except Exception as exc:  # noqa: BLE001 - report and go on
-                print(f"[layer_targets] {name} {prec} failed: {type(exc).__name__}: {exc}")
-                continue
+            except Exception as exc:  # noqa: BLE001 - fla's backward refuses on Hopper + Triton 3.6
+                print(f"[layer_targets] {name} {prec} backward failed (forward kept): "
+                      f"{type(exc).__name__}: {str(exc)[:300]}")
+                t_fb, mem = float("nan"), float("nan")
+            if a.profile and name == "bdlru_m4":
+                profile_layer(fwdbwd, out / f"layer_profile_{prec}.txt", f"{desc}, {prec}")
             rows.append(dict(name=name, desc=desc, precision=prec, params=n_params(layer),
                              fwd_ms=round(t_f, 4), fwdbwd_ms=round(t_fb, 4),
                              peak_gib=round(mem, 3),
-                             tokens_per_s_fwdbwd=round(B * T / (t_fb * 1e-3))))
+                             tokens_per_s_fwdbwd=(round(B * T / (t_fb * 1e-3))
+                                                  if t_fb == t_fb else None)))
             record(rows[-1])
             print(f"{name:22s} {prec:14s} params {n_params(layer)/1e6:6.2f}M fwd {t_f:8.3f} ms "
                   f"fwd+bwd {t_fb:8.3f} ms peak {mem:6.2f} GiB", flush=True)
             layer.cpu()
             torch.cuda.empty_cache()
     ms = {(r["name"], r["precision"]): r["fwdbwd_ms"] for r in rows}
+    ms_f = {(r["name"], r["precision"]): r["fwd_ms"] for r in rows}
     lines = ["\nRatios of the rows above:\n", "| layer | precision | params | fwd (ms) | fwd+bwd (ms) | peak GiB | "
              "LSTM / this (fwd+bwd) | this / fla GDN (fwd+bwd) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lstm = ms.get(("lstm", r["precision"]))
         fla = ms.get(("fla_gated_deltanet", r["precision"]))
-        vs_lstm = f"{lstm / r['fwdbwd_ms']:.1f}×" if lstm else "—"
-        vs_fla = f"{r['fwdbwd_ms'] / fla:.2f}" if fla else "—"
+        vs_lstm = f"{lstm / r['fwdbwd_ms']:.1f}×" if lstm and r["fwdbwd_ms"] == r["fwdbwd_ms"] else "—"
+        fla_f = ms_f.get(("fla_gated_deltanet", r["precision"]))
+        if fla and fla == fla:
+            vs_fla = f"{r['fwdbwd_ms'] / fla:.2f}"
+        elif fla_f:   # fla's backward refused: compare forwards, and say so
+            vs_fla = f"fwd only: {r['fwd_ms'] / fla_f:.2f}"
+        else:
+            vs_fla = "—"
         lines.append(f"| {r['desc']} | {r['precision']} | {r['params']/1e6:.2f}M | {r['fwd_ms']:.3f} "
-                     f"| {r['fwdbwd_ms']:.3f} | {r['peak_gib']:.2f} | {vs_lstm} | {vs_fla} |")
+                     f"| {_ms(r['fwdbwd_ms'])} | {_ms(r['peak_gib'], 2)} | {vs_lstm} | {vs_fla} |")
     table = "\n".join(lines) + "\n"
     print(table)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "layer_targets.json").write_text(json.dumps(rows, indent=1))
     with open(a.results, "a") as fh:
         fh.write(table)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -123,16 +124,23 @@ def run_args(args: argparse.Namespace, argv_for_log: list[str] | None = None) ->
         print(f"[CPU] CPU run with reduced sizes (blocks={cfg.blocks}, hidden={cfg.hidden}, "
               f"~{cfg.params:,} parameters, B={cfg.batch}, T={list(cfg.seqlens)}); "
               f"the paper's sizes need CUDA. Numbers below are CPU numbers.")
-    result = run(cfg, progress=args.progress)
-    tag = f"{label.lower()}_{stamp()}"
-    paths = write_outputs(result, flops_rows, out, tag)
-    for r in result["rows"]:
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "rows_partial.jsonl"
+    partial.write_text("")
+
+    def on_row(r: dict) -> None:
+        """Print each row and append it to rows_partial.jsonl as soon as it is measured."""
+        with open(partial, "a") as fh:
+            fh.write(json.dumps(r) + "\n")
         bw = f" {r['gb_per_s']:.3g} GB/s ({r['pct_copy']:.3g}% copy)" if r.get("gb_per_s") else ""
         mem = f" peak {r['peak_mem_mib']:.3g} MiB" if r.get("peak_mem_mib") is not None else ""
         shape = (f"m={r['m']} B={r['B']} T={r['T']} blocks={r['blocks']}" if r["level"] == "scan"
                  else f"m={r['m']} d={r['d_model']} L={r['n_layers']} params={r['params']:,}")
         print(f"[{label}] {r['level']:5s} {r['view']} {r['impl']:>22s} {r['kind']:>15s} {shape} "
-              f"{r['mode']:6s} {r['ms']:9.3f} ms {r['tokens_per_s']:12.0f} tok/s{mem}{bw}")
+              f"{r['mode']:6s} {r['ms']:9.3f} ms {r['tokens_per_s']:12.0f} tok/s{mem}{bw}", flush=True)
+    result = run(cfg, progress=args.progress, on_row=on_row)
+    tag = f"{label.lower()}_{stamp()}"
+    paths = write_outputs(result, flops_rows, out, tag)
     if args.plots:
         for p in write_plots(result, out, tag):
             paths[p.stem] = p

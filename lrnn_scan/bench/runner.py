@@ -68,8 +68,12 @@ def _measure(fn, cfg: Config) -> tuple[float, float, str]:
     return ms, mem, how
 
 
-def run(cfg: Config, *, progress: bool = True, log: Callable[[str], None] = print) -> dict:
-    """Run every case of ``cfg``; returns ``{"meta": ..., "rows": [...], "skipped": [...]}``."""
+def run(cfg: Config, *, progress: bool = True, log: Callable[[str], None] = print,
+        on_row: Callable[[dict], None] | None = None) -> dict:
+    """Run every case of ``cfg``; returns ``{"meta": ..., "rows": [...], "skipped": [...]}``.
+
+    ``on_row(row)`` is called with each row as soon as it is measured (the CLI prints it and
+    appends it to ``rows_partial.jsonl``, so a run cut short keeps what it measured)."""
     label = device_label(cfg.device)
     env = environment(cfg.device)
     esize = torch.empty((), dtype=_dtype(cfg.dtype)).element_size()
@@ -98,6 +102,8 @@ def run(cfg: Config, *, progress: bool = True, log: Callable[[str], None] = prin
                    **common)
         row.update(extra)
         rows.append(row)
+        if on_row is not None:
+            on_row(row)
         return row
 
     for case in scases:

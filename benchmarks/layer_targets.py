@@ -16,7 +16,7 @@ and ``bf16-autocast``:
 Targets: BD-LRU ≥ 20× faster than the LSTM, and ≤ 1.5× fla's GatedDeltaNet time (fwd+bwd).
 Timing: ``triton.testing.do_bench`` medians. A layer whose backward refuses to run (fla's on
 Hopper with Triton < 3.7.1) keeps its forward time. ``--profile`` also writes a torch.profiler
-table of the BD-LRU layer's forward+backward kernels per precision (where the time goes). Writes ``<out>/layer_targets.json``; appends each row
+table of a layer's forward+backward kernels per precision (where the time goes). Writes ``<out>/layer_targets.json``; appends each row
 to ``--results`` as it is measured (a run cut short keeps its rows), then the ratios.
 
     python benchmarks/layer_targets.py [--out benchmarks/out] [--results benchmarks/RESULTS.md]
@@ -90,7 +90,7 @@ def profile_layer(step, path: Path, title: str, top: int = 25):
             step()
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=top, max_name_column_width=70)
-    path.write_text(f"{title}: 3 forward+backward steps\n{table}\n")
+    path.write_text(f"{title}: 3 steps ({step.__name__})\n{table}\n")
     print(f"[layer_targets] profile of {title} -> {path}\n{table}", flush=True)
 
 
@@ -103,8 +103,9 @@ def main():
                     help="subset of bdlru_m4 lstm ours_gated_deltanet fla_gated_deltanet")
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16-autocast"],
                     choices=["fp32", "tf32", "bf16-autocast"])
-    ap.add_argument("--profile", action="store_true",
-                    help="write <out>/layer_profile_<precision>.txt for the BD-LRU layer")
+    ap.add_argument("--profile", nargs="*", default=None, metavar="LAYER",
+                    help="write <out>/profile_<layer>_<precision>.txt (torch.profiler) for these "
+                         "layers (no names: bdlru_m4)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     a = ap.parse_args()
@@ -181,8 +182,9 @@ def main():
                 print(f"[layer_targets] {name} {prec} backward failed (forward kept): "
                       f"{type(exc).__name__}: {str(exc)[:300]}")
                 t_fb, mem = float("nan"), float("nan")
-            if a.profile and name == "bdlru_m4":
-                profile_layer(fwdbwd, out / f"layer_profile_{prec}.txt", f"{desc}, {prec}")
+            if a.profile is not None and name in (a.profile or ["bdlru_m4"]):
+                step = fwdbwd if t_fb == t_fb else fwd
+                profile_layer(step, out / f"profile_{name}_{prec}.txt", f"{desc}, {prec}")
             rows.append(dict(name=name, desc=desc, precision=prec, params=n_params(layer),
                              fwd_ms=round(t_f, 4), fwdbwd_ms=round(t_fb, 4),
                              peak_gib=round(mem, 3),

@@ -8,12 +8,14 @@ gradient of the chunk-local cumulative log-gate ``G`` that comes from these two 
 import triton
 import triton.language as tl
 
+from .mm import dot_abt
+
 
 @triton.jit
 def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_ptr, len_ptr, scale,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                      BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                     USE_G: tl.constexpr, DOT: tl.constexpr):
+                     USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
@@ -37,9 +39,10 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
         cv = v0 + tl.arange(0, BV)
         mv = rm[:, None] & (cv < V)[None, :]
         mkv = (ck < K)[:, None] & (cv < V)[None, :]
-        st = tl.load(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], mask=mkv, other=0.)
+        # H, Vn may be stored in 16 bits (function.TUNE); all products accumulate in fp32
+        st = tl.load(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], mask=mkv, other=0.).to(tl.float32)
         dst = tl.load(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], mask=mkv, other=0.)
-        vnew = tl.load(vn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.)
+        vnew = tl.load(vn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.).to(tl.float32)
         dvnew = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.)
         dout = tl.load(do + (tok * H + h)[:, None] * V + cv[None, :], mask=qm[:, None] & (cv < V)[None, :],
                        other=0.).to(tl.float32)
@@ -49,7 +52,8 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
         dw -= tl.dot(dvnew, tl.trans(st), input_precision=DOT)
         o1 += tl.sum(tl.dot(qq, st, input_precision=DOT) * dout, 1)
         sdh += tl.sum(st * dst, 1)
-    kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.).to(tl.float32)
+    kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
+    kk = kr.to(tl.float32)
     if USE_G:
         G = tl.load(gcum + s * H + h, mask=rm, other=0.)
         gC = tl.load(gcum + (start + ln - 1) * H + h)
@@ -67,7 +71,9 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
     tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
     tl.store(dW + (s * H + h)[:, None] * K + ck[None, :], dw, mask=mk)
     if USE_G:
-        Z = dPg * tl.dot(qq, tl.trans(kk), input_precision=DOT)                   # dP_raw ⊙ P
+        # dP_raw ⊙ P; Q K^T on the inputs' dtype (exact for 16-bit inputs), scale applied after
+        qr = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :], other=0.)
+        Z = dPg * (dot_abt(qr, kr, DOT, RAW) * scale)
         zt = tl.sum(dkt * kk, 1) * edec                                           # <K~_r, dK~_r>
         dG = eg * o1 + tl.sum(Z, 1) - tl.sum(Z, 0) - zt
         dgC = tl.sum(sdh, 0) * tl.exp(gC) + tl.sum(zt, 0)

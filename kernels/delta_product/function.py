@@ -2,6 +2,8 @@
 backward that recomputes the chunk-start states and pseudo-values instead of storing them."""
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -10,7 +12,28 @@ from .dqkwg_bwd import dqkwg_bwd_kernel
 from .output import output_fwd_kernel
 from .state import dv_local_kernel, state_bwd_kernel, state_fwd_kernel
 from .wy import wy_fwd_kernel
+from .wy64 import tri_inv64_kernel, wu_fwd_kernel
 from .wy_bwd import wy_bwd_kernel
+
+# Launch settings, (num_warps, num_stages[, BV]) per kernel, and storage choices. Module-level
+# rather than call arguments so that benchmark sweeps can set them on the device;
+# the values are the measured choice (H200, README.md "Tuning"). Old settings in comments.
+TUNE = dict(
+    wy_split=True,         # C = 64: tri_inv64 + wu_fwd (wy64.py), 1.63 -> 0.72 ms (n_h=1 fwd)
+    wy=(4, 3),             # wy_fwd_kernel (C != 64, or wy_split off)
+    inv=(1, 1),            # 1 warp: the 16x16 substitutions reduce within a warp (2 warps: 1.6x slower)
+    wu=(2, 2, 64),
+    state_fwd=(4, 3, 64),  # 8 warps / BV 32 / 1 stage were all slower
+    output=(4, 3, 64),
+    dv_local=(4, 2, 128),  # was (4, 3, 64)
+    state_bwd=(4, 3, 64),  # (4, 1, 32): faster at n_h=2 gated, slower at n_h=1 ungated
+    dqkwg=(8, 3, 32),      # (8, 1, 32): same split as state_bwd
+    wy_bwd=(8, 1, 64),     # was (8, 3, 32)
+    inter_16bit=False,     # W, U stored in the inputs' dtype: error ratio 5.5e-3 > 5e-3 bound, off
+    vn_16bit=False,        # Vn stored in the inputs' dtype (the state update keeps fp32 registers)
+    hs_16bit=True,         # chunk-start states stored in 16 bits for read-out and backward only;
+                           # the recurrence stays fp32 in registers (error 4.68e-3 -> 4.71e-3)
+)
 
 
 def _cfg(q, k, v, chunk_size):
@@ -26,15 +49,33 @@ def _cfg(q, k, v, chunk_size):
     return BC, BK, BVf, min(BVf, 64), dot
 
 
-def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BV, use_g, want_final, dot):
+def _raw(x):
+    """Whether input-by-input products (Q K^T, K K^T) take the 16-bit inputs as they are (mm.py):
+    not for float32, and not under the CPU interpreter, whose bf16 dot is wrong."""
+    return x.dtype in (torch.float16, torch.bfloat16) and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _bv(name, BVf):
+    """The V tile of kernel ``name`` from TUNE, capped by the padded V."""
+    return min(BVf, TUNE[name][2])
+
+
+def _store_dtype(x_dtype, key):
+    """float32, or the inputs' 16-bit dtype where TUNE[key] asks for it (halves those bytes)."""
+    return x_dtype if TUNE[key] and x_dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
+def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, dot):
     NC, N = ch["NC"], ch["N"]
-    hs = torch.empty(NC, H, K, V, device=k.device, dtype=torch.float32)
-    vn = torch.empty(U.shape, device=k.device, dtype=torch.float32)
+    nw, ns, _ = TUNE["state_fwd"]
+    BV = _bv("state_fwd", BVf)
+    hs = torch.empty(NC, H, K, V, device=k.device, dtype=_store_dtype(k.dtype, "hs_16bit"))
+    vn = torch.empty(U.shape, device=k.device, dtype=_store_dtype(k.dtype, "vn_16bit"))
     hT = torch.empty(N, H, K, V, device=k.device, dtype=torch.float32) if want_final else hs
     state_fwd_kernel[(triton.cdiv(V, BV), N * H)](
         k, W, U, gcum, h0 if h0 is not None else hs, hs, vn, hT, ch["start"], ch["length"], ch["seq_ptr"],
         H=H, K=K, V=V, BC=BC, BK=BK, BV=BV, USE_G=use_g, USE_H0=h0 is not None,
-        STORE_HT=want_final, DOT=dot, num_warps=4)
+        STORE_HT=want_final, DOT=dot, num_warps=nw, num_stages=ns)
     return hs, vn, (hT if want_final else None)
 
 
@@ -44,6 +85,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         B, T, H, K = q.shape
         n_h, V = k.shape[2], v.shape[-1]
         BC, BK, BVf, BV, dot = _cfg(q, k, v, chunk_size)
+        raw = _raw(k) and q.dtype == k.dtype
         ch = build_chunks(B, T, n_h, BC, cu_seqlens, q.device)
         Ls = B * T * n_h
         qf = q.reshape(B * T, H, K).contiguous()
@@ -56,21 +98,34 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         dev = q.device
         gcum = torch.empty(Ls, H, device=dev, dtype=torch.float32) if use_g else bf
         Ainv = torch.empty(ch["NC"], H, BC, BC, device=dev, dtype=torch.float32)
-        W = torch.empty(Ls, H, K, device=dev, dtype=torch.float32)
-        U = torch.empty(Ls, H, V, device=dev, dtype=torch.float32)
-        if ch["NC"] > 0:
-            wy_fwd_kernel[(ch["NC"], H)](kf, vf, bf, gf if use_g else bf, gcum, Ainv, W, U,
-                                        ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC,
-                                        BK=BK, BV=min(BVf, 64), USE_G=use_g, DOT=dot, num_warps=4)
-        hs, vn, hT = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BV, use_g,
+        idt = _store_dtype(k.dtype, "inter_16bit")
+        W = torch.empty(Ls, H, K, device=dev, dtype=idt)
+        U = torch.empty(Ls, H, V, device=dev, dtype=idt)
+        NC = ch["NC"]
+        if NC > 0 and BC == 64 and TUNE["wy_split"]:
+            # two kernels: the 16x16 substitutions run with few warps, W/U with more (wy64.py)
+            tri_inv64_kernel[(NC, H)](kf, bf, gf if use_g else bf, gcum, Ainv, ch["start"], ch["length"],
+                                      H=H, K=K, NH=n_h, BK=BK, USE_G=use_g, DOT=dot, RAW=raw,
+                                      num_warps=TUNE["inv"][0], num_stages=TUNE["inv"][1])
+            wu_fwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, W, U, ch["start"], ch["length"], H=H, K=K,
+                                   V=V, BC=BC, BK=BK, BV=_bv("wu", BVf), USE_G=use_g, DOT=dot,
+                                   num_warps=TUNE["wu"][0], num_stages=TUNE["wu"][1])
+        elif NC > 0:
+            wy_fwd_kernel[(NC, H)](kf, vf, bf, gf if use_g else bf, gcum, Ainv, W, U,
+                                   ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC,
+                                   BK=BK, BV=min(BVf, 64), USE_G=use_g, DOT=dot,
+                                   num_warps=TUNE["wy"][0], num_stages=TUNE["wy"][1])
+        hs, vn, hT = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BVf, use_g,
                                 output_final_state, dot)
-        if output_final_state and ch["NC"] == 0:
+        if output_final_state and NC == 0:
             hT = h0c.clone() if h0c is not None else torch.zeros(ch["N"], H, K, V, device=dev)
         o = torch.empty(B * T, H, V, device=dev, dtype=q.dtype)
-        if ch["NC"] > 0:
-            output_fwd_kernel[(triton.cdiv(V, BV), ch["NC"], H)](
+        if NC > 0:
+            BVo = _bv("output", BVf)
+            output_fwd_kernel[(triton.cdiv(V, BVo), NC, H)](
                 qf, kf, gcum, hs, vn, o, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
-                BC=BC, BK=BK, BV=BV, USE_G=use_g, DOT=dot, num_warps=4)
+                BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw,
+                num_warps=TUNE["output"][0], num_stages=TUNE["output"][1])
         ctx.save_for_backward(qf, kf, vf, bf, gf, h0c, gcum, Ainv, W, U)
         ctx.meta = (B, T, H, K, V, n_h, BC, BK, BVf, BV, dot, scale, use_g, ch,
                     h0 is not None, q.dtype, k.dtype, v.dtype, beta.dtype,
@@ -80,26 +135,29 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dhT):
         qf, kf, vf, bf, gf, h0c, gcum, Ainv, W, U = ctx.saved_tensors
-        (B, T, H, K, V, n_h, BC, BK, BVf, BV, dot, scale, use_g, ch, has_h0,
+        (B, T, H, K, V, n_h, BC, BK, BVf, _, dot, scale, use_g, ch, has_h0,
          qdt, kdt, vdt, bdt, gdt, h0dt) = ctx.meta
+        raw = _raw(kf) and qf.dtype == kf.dtype
         dev = qf.device
         Ls = B * T * n_h
         N, NC = ch["N"], ch["NC"]
         do = do.reshape(B * T, H, V).contiguous()
-        hs, vn, _ = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BV, use_g, False, dot)
+        hs, vn, _ = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BVf, use_g, False, dot)
         dhs = torch.empty(NC, H, K, V, device=dev, dtype=torch.float32)
         dvn = torch.empty(Ls, H, V, device=dev, dtype=torch.float32)
         dh0 = torch.empty(N, H, K, V, device=dev, dtype=torch.float32)
         dhTc = dhT.float().contiguous() if dhT is not None else None
         if NC > 0:
-            dv_local_kernel[(triton.cdiv(V, BV), NC, H)](
+            BVl, BVs = _bv("dv_local", BVf), _bv("state_bwd", BVf)
+            dv_local_kernel[(triton.cdiv(V, BVl), NC, H)](
                 qf, kf, gcum, do, dvn, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
-                BC=BC, BK=BK, BV=BV, USE_G=use_g, DOT=dot, num_warps=4)
-            state_bwd_kernel[(triton.cdiv(V, BV), N * H)](
+                BC=BC, BK=BK, BV=BVl, USE_G=use_g, DOT=dot, RAW=raw,
+                num_warps=TUNE["dv_local"][0], num_stages=TUNE["dv_local"][1])
+            state_bwd_kernel[(triton.cdiv(V, BVs), N * H)](
                 qf, kf, W, gcum, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,
                 ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
-                BK=BK, BV=BV, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, DOT=dot,
-                num_warps=4)
+                BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, DOT=dot,
+                num_warps=TUNE["state_bwd"][0], num_stages=TUNE["state_bwd"][1])
         else:
             dh0 = dhTc.clone() if dhTc is not None else torch.zeros_like(dh0)
         # every token has one query row and one first sub-step, every sub-step one chunk:
@@ -115,10 +173,12 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             dGp = torch.empty(Ls, H, device=dev, dtype=torch.float32) if use_g else dk_part
             dqkwg_bwd_kernel[(NC, H)](qf, kf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
                                       ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
-                                      BC=BC, BK=BK, BV=min(BV, 32), USE_G=use_g, DOT=dot, num_warps=8)
+                                      BC=BC, BK=BK, BV=_bv("dqkwg", BVf), USE_G=use_g, DOT=dot, RAW=raw,
+                                      num_warps=TUNE["dqkwg"][0], num_stages=TUNE["dqkwg"][1])
             wy_bwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
                                    ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK,
-                                   BV=min(BV, 32), USE_G=use_g, DOT=dot, num_warps=8)
+                                   BV=_bv("wy_bwd", BVf), USE_G=use_g, DOT=dot, RAW=raw,
+                                   num_warps=TUNE["wy_bwd"][0], num_stages=TUNE["wy_bwd"][1])
         else:
             for x in (dq, dk, dv, db, dg):
                 x.zero_()

@@ -9,6 +9,8 @@
 import triton
 import triton.language as tl
 
+from .mm import dot_abt
+
 
 @triton.jit
 def state_fwd_kernel(k, W, U, gcum, h0, hs, vn, hT, start_ptr, len_ptr, seq_ptr,
@@ -35,13 +37,17 @@ def state_fwd_kernel(k, W, U, gcum, h0, hs, vn, hT, start_ptr, len_ptr, seq_ptr,
         ln = tl.load(len_ptr + c)
         rm = r < ln
         s = start + r
-        tl.store(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], st, mask=kvm)
-        w = tl.load(W + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :], other=0.)
-        u = tl.load(U + (s * H + h)[:, None] * V + cv[None, :], mask=rm[:, None] & (cv < V)[None, :], other=0.)
+        tl.store(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], st.to(hs.dtype.element_ty), mask=kvm)
+        # W, U may be stored in 16 bits (function.TUNE["inter_16bit"]); the recurrence stays fp32
+        w = tl.load(W + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :],
+                    other=0.).to(tl.float32)
+        u = tl.load(U + (s * H + h)[:, None] * V + cv[None, :], mask=rm[:, None] & (cv < V)[None, :],
+                    other=0.).to(tl.float32)
         kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :],
                      other=0.).to(tl.float32)
         vnew = u - tl.dot(w, st, input_precision=DOT)
-        tl.store(vn + (s * H + h)[:, None] * V + cv[None, :], vnew, mask=rm[:, None] & (cv < V)[None, :])
+        tl.store(vn + (s * H + h)[:, None] * V + cv[None, :], vnew.to(vn.dtype.element_ty),
+                 mask=rm[:, None] & (cv < V)[None, :])
         if USE_G:
             G = tl.load(gcum + s * H + h, mask=rm, other=0.)
             gC = tl.load(gcum + (start + ln - 1) * H + h)
@@ -56,7 +62,7 @@ def state_fwd_kernel(k, W, U, gcum, h0, hs, vn, hT, start_ptr, len_ptr, seq_ptr,
 def dv_local_kernel(q, k, gcum, do, dvn, start_ptr, len_ptr, scale,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                     BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                    USE_G: tl.constexpr, DOT: tl.constexpr):
+                    USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
     """Parallel over chunks: the intra-chunk part ``P^T dO`` of ``dVn`` (written to ``dvn``)."""
     iv = tl.program_id(0)
     c = tl.program_id(1)
@@ -70,10 +76,10 @@ def dv_local_kernel(q, k, gcum, do, dvn, start_ptr, len_ptr, scale,
     cv = iv * BV + tl.arange(0, BV)
     qm = rm & (s % NH == NH - 1)
     tok = s // NH
-    qq = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
-                 other=0.).to(tl.float32) * scale
-    kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :],
-                 other=0.).to(tl.float32)
+    qr = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
+                 other=0.)
+    kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :],
+                 other=0.)
     dout = tl.load(do + (tok * H + h)[:, None] * V + cv[None, :], mask=qm[:, None] & (cv < V)[None, :],
                    other=0.).to(tl.float32)
     if USE_G:
@@ -81,8 +87,9 @@ def dv_local_kernel(q, k, gcum, do, dvn, start_ptr, len_ptr, scale,
     else:
         G = tl.zeros([BC], dtype=tl.float32)
     causal = r[:, None] >= r[None, :]
-    gam = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
-    P = tl.dot(qq, tl.trans(kk), input_precision=DOT) * gam
+    gam = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf"))) * scale
+    # Q K^T on the inputs' own dtype: exact for 16-bit inputs (fp32 accumulate), scale applied after
+    P = dot_abt(qr, kr, DOT, RAW) * gam
     tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], tl.dot(tl.trans(P), dout, input_precision=DOT),
              mask=rm[:, None] & (cv < V)[None, :])
 
@@ -124,7 +131,8 @@ def state_bwd_kernel(q, k, W, gcum, do, dhT, dhs, dvn, dh0, start_ptr, len_ptr, 
                        other=0.).to(tl.float32)
         kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :],
                      other=0.).to(tl.float32)
-        w = tl.load(W + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :], other=0.)
+        w = tl.load(W + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :],
+                    other=0.).to(tl.float32)
         dvl = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=rm[:, None] & (cv < V)[None, :], other=0.)
         if USE_G:
             G = tl.load(gcum + s * H + h, mask=rm, other=0.)

@@ -142,10 +142,11 @@ def wy_fwd_kernel(k, v, beta, g, gcum, Ainv, W, U, start_ptr, len_ptr,
             X = tl.where(r[:, None] == i, X - xi[None, :], X)
         tl.store(aptr + r[:, None] * BC + r[None, :], X)
     w = tl.dot(X, kk * (b * tl.exp(G))[:, None], input_precision=DOT)
-    tl.store(W + (s * H + h)[:, None] * K + ck[None, :], w, mask=rm[:, None] & (ck < K)[None, :])
+    tl.store(W + (s * H + h)[:, None] * K + ck[None, :], w.to(W.dtype.element_ty),
+             mask=rm[:, None] & (ck < K)[None, :])
     for v0 in range(0, V, BV):
         cv = v0 + tl.arange(0, BV)
         mv = rm[:, None] & (cv < V)[None, :]
         vv = tl.load(v + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.).to(tl.float32)
         u = tl.dot(X, vv * b[:, None], input_precision=DOT)
-        tl.store(U + (s * H + h)[:, None] * V + cv[None, :], u, mask=mv)
+        tl.store(U + (s * H + h)[:, None] * V + cv[None, :], u.to(U.dtype.element_ty), mask=mv)

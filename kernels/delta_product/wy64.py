@@ -1,8 +1,6 @@
 """Forward WY/UT for ``C = 64`` in two kernels (fla's structure, native here).
 
-NOT WIRED IN YET: passes the CPU interpreter tests when wired into ``function.py`` in place of
-``wy_fwd_kernel`` for ``C = 64`` (see README "Next steps"), but has not run on a GPU; the shipped path
-is ``wy.py``, which was checked on an H200.
+Used by ``function.py`` for ``C = 64`` when ``TUNE["wy_split"]`` is set (``wy.py`` otherwise).
 
 * ``tri_inv64_kernel`` (2 warps): chunk-local cumulative log-gate ``G`` and the fp32 inverse
   ``A = (I + strictLower(diag(β)(Γ ⊙ K K^T)))^{-1}`` by blocks: four 16×16 diagonal blocks by forward
@@ -11,6 +9,8 @@ is ``wy.py``, which was checked on an H200.
 """
 import triton
 import triton.language as tl
+
+from .mm import dot_abt
 
 
 @triton.jit
@@ -43,17 +43,16 @@ def _blk(k, beta, g, gcum, start, n, c0, h, goff, H: tl.constexpr, K: tl.constex
 
 
 @triton.jit
-def _L(ki, bi, Gi, kj, Gj, DOT: tl.constexpr):
-    kt = tl.trans(kj.to(tl.float32))
-    return bi[:, None] * tl.exp(Gi[:, None] - Gj[None, :]) * tl.dot(ki.to(tl.float32), kt, input_precision=DOT)
+def _L(ki, bi, Gi, kj, Gj, DOT: tl.constexpr, RAW: tl.constexpr):
+    # keys in their own dtype: a 16-bit K K^T is exact on the tensor cores (fp32 accumulate)
+    return bi[:, None] * tl.exp(Gi[:, None] - Gj[None, :]) * dot_abt(ki, kj, DOT, RAW)
 
 
 @triton.jit
-def _Ld(ki, bi, Gi, r, DOT: tl.constexpr):
+def _Ld(ki, bi, Gi, r, DOT: tl.constexpr, RAW: tl.constexpr):
     strict = r[:, None] > r[None, :]
     gm = tl.exp(tl.where(strict, Gi[:, None] - Gi[None, :], float("-inf")))
-    kf = ki.to(tl.float32)
-    return tl.where(strict, bi[:, None] * gm * tl.dot(kf, tl.trans(kf), input_precision=DOT), 0.)
+    return tl.where(strict, bi[:, None] * gm * dot_abt(ki, ki, DOT, RAW), 0.)
 
 
 @triton.jit
@@ -64,7 +63,7 @@ def _mm(a, b):
 @triton.jit
 def tri_inv64_kernel(k, beta, g, gcum, Ainv, start_ptr, len_ptr,
                      H: tl.constexpr, K: tl.constexpr, NH: tl.constexpr, BK: tl.constexpr,
-                     USE_G: tl.constexpr, DOT: tl.constexpr):
+                     USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
@@ -74,16 +73,16 @@ def tri_inv64_kernel(k, beta, g, gcum, Ainv, start_ptr, len_ptr,
     k1, b1, G1, o2 = _blk(k, beta, g, gcum, start, n, 16, h, o1, H, K, NH, BK, USE_G)
     k2, b2, G2, o3 = _blk(k, beta, g, gcum, start, n, 32, h, o2, H, K, NH, BK, USE_G)
     k3, b3, G3, o4 = _blk(k, beta, g, gcum, start, n, 48, h, o3, H, K, NH, BK, USE_G)
-    X00 = _inv16(_Ld(k0, b0, G0, r, DOT), r)
-    X11 = _inv16(_Ld(k1, b1, G1, r, DOT), r)
-    X22 = _inv16(_Ld(k2, b2, G2, r, DOT), r)
-    X33 = _inv16(_Ld(k3, b3, G3, r, DOT), r)
-    L10 = _L(k1, b1, G1, k0, G0, DOT)
-    L20 = _L(k2, b2, G2, k0, G0, DOT)
-    L21 = _L(k2, b2, G2, k1, G1, DOT)
-    L30 = _L(k3, b3, G3, k0, G0, DOT)
-    L31 = _L(k3, b3, G3, k1, G1, DOT)
-    L32 = _L(k3, b3, G3, k2, G2, DOT)
+    X00 = _inv16(_Ld(k0, b0, G0, r, DOT, RAW), r)
+    X11 = _inv16(_Ld(k1, b1, G1, r, DOT, RAW), r)
+    X22 = _inv16(_Ld(k2, b2, G2, r, DOT, RAW), r)
+    X33 = _inv16(_Ld(k3, b3, G3, r, DOT, RAW), r)
+    L10 = _L(k1, b1, G1, k0, G0, DOT, RAW)
+    L20 = _L(k2, b2, G2, k0, G0, DOT, RAW)
+    L21 = _L(k2, b2, G2, k1, G1, DOT, RAW)
+    L30 = _L(k3, b3, G3, k0, G0, DOT, RAW)
+    L31 = _L(k3, b3, G3, k1, G1, DOT, RAW)
+    L32 = _L(k3, b3, G3, k2, G2, DOT, RAW)
     X10 = -_mm(X11, _mm(L10, X00))
     X21 = -_mm(X22, _mm(L21, X11))
     X32 = -_mm(X33, _mm(L32, X22))
@@ -132,10 +131,11 @@ def wu_fwd_kernel(k, v, beta, gcum, Ainv, W, U, start_ptr, len_ptr,
     kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :],
                  other=0.).to(tl.float32)
     w = tl.dot(X, kk * bg[:, None], input_precision=DOT)
-    tl.store(W + (s * H + h)[:, None] * K + ck[None, :], w, mask=rm[:, None] & (ck < K)[None, :])
+    tl.store(W + (s * H + h)[:, None] * K + ck[None, :], w.to(W.dtype.element_ty),
+             mask=rm[:, None] & (ck < K)[None, :])
     for v0 in range(0, V, BV):
         cv = v0 + tl.arange(0, BV)
         mv = rm[:, None] & (cv < V)[None, :]
         vv = tl.load(v + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.).to(tl.float32)
-        tl.store(U + (s * H + h)[:, None] * V + cv[None, :], tl.dot(X, vv * b[:, None], input_precision=DOT),
-                 mask=mv)
+        u = tl.dot(X, vv * b[:, None], input_precision=DOT)
+        tl.store(U + (s * H + h)[:, None] * V + cv[None, :], u.to(U.dtype.element_ty), mask=mv)

@@ -6,12 +6,14 @@ sum of ``dG`` inside the chunk, read at each token's first sub-step). README.md 
 import triton
 import triton.language as tl
 
+from .mm import dot_abt
+
 
 @triton.jit
 def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg, start_ptr, len_ptr,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                   BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_G: tl.constexpr, DOT: tl.constexpr):
+                  USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
@@ -39,7 +41,8 @@ def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
         tl.store(dv + (s * H + h)[:, None] * V + cv[None, :], b[:, None] * AtdU, mask=mv)
         dbb += tl.sum(vv * AtdU, 1)
         dA += tl.dot(dvnew, tl.trans(vv * b[:, None]), input_precision=DOT)
-    kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.).to(tl.float32)
+    kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
+    kk = kr.to(tl.float32)
     dw = tl.load(dW + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
     dkk = tl.load(dk_part + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
     AtdW = tl.dot(tl.trans(A), dw, input_precision=DOT)
@@ -51,7 +54,7 @@ def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
     dL = -tl.dot(tl.dot(tl.trans(A), dA, input_precision=DOT), tl.trans(A), input_precision=DOT)
     strict = r[:, None] > r[None, :]
     gam = tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
-    kkt = tl.dot(kk, tl.trans(kk), input_precision=DOT)
+    kkt = dot_abt(kr, kr, DOT, RAW)                            # exact for 16-bit keys (fp32 acc)
     E = tl.where(strict, dL, 0.) * gam
     dbb += tl.sum(E * kkt, 1)
     dS = E * b[:, None]

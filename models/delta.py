@@ -156,8 +156,10 @@ class DeltaProduct(RecurrentLayer):
         else:
             qkv, conv_state = F.silu(qkv), None
         q, k, v = qkv.split([H * K, n * H * K, n * H * V], dim=-1)
-        q = F.normalize(q.unflatten(-1, (H, K)), dim=-1)
-        k = F.normalize(k.unflatten(-1, (n, H, K)), dim=-1)
+        # Autocast runs F.normalize in fp32; back to the projections' dtype, so the chunk kernels
+        # get 16-bit q/k (fp32 q/k would take the fp32 "ieee" dot path; see benchmarks/RESULTS.md).
+        q = F.normalize(q.unflatten(-1, (H, K)), dim=-1).to(qkv.dtype)
+        k = F.normalize(k.unflatten(-1, (n, H, K)), dim=-1).to(qkv.dtype)
         v = v.unflatten(-1, (n, H, V))
         beta = torch.sigmoid(self.b_proj(x)).unflatten(-1, (n, H))
         if self.allow_neg_eigval:

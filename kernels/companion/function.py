@@ -5,7 +5,7 @@ import torch
 import triton
 from torch import Tensor
 
-from ..fused_gates._common import (check_cu_seqlens, check_eps, check_float_tensor, check_state,
+from ..fused_gates._common import (as_loaded, check_cu_seqlens, check_eps, check_float_tensor, check_state,
                                    empty, next_pow2, num_sms, use_triton)
 from ..fused_gates.gate_math import variant_code
 from .kernels import companion_bwd_kernel, companion_fwd_kernel
@@ -16,7 +16,8 @@ __all__ = ["companion_scan", "companion_scan_coeffs"]
 MAX_M = 64
 
 
-# Benchmark/test knobs (not public API): override "bn", "num_warps", "num_stages".
+# Benchmark/test knobs (not public API): override "bn", "num_warps", "num_stages", "upcast16"
+# (16-bit inputs read as fp32 copies, default on: see fused_gates._common.as_loaded).
 TUNE: dict = {}
 
 
@@ -51,8 +52,9 @@ class _CompanionFn(torch.autograd.Function):
         hf = (empty((num_seq, N, m), torch.float32, v.device)
               if output_final_state else None)
         bn, mp, warps, stages = _config(num_seq, N, m, v.device)
+        up = TUNE.get("upcast16", True)
         companion_fwd_kernel[(num_seq, triton.cdiv(N, bn))](
-            z, v, h0c if h0c is not None else h, h, hf if hf is not None else h,
+            as_loaded(z, up), as_loaded(v, up), h0c if h0c is not None else h, h, hf if hf is not None else h,
             cu if cu is not None else h, T, N, eps, M=m, MP=mp, BN=bn, COL0=col0, VARIANT=code,
             NS=stages, HAS_H0=h0c is not None, STORE_HF=hf is not None, IS_VARLEN=cu is not None,
             num_warps=warps, num_stages=stages)
@@ -73,8 +75,10 @@ class _CompanionFn(torch.autograd.Function):
         dz, dv = empty(z.shape, z.dtype, z.device), empty(v.shape, v.dtype, v.device)
         dh0 = empty((num_seq, N, m), torch.float32, v.device) if need_dh0 else None
         bn, mp, warps, stages = _config(num_seq, N, m, v.device)
+        up = TUNE.get("upcast16", True)
         companion_bwd_kernel[(num_seq, triton.cdiv(N, bn))](
-            z, v, h0 if h0 is not None else h, h, dh, dhf if dhf is not None else dh, dz, dv,
+            as_loaded(z, up), as_loaded(v, up), h0 if h0 is not None else h, as_loaded(h, up),
+            as_loaded(dh, up), dhf if dhf is not None else dh, dz, dv,
             dh0 if dh0 is not None else dv, cu if cu is not None else h, T, N, eps,
             M=m, MP=mp, BN=bn, COL0=col0, VARIANT=code, NS=stages, HAS_H0=h0 is not None,
             HAS_DHF=dhf is not None, STORE_DH0=dh0 is not None, IS_VARLEN=cu is not None,

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["check_float_tensor", "check_cu_seqlens", "check_state", "check_eps", "num_sms",
-           "use_triton", "is_interpreted", "next_pow2", "FLOAT_DTYPES", "empty"]
+           "use_triton", "is_interpreted", "next_pow2", "FLOAT_DTYPES", "empty", "as_loaded"]
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -94,3 +94,13 @@ def empty(shape, dtype, device) -> Tensor:
     if os.environ.get("LRNN_SCAN_POISON", "0") not in ("", "0"):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def as_loaded(x: Tensor, upcast16: bool = True) -> Tensor:
+    """The tensor a scan kernel reads: 16-bit inputs as an fp32 copy when ``upcast16``.
+
+    These kernels load a few scattered elements per thread and step; Triton software-pipelines
+    such loads as async copies, which move 4, 8 or 16 bytes, so 2-byte loads stay unpipelined
+    and every step of the sequential recurrence waits for its loads. One extra elementwise pass
+    costs less (measured in ``benchmarks/RESULTS.md``). Stores are not pipelined and stay 16-bit."""
+    return x.float() if upcast16 and x.element_size() < 4 else x

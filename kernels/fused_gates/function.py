@@ -6,7 +6,7 @@ import torch
 import triton
 from torch import Tensor
 
-from ._common import (check_cu_seqlens, check_eps, check_float_tensor, check_state, empty,
+from ._common import (as_loaded, check_cu_seqlens, check_eps, check_float_tensor, check_state, empty,
                       next_pow2, num_sms, use_triton)
 from .gate_math import variant_code
 from .kernels import block_scan_bwd_kernel, block_scan_fwd_kernel
@@ -17,7 +17,8 @@ __all__ = ["fused_gate_scan", "materialized_block_scan"]
 MAX_M = 32
 
 
-# Benchmark/test knobs (not public API): override "bh", "num_warps", "num_stages".
+# Benchmark/test knobs (not public API): override "bh", "num_warps", "num_stages", "upcast16"
+# (16-bit inputs read as fp32 copies, default on: see _common.as_loaded).
 TUNE: dict = {}
 
 
@@ -51,10 +52,10 @@ def _launch_fwd(z, v, h0, cu, T, H, m, col0, code, eps, out_fp32_final, out_dtyp
     return h, hf
 
 
-def _launch_bwd(z, v, h0, h, dh, dhf, cu, T, H, m, col0, code, eps, need_dh0):
+def _launch_bwd(z, v, h0, h, dh, dhf, cu, T, H, m, col0, code, eps, need_dh0, dz_dtype, dv_dtype):
     num_seq = cu.numel() - 1 if cu is not None else v.shape[0]
-    dz = empty(z.shape, z.dtype, z.device)
-    dv = empty(v.shape, v.dtype, v.device)
+    dz = empty(z.shape, dz_dtype, z.device)
+    dv = empty(v.shape, dv_dtype, v.device)
     dh0 = empty((num_seq, H, m), torch.float32, v.device) if need_dh0 else None
     bh, warps, stages = _config(num_seq, H, m, v.device)
     grid = (num_seq, triton.cdiv(H, bh))
@@ -68,13 +69,18 @@ def _launch_bwd(z, v, h0, h, dh, dhf, cu, T, H, m, col0, code, eps, need_dh0):
     return dz, dv, dh0
 
 
+def _as_loaded(x: Tensor) -> Tensor:
+    return as_loaded(x, TUNE.get("upcast16", True))
+
+
 class _BlockScanFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, v, h0, cu, col0, code, eps, output_final_state, out_dtype):
         B, T, H, m = v.shape
         z, v = z.contiguous(), v.contiguous()
         h0c = h0.float().contiguous() if h0 is not None else None
-        h, hf = _launch_fwd(z, v, h0c, cu, T, H, m, col0, code, eps, output_final_state, out_dtype)
+        h, hf = _launch_fwd(_as_loaded(z), _as_loaded(v), h0c, cu, T, H, m, col0, code, eps,
+                            output_final_state, out_dtype)
         ctx.save_for_backward(z, v, h0c, h, cu)
         ctx.cfg = (T, H, m, col0, code, eps, h0 is not None and h0.requires_grad,
                    h0.dtype if h0 is not None else None)
@@ -86,7 +92,8 @@ class _BlockScanFn(torch.autograd.Function):
         T, H, m, col0, code, eps, need_dh0, h0_dtype = ctx.cfg
         dh = dh.contiguous() if dh is not None else torch.zeros_like(h)
         dhf = dhf.float().contiguous() if dhf is not None else None
-        dz, dv, dh0 = _launch_bwd(z, v, h0, h, dh, dhf, cu, T, H, m, col0, code, eps, need_dh0)
+        dz, dv, dh0 = _launch_bwd(_as_loaded(z), _as_loaded(v), h0, _as_loaded(h), _as_loaded(dh),
+                                  dhf, cu, T, H, m, col0, code, eps, need_dh0, z.dtype, v.dtype)
         if dh0 is not None:
             dh0 = dh0.to(h0_dtype)
         return dz, dv, dh0, None, None, None, None, None, None

@@ -71,6 +71,7 @@ def run_case(B, T, N, m, variant="softmax", dtype=torch.float32, h0=True, cu=Non
         ghf = torch.randn(hf.shape, generator=g).to(DEV)
         loss = loss + (hf * ghf).sum()
     grads = torch.autograd.grad(loss, xs)
+    assert [g_.dtype for g_ in grads] == [x.dtype for x in xs], "gradients in the inputs' dtypes"
     rx = [x.detach().cpu().double().requires_grad_() for x in xs]
     kw = dict(initial_state=rx[2] if h0 else None, output_final_state=final, cu_seqlens=cuk)
     hr, hfr = (companion_scan_coeffs_ref(rx[0], rx[1], **kw) if coeffs
@@ -113,7 +114,10 @@ def test_varlen_coeffs():
     run_case(1, 30, 3, 4, "coeffs", cu=[0, 7, 8, 30, 30], seed=5)  # empty last sequence
 
 
-def test_bf16_inputs_fp32_state():
+@pytest.mark.parametrize("upcast16", [True, False])
+def test_bf16_inputs_fp32_state(upcast16, monkeypatch):
+    # default: 16-bit inputs read as fp32 copies (2-byte loads are not pipelined); both paths
+    monkeypatch.setitem(_kmod.TUNE, "upcast16", upcast16)
     run_case(1, 17, 8, 4, "softmax", dtype=torch.bfloat16, seed=6, tol=2e-2)
 
 

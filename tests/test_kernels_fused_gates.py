@@ -62,6 +62,7 @@ def run_case(B, T, H, m, variant="softmax", dtype=torch.float32, h0=True, cu=Non
         ghf = torch.randn(hf.shape, generator=g).to(DEV)
         loss = loss + (hf * ghf).sum()
     grads = torch.autograd.grad(loss, xs)
+    assert [g_.dtype for g_ in grads] == [x.dtype for x in xs], "gradients in the inputs' dtypes"
     ref_xs = [x.detach().cpu().double().requires_grad_() for x in xs]
     hr, hfr = fused_gate_scan_ref(ref_xs[0], ref_xs[1], variant, initial_state=ref_xs[2] if h0 else None,
                                   output_final_state=final, cu_seqlens=cuk)
@@ -99,7 +100,10 @@ def test_varlen_with_states():
     run_case(1, 40, 2, 3, "relu", cu=[0, 1, 13, 13, 30, 40, 40], seed=4)
 
 
-def test_bf16_inputs_fp32_state():
+@pytest.mark.parametrize("upcast16", [True, False])
+def test_bf16_inputs_fp32_state(upcast16, monkeypatch):
+    # default: 16-bit inputs read as fp32 copies (2-byte loads are not pipelined); both paths
+    monkeypatch.setitem(_kmod.TUNE, "upcast16", upcast16)
     run_case(1, 17, 2, 4, "softmax", dtype=torch.bfloat16, seed=5, tol=2e-2)
 
 

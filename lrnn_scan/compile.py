@@ -114,7 +114,7 @@ def _bd_chunk(mod, b: Tensor, cu, diag: bool):
     nseq = B if cu is None else cu.numel() - 1
     if diag:
         N = b.shape[2]
-        bt, bn, _, _ = mod._diag_cfg()
+        bt, bn, _, _ = mod._diag_cfg(N, nseq, b.device)
         return mod._choose_chunk(nseq * triton.cdiv(N, bn), mod._max_len(T, nseq, cu), b.device, bt, 1,
                                  grad=True)
     H, m = b.shape[2], b.shape[3]

@@ -77,3 +77,14 @@ def test_triton_l2norm_and_scale_match_torch_backend():
                                    **{**kw, "initial_state": h0.double()}, backend="torch")
     assert ((o_t.double() - o_r).norm() / o_r.norm()).item() < 2e-5
     assert ((f_t.double() - f_r).norm() / f_r.norm()).item() < 2e-5
+
+
+@pytest.mark.parametrize("allow_tf32,expect", [(False, "ieee"), (True, "tf32")])
+def test_float32_dots_follow_torch_tf32_switch(allow_tf32, expect, monkeypatch):
+    """fp32 inputs: exact dots unless TF32 matmuls are allowed; 16-bit inputs always tf32."""
+    from lrnn_scan.kernels.delta_product import function as fn
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", allow_tf32)
+    q = torch.randn(1, 64, 1, 16)
+    k, v = torch.randn(1, 64, 1, 1, 16), torch.randn(1, 64, 1, 1, 16)
+    assert fn._cfg(q, k, v, 64)[-1] == expect
+    assert fn._cfg(q.bfloat16(), k.bfloat16(), v.bfloat16(), 64)[-1] == "tf32"

@@ -148,6 +148,21 @@ def test_diagonal(T, chunk):
     run_check(a, b, torch.randn(2, 21).to(DEV), None, 1e-5, fn="diag")
 
 
+@pytest.mark.parametrize("fwd_cfg,bwd_cfg", [((8, 16, 2), (16, 8, 1)), ((32, 8, 1), (8, 16, 2))])
+def test_diagonal_tile_configs(fwd_cfg, bwd_cfg):
+    """Forward and backward m = 1 tiles of different shapes (``bt_bwd``/``bn_bwd``/``nw_bwd``),
+    one pass and varlen chunks whose length is not a multiple of either tile length."""
+    scanmod.TUNE.update(bt=fwd_cfg[0], bn=fwd_cfg[1], num_warps_diag=fwd_cfg[2],
+                        bt_bwd=bwd_cfg[0], bn_bwd=bwd_cfg[1], nw_bwd=bwd_cfg[2], chunk=0)
+    g = torch.Generator().manual_seed(21)
+    a = (2 * torch.rand(1, 101, 20, generator=g) - 1).to(DEV)
+    b = torch.randn(1, 101, 20, generator=g).to(DEV)
+    run_check(a, b, torch.randn(1, 20).to(DEV), None, 1e-5, fn="diag")
+    scanmod.TUNE["chunk"] = 20
+    cu = torch.tensor([0, 7, 40, 40, 101], dtype=torch.int64, device=DEV)
+    run_check(a, b, torch.randn(4, 20).to(DEV), cu, 1e-5, fn="diag")
+
+
 def test_diagonal_varlen_chunked():
     scanmod.TUNE.update(chunk=32)
     T = 129
@@ -169,7 +184,8 @@ def test_kernel_variants(fwd, bwd):
     run_check(A[:1], b[:1], None, torch.tensor([0, 5, 19], device=DEV), 1e-5)
 
 
-@pytest.mark.parametrize("m,variant", [(1, "ring4"), (2, "ring2"), (3, "ring2"), (8, "ring4")])
+@pytest.mark.parametrize("m,variant", [(1, "ring4"), (2, "ring2"), (3, "ring2"), (8, "ring4"),
+                                       (2, "ring8"), (5, "ring8")])
 def test_ring_variants(m, variant):
     """The ring forward (the default ring4 runs in every other test; here m = 1 routed through the
     block kernels and ring2), its one-column-per-program chunk summaries (default) and the
@@ -183,10 +199,11 @@ def test_ring_variants(m, variant):
         run_check(A.reshape(1, 74, 3, m, m), b.reshape(1, 74, 3, m), torch.randn(5, 3, m).to(DEV), cu, 1e-5)
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
-def test_bwd_ring(m):
-    """The opt-in backward ring kernel: one pass with h0 and dh_final, and varlen chunks."""
-    scanmod.TUNE.update(bwd_variant="ring", diag_variant="ring")
+@pytest.mark.parametrize("m,bwd", [(1, "ring"), (2, "ring"), (3, "ring"), (4, "ring"), (8, "ring"),
+                                   (2, "ring4"), (3, "ring4"), (16, "ring2")])
+def test_bwd_ring(m, bwd):
+    """The backward ring kernels (8 or 16 slots): one pass with h0 and dh_final, varlen chunks."""
+    scanmod.TUNE.update(bwd_variant=bwd, diag_variant="ring")
     A, b = make(2, 37, 3, m, seed=11 * m)
     run_check(A, b, torch.randn(2, 3, m).to(DEV), None, 1e-5)
     scanmod.TUNE["chunk"] = 12
@@ -195,8 +212,8 @@ def test_bwd_ring(m):
 
 
 def test_chunk_policy(monkeypatch):
-    """Forward only: chunk (256 steps) only below one program per SM; with gradients the rule
-    measured for forward+backward (about 4 programs per SM, chunks >= 256); never for m >= 16."""
+    """Forward only: chunk (256 steps) only below one program per SM and from T = 4096 on, never
+    for m >= 16; with gradients about 4 programs per SM, chunks >= 256, never for m = 32."""
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
     scanmod.TUNE.clear()
     cc = scanmod._choose_chunk
@@ -205,10 +222,23 @@ def test_chunk_policy(monkeypatch):
     assert cc(192, 2048, "cpu", 1, 4) is None           # B=8, N=768, m=4
     assert cc(192, 2048, "cpu", 1, 4, grad=True) == 683
     assert cc(12, 16384, "cpu", 1, 2, grad=True) == 373
-    assert cc(48, 16384, "cpu", 1, 16) is None and cc(48, 16384, "cpu", 1, 16, grad=True) is None
+    assert cc(48, 16384, "cpu", 1, 16) is None and cc(48, 16384, "cpu", 1, 32, grad=True) is None
+    assert cc(48, 16384, "cpu", 1, 16, grad=True) == 1490  # m = 16, grad, < 1 program per SM
+    assert cc(384, 2048, "cpu", 1, 16, grad=True) is None
     assert cc(12, 1000, "cpu", 1, 2) is None            # short sequences: one pass
+    assert cc(96, 2048, "cpu", 1, 2) is None            # forward, T < 4096: one ring8 pass
     scanmod.TUNE["chunk"] = 100
     assert cc(10 ** 6, 16384, "cpu", 1, 2) == 100
+
+
+def test_variant_rules():
+    """Default kernel choices (measured on an H200, see scan._bwd_variant / _fwd_variant)."""
+    bv = scanmod._bwd_variant
+    assert [bv(m, 1024) for m in (2, 3, 4, 8, 16, 32)] == ["ring4", "ring2", "ring2", "ring4", "v1", "ring2"]
+    assert [bv(m, 384) for m in (2, 4, 8, 16, 32)] == ["g4", "g4", "g4", "ring4", "ring2"]
+    assert scanmod._fwd_variant(True) == "ring8" and scanmod._fwd_variant(False) == "ring4"
+    scanmod.TUNE.update(bwd_variant="g4", variant="ring2")
+    assert bv(2, 10) == "g4" and scanmod._fwd_variant(True) == "ring2"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -322,6 +322,23 @@ def _bd_fwd_ring(A, Bv, Hout, Init, Final, Pout, CU, T, H, CHUNK, NC,
         a13, b13 = _ring_ld(A, Bv, t0 + 13, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
         a14, b14 = _ring_ld(A, Bv, t0 + 14, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
         a15, b15 = _ring_ld(A, Bv, t0 + 15, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+    if R >= 8:  # 32 slots: for few programs (too few bytes in flight with 16)
+        a16, b16 = _ring_ld(A, Bv, t0 + 16, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a17, b17 = _ring_ld(A, Bv, t0 + 17, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a18, b18 = _ring_ld(A, Bv, t0 + 18, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a19, b19 = _ring_ld(A, Bv, t0 + 19, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a20, b20 = _ring_ld(A, Bv, t0 + 20, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a21, b21 = _ring_ld(A, Bv, t0 + 21, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a22, b22 = _ring_ld(A, Bv, t0 + 22, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a23, b23 = _ring_ld(A, Bv, t0 + 23, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a24, b24 = _ring_ld(A, Bv, t0 + 24, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a25, b25 = _ring_ld(A, Bv, t0 + 25, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a26, b26 = _ring_ld(A, Bv, t0 + 26, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a27, b27 = _ring_ld(A, Bv, t0 + 27, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a28, b28 = _ring_ld(A, Bv, t0 + 28, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a29, b29 = _ring_ld(A, Bv, t0 + 29, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a30, b30 = _ring_ld(A, Bv, t0 + 30, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
+        a31, b31 = _ring_ld(A, Bv, t0 + 31, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
     for ts in range(t0, t1, D):
         x, a0, b0 = _ring_step(A, Bv, Hout, a0, b0, x, ts + 0, t1, ts + D + 0, offs_a,
             offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
@@ -356,6 +373,39 @@ def _bd_fwd_ring(A, Bv, Hout, Init, Final, Pout, CU, T, H, CHUNK, NC,
             x, a14, b14 = _ring_step(A, Bv, Hout, a14, b14, x, ts + 14, t1, ts + D + 14, offs_a,
                 offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
             x, a15, b15 = _ring_step(A, Bv, Hout, a15, b15, x, ts + 15, t1, ts + D + 15, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+        if R >= 8:
+            x, a16, b16 = _ring_step(A, Bv, Hout, a16, b16, x, ts + 16, t1, ts + D + 16, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a17, b17 = _ring_step(A, Bv, Hout, a17, b17, x, ts + 17, t1, ts + D + 17, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a18, b18 = _ring_step(A, Bv, Hout, a18, b18, x, ts + 18, t1, ts + D + 18, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a19, b19 = _ring_step(A, Bv, Hout, a19, b19, x, ts + 19, t1, ts + D + 19, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a20, b20 = _ring_step(A, Bv, Hout, a20, b20, x, ts + 20, t1, ts + D + 20, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a21, b21 = _ring_step(A, Bv, Hout, a21, b21, x, ts + 21, t1, ts + D + 21, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a22, b22 = _ring_step(A, Bv, Hout, a22, b22, x, ts + 22, t1, ts + D + 22, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a23, b23 = _ring_step(A, Bv, Hout, a23, b23, x, ts + 23, t1, ts + D + 23, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a24, b24 = _ring_step(A, Bv, Hout, a24, b24, x, ts + 24, t1, ts + D + 24, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a25, b25 = _ring_step(A, Bv, Hout, a25, b25, x, ts + 25, t1, ts + D + 25, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a26, b26 = _ring_step(A, Bv, Hout, a26, b26, x, ts + 26, t1, ts + D + 26, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a27, b27 = _ring_step(A, Bv, Hout, a27, b27, x, ts + 27, t1, ts + D + 27, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a28, b28 = _ring_step(A, Bv, Hout, a28, b28, x, ts + 28, t1, ts + D + 28, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a29, b29 = _ring_step(A, Bv, Hout, a29, b29, x, ts + 29, t1, ts + D + 29, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a30, b30 = _ring_step(A, Bv, Hout, a30, b30, x, ts + 30, t1, ts + D + 30, offs_a,
+                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            x, a31, b31 = _ring_step(A, Bv, Hout, a31, b31, x, ts + 31, t1, ts + D + 31, offs_a,
                 offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
     if SUMMARY:
         offs_c = (hb[:, None] * (M * M) + i[None, :] * M + col)

@@ -130,8 +130,11 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
     # m >= 16: the matrix-state summary kernel measured 10-40x slower than the scan, one program
     # per summary column reads A m+1 times; forward m = 32 chunked was 2.5-3x slower.
     target = TUNE.get("chunk_target", 4 if grad else 1) * _num_sms(device)
-    if m >= TUNE.get("chunk_max_m", 16) or max_len < 1024 or nprog >= target:
+    min_len = TUNE.get("chunk_min_len", 1024 if grad else 4096)
+    if m >= TUNE.get("chunk_max_m", 32 if grad else 16) or max_len < min_len or nprog >= target:
         return None
+    if m >= 16 and nprog >= _num_sms(device):  # m = 16, grad: B1 T16384 3.11 ms vs 5.56 one
+        return None  # pass (48 programs), but B8 T2048 N768 (384) 3.33 ms vs 0.90 ms
     if grad:
         chunk = max(256, triton.cdiv(max_len, triton.cdiv(target, nprog)))
     else:
@@ -150,31 +153,49 @@ def _bd_cfg(m):
     return mp, bh, nw, ns
 
 
-def _fwd_variant():
-    """``ring4`` (``_bd_fwd_ring``, 16 slots), ``ring2`` (8 slots), ``g4`` (hand-pipelined 4-step
-    groups) or ``v1`` (one-step loop); ``TUNE['variant']`` overrides. On an H200 (fp32, README.md)
-    ring4 was the fastest or within 2 % of it at every measured shape but one (chunked m = 8 at
-    B=1, T=16384, N=768: ring2 10 % faster)."""
-    return TUNE.get("variant", "ring4")
+def _fwd_variant(few=False):
+    """``ring8`` (``_bd_fwd_ring``, 32 slots), ``ring4`` (16), ``ring2`` (8), ``g4`` (hand-pipelined
+    4-step groups) or ``v1`` (one-step loop); ``TUNE['variant']`` overrides. On an H200 (fp32,
+    B8 T2048 N768, one pass, 96-384 programs) ring8 beat ring4 by 1.13-1.74x at m = 2..16 (more
+    bytes in flight per program) and was 4.7x slower at m = 32 (spills); in chunked passes (more
+    programs) it lost to ring4 at B1 T16384 m = 2..16. So ``few`` (an unchunked pass with fewer
+    than 3 programs per SM) and m <= 16 take ring8, the rest ring4 (within 2 % of the best at
+    B8 N4096, README.md)."""
+    return TUNE.get("variant", "ring8" if few else "ring4")
+
+
+def _bwd_variant(m, nprog):
+    """Backward kernel, from forward+backward timings on an H200 (fp32, two runs of
+    ``benchmarks/_exp_bd.py``, 2026-11-22). At 1024+ programs (B8 T2048 N4096) the ring kernels
+    (vectorised ``A``/``dA`` rows, scalar time masks) won in both runs: m = 2 ring4 1.15x, m = 4
+    ring2 1.22x, m = 8 ring4 1.05x, m = 32 ring2 = v1; m = 16 v1 (ring4 0.97x). Below 1024
+    programs ring4 (m = 9..16, 1.21x at 384 programs) and ring2 (m > 16, 1.07x at 192) won in both
+    runs; for m <= 8 the two runs disagreed (chunked B8 N768 / B1 T16384, +-20 %), so g4 stays.
+    ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
+    if "bwd_variant" in TUNE:
+        return TUNE["bwd_variant"]
+    mp = triton.next_power_of_2(m)
+    if mp == 32:
+        return "ring2"
+    if mp == 16:
+        return "ring4" if nprog < 1024 else "v1"
+    if nprog < 1024:
+        return "g4"
+    return "ring2" if mp == 4 else "ring4"
 
 
 def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
-    """Backward: hand-pipelined 4-step groups when there are few programs (latency-bound), else
-    the one-step loop. On an H200 (fwd+bwd, fp32) g4 won at 48-768 programs (B8 N4096 m2,
-    B8 N768 m8, B1 N768 m8) and lost at 1024-2048 (B8 N4096 m8, m32); ``TUNE['bwd_variant']``
-    overrides."""
-    nprog = grid[0] * grid[1] * grid[2]
-    var = TUNE.get("bwd_variant", "g4" if nprog < 1024 else "v1")
-    if var == "ring":  # opt-in, not yet timed on a GPU: 8 slots (16 spilled at m >= 16, PTX)
-        _bd_bwd_ring[grid](*args, M=M, MP=MP, BH=BH, R=2, **kw)
+    var = _bwd_variant(M, grid[0] * grid[1] * grid[2])
+    if var.startswith("ring"):  # ring = ring2 (8 slots); ring4: 16 slots
+        _bd_bwd_ring[grid](*args, M=M, MP=MP, BH=BH, R=int(var[4:] or 2), **kw)
     elif var == "g4":
         _bd_bwd_kernel_g4[grid](*args, M=M, MP=MP, BH=BH, **kw)
     else:
         _bd_bwd_kernel[grid](*args, M=M, MP=MP, BH=BH, NS=NS, **kw)
 
 
-def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, NS, **kw):
-    var = _fwd_variant()
+def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, NS, few=False, **kw):
+    var = _fwd_variant(few and M <= 16)
     if var.startswith("ring"):
         _bd_fwd_ring[grid](A, b, h, init, final, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH,
                            R=int(var[4:]), SUMMARY=False, **kw)
@@ -215,10 +236,11 @@ def _bd_forward(A, b, h0, cu, chunk):
     varlen = cu is not None
     cu_arg = cu if varlen else dummy
     if chunk is None:
+        few = triton.cdiv(H, bh) * nseq < 3 * _num_sms(dev)
         _fwd_launch((triton.cdiv(H, bh), nseq, 1),
             A, b, h, h0 if h0 is not None else dummy, final, cu_arg, T, H, max(T, 1), 1,
             M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True,
-            VARLEN=varlen, num_warps=nw)
+            VARLEN=varlen, num_warps=nw, few=few)
         return h, final, None
     nc = triton.cdiv(_max_len(T, nseq, cu), chunk)
     P = _empty((nseq, nc, H, m, m), torch.float32, dev)
@@ -280,16 +302,29 @@ def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
 
 
 # ----------------------------------------------------------------------------- m == 1 kernels
-def _diag_cfg():
-    # (BT, BN, num_warps) = (64, 32, 2): fastest of a 12-config sweep on an H200 (RESULTS.md)
-    return (TUNE.get("bt", 64), TUNE.get("bn", 32), TUNE.get("num_warps_diag", 2),
-            TUNE.get("num_stages_diag", 3))
+_DIAG_FEW = (64, 32, 2)  # (BT, BN, num_warps) when the default tiles give few programs
+
+
+def _diag_cfg(N, nseq, device, bwd=False):
+    """(BT, BN, num_warps, num_stages) of the m = 1 tiles. Forward (64, 32, 2): fastest of a
+    12-config sweep on an H200 at B8 T2048 N4096 (RESULTS.md). With fewer than 4 programs per SM
+    at BN = 32, ``_DIAG_FEW`` (keys ``bt_few``/``bn_few``/``nw_few``). The backward has its own
+    keys (``bt_bwd``, ``bn_bwd``, ``nw_bwd``; default: the forward's), so that one can be tuned
+    without the other; its tiles need not match the forward's (chunks are any length)."""
+    few = nseq * triton.cdiv(N, 32) < 4 * _num_sms(device)
+    d = (TUNE.get("bt_few", _DIAG_FEW[0]), TUNE.get("bn_few", _DIAG_FEW[1]),
+         TUNE.get("nw_few", _DIAG_FEW[2])) if few else (64, 32, 2)
+    bt, bn, nw = TUNE.get("bt", d[0]), TUNE.get("bn", d[1]), TUNE.get("num_warps_diag", d[2])
+    if bwd:  # 4 warps: B8 T2048 N4096 fwd+bwd 0.5629 ms against 0.7796 with 2 (same run)
+        nw = nw if few or "num_warps_diag" in TUNE else 4
+        bt, bn, nw = TUNE.get("bt_bwd", bt), TUNE.get("bn_bwd", bn), TUNE.get("nw_bwd", nw)
+    return bt, bn, nw, TUNE.get("num_stages_diag", 3)
 
 
 def _diag_forward(a, b, h0, cu, chunk):
     B, T, N = b.shape
     nseq = B if cu is None else cu.numel() - 1
-    bt, bn, nw, ns = _diag_cfg()
+    bt, bn, nw, ns = _diag_cfg(N, nseq, b.device)
     dev = b.device
     h = _empty(b.shape, b.dtype, dev)
     final = _empty((nseq, N), torch.float32, dev)
@@ -325,7 +360,7 @@ def _diag_forward(a, b, h0, cu, chunk):
 def _diag_backward(a, h, h0, g, dhT, cu, chunk, P):
     B, T, N = h.shape
     nseq = B if cu is None else cu.numel() - 1
-    bt, bn, nw, ns = _diag_cfg()
+    bt, bn, nw, ns = _diag_cfg(N, nseq, h.device, bwd=True)
     dev = h.device
     da = _empty(a.shape, a.dtype, dev)
     db = _empty(h.shape, h.dtype, dev)
@@ -436,7 +471,7 @@ def _diag_apply(a, b, h0, cu, nseq):
         h, final = _bd_apply(a.view(B, T, N, 1, 1), b.view(B, T, N, 1),
                              None if h0 is None else h0.view(nseq, N, 1), cu, nseq)
         return h.view(B, T, N), final.view(nseq, N)
-    bt, bn, _, _ = _diag_cfg()
+    bt, bn, _, _ = _diag_cfg(N, nseq, b.device)
     chunk = _choose_chunk(nseq * triton.cdiv(N, bn), _max_len(T, nseq, cu), b.device, bt, 1,
                           _needs_grad(a, b, h0))
     return _ScanFn.apply(a, b, h0, cu, chunk, True)

@@ -45,7 +45,9 @@ def _cfg(q, k, v, chunk_size):
     BVf = max(16, triton.next_power_of_2(V))
     if BK > 256 or BVf > 256:
         raise ValueError(f"the Triton backend supports K, V <= 256; got K={K}, V={V}")
-    dot = "ieee" if q.dtype == torch.float32 else "tf32"
+    # float32 inputs: exact fp32 dots unless the user allowed TF32 matmuls (torch's switch,
+    # e.g. torch.set_float32_matmul_precision("high")), as torch's own fp32 matmuls do.
+    dot = "ieee" if q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
     return BC, BK, BVf, min(BVf, 64), dot
 
 

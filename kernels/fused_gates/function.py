@@ -41,6 +41,7 @@ def _config(num_seq: int, H: int, m: int, device) -> tuple[int, int, int]:
 def _launch_fwd(z, v, h0, cu, T, H, m, col0, code, eps, out_fp32_final, out_dtype):
     num_seq = cu.numel() - 1 if cu is not None else v.shape[0]
     h = empty(v.shape, out_dtype, v.device)
+    z, v = _as_loaded(z), _as_loaded(v)
     hf = empty((num_seq, H, m), torch.float32, v.device) if out_fp32_final else None
     bh, warps, stages = _config(num_seq, H, m, v.device)
     grid = (num_seq, triton.cdiv(H, bh))
@@ -52,10 +53,11 @@ def _launch_fwd(z, v, h0, cu, T, H, m, col0, code, eps, out_fp32_final, out_dtyp
     return h, hf
 
 
-def _launch_bwd(z, v, h0, h, dh, dhf, cu, T, H, m, col0, code, eps, need_dh0, dz_dtype, dv_dtype):
+def _launch_bwd(z, v, h0, h, dh, dhf, cu, T, H, m, col0, code, eps, need_dh0):
     num_seq = cu.numel() - 1 if cu is not None else v.shape[0]
-    dz = empty(z.shape, dz_dtype, z.device)
-    dv = empty(v.shape, dv_dtype, v.device)
+    dz = empty(z.shape, z.dtype, z.device)          # gradients in the inputs' dtypes
+    dv = empty(v.shape, v.dtype, v.device)
+    z, v, h, dh = _as_loaded(z), _as_loaded(v), _as_loaded(h), _as_loaded(dh)
     dh0 = empty((num_seq, H, m), torch.float32, v.device) if need_dh0 else None
     bh, warps, stages = _config(num_seq, H, m, v.device)
     grid = (num_seq, triton.cdiv(H, bh))
@@ -79,8 +81,7 @@ class _BlockScanFn(torch.autograd.Function):
         B, T, H, m = v.shape
         z, v = z.contiguous(), v.contiguous()
         h0c = h0.float().contiguous() if h0 is not None else None
-        h, hf = _launch_fwd(_as_loaded(z), _as_loaded(v), h0c, cu, T, H, m, col0, code, eps,
-                            output_final_state, out_dtype)
+        h, hf = _launch_fwd(z, v, h0c, cu, T, H, m, col0, code, eps, output_final_state, out_dtype)
         ctx.save_for_backward(z, v, h0c, h, cu)
         ctx.cfg = (T, H, m, col0, code, eps, h0 is not None and h0.requires_grad,
                    h0.dtype if h0 is not None else None)
@@ -92,8 +93,7 @@ class _BlockScanFn(torch.autograd.Function):
         T, H, m, col0, code, eps, need_dh0, h0_dtype = ctx.cfg
         dh = dh.contiguous() if dh is not None else torch.zeros_like(h)
         dhf = dhf.float().contiguous() if dhf is not None else None
-        dz, dv, dh0 = _launch_bwd(_as_loaded(z), _as_loaded(v), h0, _as_loaded(h), _as_loaded(dh),
-                                  dhf, cu, T, H, m, col0, code, eps, need_dh0, z.dtype, v.dtype)
+        dz, dv, dh0 = _launch_bwd(z, v, h0, h, dh, dhf, cu, T, H, m, col0, code, eps, need_dh0)
         if dh0 is not None:
             dh0 = dh0.to(h0_dtype)
         return dz, dv, dh0, None, None, None, None, None, None

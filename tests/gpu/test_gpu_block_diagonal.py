@@ -153,7 +153,8 @@ def test_more_than_2_31_elements():
     check(A, b, None, None, 2e-2, heads=heads)
 
 
-@pytest.mark.parametrize("variant,summary", [("ring2", "ring"), ("g4", "v1"), ("v1", "ring")])
+@pytest.mark.parametrize("variant,summary", [("ring2", "ring"), ("g4", "v1"), ("v1", "ring"),
+                                             ("ring8", "ring")])
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
 def test_forward_variants(variant, summary, m):
     """The non-default forward kernels and summaries (the default ring4 runs above), one pass and
@@ -171,18 +172,37 @@ def test_forward_variants(variant, summary, m):
         tune.clear()
 
 
+@pytest.mark.parametrize("bwd", ["ring2", "ring4"])
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 32])
-def test_backward_ring(m):
-    """The opt-in backward ring kernel (``TUNE['bwd_variant'] = 'ring'``), one pass and chunked
-    varlen, with h0 and dh_final; m = 1 through the block kernels."""
+def test_backward_ring(m, bwd):
+    """The backward ring kernels (8 and 16 slots), one pass and chunked varlen, with h0 and
+    dh_final; m = 1 through the block kernels."""
     tune = bd.scan.TUNE
     try:
-        tune.update(bwd_variant="ring", diag_variant="ring", chunk=0)
+        tune.update(bwd_variant=bwd, diag_variant="ring", chunk=0)
         A, b = make(2, 3001, 384 // m, m, torch.float32, seed=400 + m)
         check(A, b, torch.randn(2, 384 // m, m, device=DEV), None, 1e-4)
         tune["chunk"] = 256
         cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
         A, b = make(1, 6002, 384 // m, m, torch.float32, seed=500 + m)
         check(A, b, torch.randn(5, 384 // m, m, device=DEV), cu, 1e-4)
+    finally:
+        tune.clear()
+
+
+@pytest.mark.parametrize("cfg", [(64, 32, 2), (256, 8, 2), (128, 16, 2), (32, 64, 2)])
+def test_diag_tiles(cfg):
+    """m = 1 tile shapes (forward and backward keys), one pass with h0 and chunked varlen with
+    chunk boundaries that are not multiples of the tile length."""
+    tune = bd.scan.TUNE
+    bt, bn, nw = cfg
+    try:
+        tune.update(bt=bt, bn=bn, num_warps_diag=nw, bt_bwd=bt, bn_bwd=bn, nw_bwd=nw, chunk=0)
+        A, b = make(2, 3001, 768, 1, torch.float32, seed=600 + bt)
+        check(A, b, torch.randn(2, 768, 1, device=DEV), None, 1e-4)
+        tune["chunk"] = 200
+        cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
+        A, b = make(1, 6002, 768, 1, torch.float32, seed=700 + bt)
+        check(A, b, torch.randn(5, 768, 1, device=DEV), cu, 1e-4)
     finally:
         tune.clear()

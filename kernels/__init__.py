@@ -8,6 +8,8 @@
   ``O(m)`` per channel-step, storing only the newest component.
 * :mod:`.delta_product` — the chunkwise WY/UT DeltaProduct kernels behind
   :func:`lrnn_scan.delta.chunk_delta_product`.
+* :mod:`.l2norm` — ``l2_normalize``: row-wise L2 normalisation of q/k in one pass each way
+  (``use_qk_l2norm`` and the delta layers).
 
 Nothing is imported here: ``import lrnn_scan.kernels`` does not import Triton. The engine
 (:mod:`lrnn_scan.dispatch`) loads a family on first use. Every folder has a naive reference

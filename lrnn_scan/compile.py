@@ -18,11 +18,13 @@ op (namespace ``lrnn_scan``)                          wraps
                                                        in the Function: called with a stand-in ctx)
 ``delta_product_fwd`` / ``delta_product_bwd``          ``kernels.delta_product.function``
                                                        ``.ChunkDeltaProductFunction`` (same way)
+``l2norm_fwd`` / ``l2norm_bwd``                        ``kernels.l2norm.function._launch_fwd`` /
+                                                       ``_launch_bwd``
 ===================================================  ===============================================
 
 Public wrappers with the kernels' exact signatures: :func:`block_diagonal_scan`,
 :func:`diagonal_scan`, :func:`fused_gate_scan`, :func:`companion_scan`,
-:func:`companion_scan_coeffs`, :func:`chunk_delta_product_triton`.
+:func:`companion_scan_coeffs`, :func:`chunk_delta_product_triton`, :func:`l2_normalize`.
 
 Nothing here runs at ``import lrnn_scan``: this module is not imported by the package, and the ops
 are defined on the first call of :func:`register` (which imports Triton and the kernels).
@@ -47,7 +49,7 @@ from ._kernel_modules import kernel_module
 
 __all__ = ["register", "enable", "disable", "is_enabled", "compile_model", "block_diagonal_scan",
            "diagonal_scan", "fused_gate_scan", "companion_scan", "companion_scan_coeffs",
-           "chunk_delta_product_triton", "DYNAMO_OPTIONS"]
+           "chunk_delta_product_triton", "l2_normalize", "DYNAMO_OPTIONS"]
 
 #: Dynamo options the torch (non-Triton) paths need under ``fullgraph=True`` (see module doc).
 DYNAMO_OPTIONS = {"trace_autograd_ops": True, "allow_rnn": True}
@@ -472,6 +474,52 @@ def chunk_delta_product_triton(q, k, v, beta, g=None, scale=None, initial_state=
     return o, (hT if output_final_state else None)
 
 
+# ============================================================================ L2 normalisation
+def _register_l2norm():
+    fn = _kernels("l2norm.function")
+
+    @torch.library.custom_op("lrnn_scan::l2norm_fwd", mutates_args=())
+    def l2norm_fwd(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        y, rstd = fn._launch_fwd(x.reshape(-1, x.shape[-1]).contiguous(), eps)
+        return y.view(x.shape), rstd
+
+    @l2norm_fwd.register_fake
+    def _(x, eps):
+        return x.new_empty(x.shape), x.new_empty((x.numel() // x.shape[-1],), dtype=torch.float32)
+
+    @torch.library.custom_op("lrnn_scan::l2norm_bwd", mutates_args=())
+    def l2norm_bwd(x: Tensor, rstd: Tensor, dy: Tensor, eps: float) -> Tensor:
+        K = x.shape[-1]
+        dx = fn._launch_bwd(x.reshape(-1, K).contiguous(), rstd, dy.reshape(-1, K).contiguous(), eps)
+        return dx.view(x.shape)
+
+    @l2norm_bwd.register_fake
+    def _(x, rstd, dy, eps):
+        return x.new_empty(x.shape)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], output[1])
+        ctx.eps = inputs[1]
+
+    def backward(ctx, dy, _drstd):
+        x, rstd = ctx.saved_tensors
+        return l2norm_bwd(x, rstd, dy, ctx.eps), None
+
+    l2norm_fwd.register_autograd(backward, setup_context=setup_context)
+    _OPS.update(l2norm_fwd=l2norm_fwd, l2norm_bwd=l2norm_bwd, l2norm_module=fn)
+
+
+def l2_normalize(x, eps=1e-12):
+    """:func:`lrnn_scan.kernels.l2norm.l2_normalize` through the custom op."""
+    register()
+    fn = _OPS["l2norm_module"]
+    K = x.shape[-1] if x.dim() else 0
+    if (x.dtype == torch.float64 or not 0 < K <= fn.MAX_K or x.numel() == 0
+            or not fn.use_triton(x, fn.l2norm_fwd_kernel)):
+        return _SAVED.get(("l2norm", "l2_normalize"), fn.l2_normalize)(x, eps)
+    return _OPS["l2norm_fwd"](x, float(eps))[0]
+
+
 # ============================================================================ registration
 def register() -> dict:
     """Define the custom ops (once; imports Triton and the kernels). Returns the op table."""
@@ -480,7 +528,8 @@ def register() -> dict:
         _register_fused_gates()
         _register_companion()
         _register_delta()
-    for pkg in ("block_diagonal", "fused_gates", "companion", "delta_product"):
+        _register_l2norm()
+    for pkg in ("block_diagonal", "fused_gates", "companion", "delta_product", "l2norm"):
         kernel_module(pkg)      # cached, so the engine's lookups trace under torch.compile
     return _OPS
 
@@ -490,7 +539,8 @@ _ROUTES = [("block_diagonal", "block_diagonal_scan", block_diagonal_scan),
            ("fused_gates", "fused_gate_scan", fused_gate_scan),
            ("companion", "companion_scan", companion_scan),
            ("companion", "companion_scan_coeffs", companion_scan_coeffs),
-           ("delta_product", "chunk_delta_product_triton", chunk_delta_product_triton)]
+           ("delta_product", "chunk_delta_product_triton", chunk_delta_product_triton),
+           ("l2norm", "l2_normalize", l2_normalize)]
 
 
 def enable(*, route_kernels: bool = True, dynamo_options: bool = True) -> None:

@@ -30,8 +30,12 @@ from .conv import ShortConv
 
 try:
     from lrnn_scan.delta import chunk_delta_product
-except ImportError:  # pragma: no cover - the delta package lands separately
+    from lrnn_scan.delta import l2_normalize as _l2_normalize
+except ImportError:  # pragma: no cover - an install without the delta package
     chunk_delta_product = None
+
+    def _l2_normalize(x: Tensor) -> Tensor:
+        return F.normalize(x.float(), dim=-1).to(x.dtype)
 
 __all__ = ["DeltaProduct", "DeltaNet", "GatedDeltaProduct", "GatedDeltaNet", "householder_input"]
 
@@ -156,10 +160,11 @@ class DeltaProduct(RecurrentLayer):
         else:
             qkv, conv_state = F.silu(qkv), None
         q, k, v = qkv.split([H * K, n * H * K, n * H * V], dim=-1)
-        # Autocast runs F.normalize in fp32; back to the projections' dtype, so the chunk kernels
-        # get 16-bit q/k (fp32 q/k would take the fp32 "ieee" dot path; see benchmarks/RESULTS.md).
-        q = F.normalize(q.unflatten(-1, (H, K)), dim=-1).to(qkv.dtype)
-        k = F.normalize(k.unflatten(-1, (n, H, K)), dim=-1).to(qkv.dtype)
+        # In the projections' dtype (autocast would make F.normalize fp32), so the chunk kernels
+        # get 16-bit q/k (fp32 q/k take the fp32 "ieee" dot path; see benchmarks/RESULTS.md);
+        # one fused Triton pass each way on CUDA.
+        q = _l2_normalize(q.unflatten(-1, (H, K)))
+        k = _l2_normalize(k.unflatten(-1, (n, H, K)))
         v = v.unflatten(-1, (n, H, V))
         beta = torch.sigmoid(self.b_proj(x)).unflatten(-1, (n, H))
         if self.allow_neg_eigval:

@@ -4,8 +4,9 @@
 * :func:`chunk_delta_product_torch` — the torch chunkwise WY/UT implementation (autograd backward).
 * :func:`chunk_delta_product_triton` — Triton forward + native backward (lazy import).
 * :func:`recurrent_delta_product` — token-by-token reference loop.
+* :func:`l2_normalize` — row-wise L2 normalisation of q/k (fused Triton pass on CUDA).
 """
-from .api import chunk_delta_product
+from .api import chunk_delta_product, l2_normalize
 from .chunk_torch import chunk_delta_product_torch
 from .reference import recurrent_delta_product
 
@@ -18,4 +19,4 @@ def chunk_delta_product_triton(*args, **kwargs):
 
 
 __all__ = ["chunk_delta_product", "chunk_delta_product_torch", "chunk_delta_product_triton",
-           "recurrent_delta_product"]
+           "recurrent_delta_product", "l2_normalize"]

@@ -14,6 +14,20 @@ def _triton_impl():
     return load_kernels().chunk_delta_product_triton
 
 
+def l2_normalize(x: Tensor, eps: float = 1e-12) -> Tensor:
+    """``x / max(‖x‖₂, eps)`` along the last dim, returned in ``x``'s dtype (sums in float32).
+
+    ``x``: ``(*, K)``. On CUDA one fused Triton pass forward and one backward
+    (:mod:`lrnn_scan.kernels.l2norm`); elsewhere ``torch.nn.functional.normalize`` computed in
+    float32 (float64 kept). Under autocast ``F.normalize`` alone would return float32; keeping
+    the 16-bit dtype is what the delta kernels' exact 16-bit dots want.
+    """
+    if _km.kernel_device(x.device):
+        return _km.kernel_module("l2norm").l2_normalize(x, eps)
+    work = x if x.dtype == torch.float64 else x.float()
+    return torch.nn.functional.normalize(work, dim=-1, eps=eps).to(x.dtype)
+
+
 def chunk_delta_product(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None, *,
                         scale: float | None = None, initial_state: Tensor | None = None,
                         output_final_state: bool = False, cu_seqlens: Tensor | None = None,
@@ -32,7 +46,8 @@ def chunk_delta_product(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
         initial_state: ``[B or num_seqs, H, K, V]`` (used in float32; float64 inputs keep float64).
         output_final_state: also return the final state (float32; float64 for float64 inputs).
         cu_seqlens: int64 ``(num_seqs + 1,)`` token offsets of packed sequences (``B == 1``).
-        use_qk_l2norm: L2-normalise q and k along the head dim first (differentiably).
+        use_qk_l2norm: L2-normalise q and k along the head dim first (differentiably; fused
+            Triton kernels on CUDA, :func:`l2_normalize`).
         chunk_size: sub-steps per chunk (``n_h`` sub-steps per token), default 64.
         backend: ``"torch"``, ``"triton"`` (CUDA, or ``TRITON_INTERPRET=1``) or ``"auto"``
             (Triton on CUDA for 16-bit/32-bit inputs when ``chunk_size`` is a power of two
@@ -45,8 +60,7 @@ def chunk_delta_product(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
                                          chunk_size, backend)
     scale = float(K ** -0.5 if scale is None else scale)
     if use_qk_l2norm:
-        q = torch.nn.functional.normalize(q, dim=-1)
-        k = torch.nn.functional.normalize(k, dim=-1)
+        q, k = l2_normalize(q), l2_normalize(k)
     if backend == "auto":
         # The Triton kernels tile chunks as powers of two >= 16; other sizes take the torch path.
         triton_chunk = chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0

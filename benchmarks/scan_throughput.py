@@ -10,6 +10,7 @@ under ``benchmarks/out/`` and appends a dated row set to ``benchmarks/RESULTS.md
     python benchmarks/scan_throughput.py            # full run
     python benchmarks/scan_throughput.py --quick    # fewer shapes, no peers
     python benchmarks/scan_throughput.py --tune     # sweep kernel configurations (prints only)
+    python benchmarks/scan_throughput.py --lookback-compare  # m = 1 look-back forward vs default
 """
 from __future__ import annotations
 
@@ -246,6 +247,93 @@ def run_tune(log, ms_sel=(2, 4, 8, 16, 32)):
                 f"fwdbwd {ms2:.4f} ms {bytes_fwdbwd_floor(8, T, N, m) / ms2 / 1e9:.2f} TB/s")
 
 
+# ----------------------------------------------------------------------------- look-back (m = 1)
+LOOKBACK_CONFIGS = ((32, 32), (64, 32), (128, 32), (64, 64))  # (TUNE lb_chunk, lb_bn)
+LOOKBACK_SHAPES = ((8, 2048, 768), (1, 16384, 768), (8, 2048, 4096))  # (B, T, N), issue 3
+
+
+def _diag_ref64(a, b, h0):
+    """fp64 Hillis-Steele scan of ``h_t = a_t h_{t-1} + b_t`` on the GPU; a, b ``(B, T, N)``.
+    Differentiable (torch ops), so it also gives reference gradients."""
+    a, b = a.double(), b.double()
+    b = torch.cat([b[:, :1] + a[:, :1] * h0.double()[:, None], b[:, 1:]], 1)
+    d, T = 1, a.shape[1]
+    while d < T:
+        b = torch.cat([b[:, :d], a[:, d:] * b[:, :-d] + b[:, d:]], 1)
+        a = torch.cat([a[:, :d], a[:, d:] * a[:, :-d]], 1)
+        d *= 2
+    return b
+
+
+def _rel(x, y):
+    return ((x.double() - y).norm() / y.norm()).item()
+
+
+def lookback_compare(log, record, bw, shapes=LOOKBACK_SHAPES):
+    """``--lookback-compare``: the single-pass look-back forward (``TUNE['fwd_lookback']``,
+    kernels/block_diagonal/lookback.py) against the default m = 1 forward at the issue-3 shapes,
+    for the tile shapes of ``LOOKBACK_CONFIGS``: fp64 check (h0 and h_final included, error and its
+    ratio to the default forward's error), forward ms / % of copy, fp32 (bf16 too at the first
+    shape), and forward+backward with the look-back forward (gradients checked at the second)."""
+    summary = []
+    for i, (B, T, N) in enumerate(shapes):
+        torch.manual_seed(0)
+        a = 0.9 + 0.1 * torch.rand(B, T, N, device=DEV)  # |a| near 1: carries cross many chunks
+        x = torch.randn(B, T, N, device=DEV)
+        h0 = torch.randn(B, N, device=DEV)
+        ref = _diag_ref64(a, x, h0)
+        for dtype in ((torch.float32, torch.bfloat16) if i == 0 else (torch.float32,)):
+            a_, x_ = a.to(dtype), x.to(dtype)
+            ref_ = ref if dtype == torch.float32 else _diag_ref64(a_, x_, h0)
+            nbytes = B * T * N * 3 * a_.element_size()
+            tag = "" if dtype == torch.float32 else "_bf16"
+            _scanmod.TUNE.clear()
+            h, hf = diagonal_scan(a_, x_, h0, True)
+            e_def = max(_rel(h, ref_), _rel(hf, ref_[:, -1]))
+            t_def = record("fwd", "diag_default" + tag, B, T, N, 1, bench(lambda: diagonal_scan(a_, x_)),
+                           nbytes, err=float(f"{e_def:.2e}"))
+            summary.append((B, T, N, "default" + tag, t_def, nbytes, e_def, 1.0))
+            for ch, bn in (LOOKBACK_CONFIGS if not tag else LOOKBACK_CONFIGS[1:2]):
+                _scanmod.TUNE.clear()
+                _scanmod.TUNE.update(fwd_lookback=True, lb_chunk=ch, lb_bn=bn)
+                try:
+                    h, hf = diagonal_scan(a_, x_, h0, True)
+                    e = max(_rel(h, ref_), _rel(hf, ref_[:, -1]))
+                    t = bench(lambda: diagonal_scan(a_, x_))
+                except Exception as ex:  # keep the other rows
+                    log(f"lookback c{ch} bn{bn} B{B} T{T} N{N}{tag} failed: {ex!r}"[:300])
+                    continue
+                record("fwd", f"lookback_c{ch}_bn{bn}{tag}", B, T, N, 1, t, nbytes,
+                       err=float(f"{e:.2e}"), err_ratio=round(e / e_def, 2),
+                       speedup_vs_default=round(t_def / t, 3))
+                summary.append((B, T, N, f"lookback c{ch} bn{bn}{tag}", t, nbytes, e, e / e_def))
+        # forward+backward with the look-back forward (64 x 32 tiles), gradients checked once
+        ag, xg = a.clone().requires_grad_(), x.clone().requires_grad_()
+        g = torch.randn_like(x)
+        for name, tune in (("default", {}), ("lookback_c64_bn32", dict(fwd_lookback=True))):
+            _scanmod.TUNE.clear()
+            _scanmod.TUNE.update(tune)
+            if i == 1:
+                h0g = h0.clone().requires_grad_()
+                h, _ = diagonal_scan(ag, xg, h0g)
+                grads = torch.autograd.grad((h * g).sum(), (ag, xg, h0g))
+                ad, xd, h0d = (v.detach().double().requires_grad_() for v in (a, x, h0))
+                rgrads = torch.autograd.grad((_diag_ref64(ad, xd, h0d) * g.double()).sum(), (ad, xd, h0d))
+                log(f"fwd+bwd {name} B{B} T{T} N{N} gradient errors (da, db, dh0): "
+                    + " ".join(f"{_rel(u, v):.2e}" for u, v in zip(grads, rgrads)))
+            tb = bench(lambda: torch.autograd.grad(diagonal_scan(ag, xg)[0], (ag, xg), g))
+            record("fwdbwd", f"{name}_fwd", B, T, N, 1, tb, B * T * N * 24)
+        del a, x, ref, ag, xg, g
+        torch.cuda.empty_cache()
+    _scanmod.TUNE.clear()
+    log(f"\nlook-back forward vs default (copy {bw:.3f} TB/s; err = max rel. error of h, h_final "
+        f"against fp64; ratio = err / default's err)")
+    log(f"{'shape':18s} {'impl':26s} {'ms':>8s} {'% copy':>7s} {'err':>9s} {'ratio':>6s}")
+    for B, T, N, impl, t, nbytes, e, ratio in summary:
+        log(f"{f'B{B} T{T} N{N}':18s} {impl:26s} {t:8.4f} {100 * nbytes / t / 1e9 / bw:7.1f} "
+            f"{e:9.2e} {ratio:6.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -254,6 +342,9 @@ def main():
     ap.add_argument("--bwd-compare", action="store_true",
                     help="only compare the backward kernel variants ring2, ring4, g4, v1 "
                          "(fp64 check + fwd+bwd timings)")
+    ap.add_argument("--lookback-compare", action="store_true",
+                    help="only the m = 1 single-pass look-back forward (TUNE['fwd_lookback']) "
+                         "against the default forward: fp64 checks + timings, < 2 min")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"),
                     help="markdown file the dated rows are appended to")
@@ -305,6 +396,10 @@ def main():
             f"{100 * tbs / bw:5.1f}% {extra if extra else ''}")
         return ms
 
+    if args.lookback_compare:
+        lookback_compare(log, record, bw)
+        _write_outputs(out, args, env, bw, rows, worst, [], log)
+        return
     # forward kernel variants: ring of 16 / 8 slots (ring4 is the default), hand-pipelined 4-step
     # groups, one step per iteration
     for N in (768, 4096):
@@ -399,7 +494,11 @@ def main():
                 record("fwd", "eager_loop", B, T, N, m, tp, bytes_fwd(B, T, N, m),
                        speedup_vs_peer=round(tp / ours[("fwd", B, T, N, m)], 1))
             del A, b
-    # ------------------------------------------------------------------- outputs
+    _write_outputs(out, args, env, bw, rows, worst, shapes, log)
+
+
+def _write_outputs(out, args, env, bw, rows, worst, shapes, log):
+    """JSON + CSV + plot under ``out`` and a dated table appended to ``args.results``."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
     payload = dict(env=env, copy_tbs=bw, rows=rows, fp64_worst=worst)
     (out / f"scan_throughput_{stamp}.json").write_text(json.dumps(payload, indent=1))
@@ -409,6 +508,8 @@ def main():
         w.writeheader()
         w.writerows(rows)
     try:
+        if not shapes:
+            raise RuntimeError("no block-size sweep in this run")
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -434,7 +535,8 @@ def main():
     with open(res, "a") as f:
         if new:
             f.write("# Benchmark results\n\nRows appended by the benchmark scripts; newest last.\n")
-        f.write(f"\n## scan_throughput.py, {env['date']}\n\n{env['device']} ({env['sms']} SMs), "
+        mode = " --lookback-compare" if getattr(args, "lookback_compare", False) else ""
+        f.write(f"\n## scan_throughput.py{mode}, {env['date']}\n\n{env['device']} ({env['sms']} SMs), "
                 f"torch {env['torch']}, Triton {env['triton']}; copy {bw:.3f} TB/s; fp32; "
                 f"fp64 check worst rel. error {worst:.1e}. TB/s = bytes(inputs once + outputs once)/median time; "
                 f"fwd+bwd floor = A, b, dh read + h, dA, db written.\n\n")

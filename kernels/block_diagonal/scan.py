@@ -322,6 +322,9 @@ def _diag_cfg(N, nseq, device, bwd=False):
 
 
 def _diag_forward(a, b, h0, cu, chunk):
+    if TUNE.get("fwd_lookback"):  # opt-in single-pass look-back forward (lookback.py, untimed)
+        from .lookback import diag_lookback_forward
+        return diag_lookback_forward(a, b, h0, cu, chunk, TUNE, _empty, _diag_cfg)
     B, T, N = b.shape
     nseq = B if cu is None else cu.numel() - 1
     bt, bn, nw, ns = _diag_cfg(N, nseq, b.device)
@@ -472,8 +475,12 @@ def _diag_apply(a, b, h0, cu, nseq):
                              None if h0 is None else h0.view(nseq, N, 1), cu, nseq)
         return h.view(B, T, N), final.view(nseq, N)
     bt, bn, _, _ = _diag_cfg(N, nseq, b.device)
-    chunk = _choose_chunk(nseq * triton.cdiv(N, bn), _max_len(T, nseq, cu), b.device, bt, 1,
-                          _needs_grad(a, b, h0))
+    grad = _needs_grad(a, b, h0)
+    if TUNE.get("fwd_lookback"):  # one pass whatever the programs; chunks only serve a backward,
+        if not grad:              # aligned to the look-back tiles so that P comes from them
+            return _ScanFn.apply(a, b, h0, cu, None, True)
+        bt = max(bt, TUNE.get("lb_chunk", 64))
+    chunk = _choose_chunk(nseq * triton.cdiv(N, bn), _max_len(T, nseq, cu), b.device, bt, 1, grad)
     return _ScanFn.apply(a, b, h0, cu, chunk, True)
 
 

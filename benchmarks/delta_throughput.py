@@ -8,6 +8,15 @@ clearly labelled reference (not the same run, possibly not the same device).
 Writes ``<out>/delta_throughput.{csv,json}`` and appends dated rows to ``benchmarks/RESULTS.md``.
 
     python benchmarks/delta_throughput.py [--nh 1 2 3 4] [--out benchmarks/out] [--results benchmarks/RESULTS.md]
+
+``--variants [NAME ...]`` times the opt-in ``function.TUNE`` switches instead (``VARIANTS`` below;
+all of ``DEFAULT_VARIANTS`` when no name is given) at n_h ∈ {1, 2} (unless ``--nh``), gated and
+ungated, forward and forward+backward, after checking each variant's bf16 error ratios against an fp64
+reference (torch backend on the same bf16-rounded inputs; B=2, T=1024, H=``--check-H`` 4, β ≤ 2,
+with initial and final states, as tests/gpu/test_gpu_delta.py; bound 5e-3). Writes
+``<out>/delta_variants.{csv,json}`` and a table in the results file. ``--variants ... --emulate`` runs
+only that error check, on the CPU (Triton interpreter with the GPU's rounding emulated, see
+``_emulate_gpu_rounding``; minutes per variant and configuration at the full check size).
 """
 from __future__ import annotations
 
@@ -17,6 +26,7 @@ import datetime as dt
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -34,9 +44,33 @@ PEERS_FLA_H200 = {  # (n_h, gated, mode) -> ms
 }
 
 
+# opt-in switches of lrnn_scan.kernels.delta_product.function.TUNE (README "Fused W/U"), each a set
+# of overrides; the combinations compile nothing beyond their parts
+VARIANTS = {
+    "default": {},
+    "fuse_wu": {"fuse_wu": "wu"},
+    "fuse_assoc": {"fuse_wu": "assoc"},
+    "inv_batched": {"inv_batched": True},
+    "fuse_wu+inv_batched": {"fuse_wu": "wu", "inv_batched": True},
+    "fuse_assoc+inv_batched": {"fuse_wu": "assoc", "inv_batched": True},
+    # launch settings of the fused state kernels (more registers live: A, K, W); by name only
+    "fuse_wu_8w": {"fuse_wu": "wu", "state_fused": (8, 2, 64), "state_bwd_fused": (8, 2, 64)},
+    "fuse_assoc_8w": {"fuse_wu": "assoc", "state_fused": (8, 2, 64), "state_bwd_fused": (8, 2, 64)},
+    "fuse_wu_bv32": {"fuse_wu": "wu", "state_fused": (4, 3, 32), "state_bwd_fused": (4, 3, 32)},
+    # A stored in float16 (new pointer dtype: recompiles tri_inv64, wu_fwd, wy_bwd, the state kernels)
+    "a_16bit": {"a_16bit": True},
+    "fuse_wu+a_16bit": {"fuse_wu": "wu", "a_16bit": True},
+    "fuse_assoc+a_16bit": {"fuse_wu": "assoc", "a_16bit": True},
+}
+DEFAULT_VARIANTS = ["default", "fuse_wu", "fuse_assoc", "inv_batched", "fuse_wu+inv_batched",
+                    "fuse_assoc+inv_batched"]
+ERR_BOUND = 5e-3
+DEVICE = "cuda"         # a CPU smoke test of the script's logic sets "cpu" (interpreter)
+
+
 def inputs(B, T, n_h, H, K, V, gated, dtype=torch.bfloat16, seed=0):
     torch.manual_seed(seed)
-    d = "cuda"
+    d = DEVICE
     q = torch.randn(B, T, H, K, device=d, dtype=dtype)
     k = F.normalize(torch.randn(B, T, n_h, H, K, device=d, dtype=torch.float32), dim=-1).to(dtype)
     v = torch.randn(B, T, n_h, H, V, device=d, dtype=dtype)
@@ -89,9 +123,182 @@ def profile(a, fn):
             print(p.key_averages().table(sort_by="cuda_time_total", row_limit=12))
 
 
+def _emulate_gpu_rounding():
+    """Make the Triton interpreter round like the GPU: ``tf32`` dots truncate their fp32 operands to
+    10 mantissa bits (as Hopper's tf32 MMA takes them) and fp32 -> bf16 casts round to nearest even
+    (the interpreter truncates them). With this the interpreter gives 4.697e-3 (dk) for the default
+    path's worst case (n_h=3 ungated, B=2 T=1024 H=4), the H200's figure being 4.71e-3 (dk)."""
+    import numpy as np
+    import triton.language as tl
+    import triton.runtime.interpreter as itp
+    from triton._C.libtriton import ir
+
+    B = itp.InterpreterBuilder
+    dot0, cast0 = B.create_dot, B.cast_impl
+
+    def trunc(x):
+        return (np.asarray(x, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if input_precision == ir.INPUT_PRECISION.TF32 and a.data.dtype == np.float32:
+            a, b = itp.TensorHandle(trunc(a.data), a.dtype), itp.TensorHandle(trunc(b.data), b.dtype)
+        return dot0(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            t = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32)).to(torch.bfloat16)
+            return itp.TensorHandle(t.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
+        return cast0(self, src, dst_type)
+
+    B.create_dot, B.cast_impl = create_dot, cast_impl
+
+
+def _results_writer(res: Path, title: str, cols):
+    """``record(cells)``: append one table row to the results file as soon as it is measured (a run
+    cut short still leaves its rows); the section title and table header go before the first row."""
+    n = [0]
+
+    def record(cells):
+        new = not res.exists()
+        with open(res, "a") as fh:
+            if new:
+                fh.write("# Benchmark results\n\n")
+            if n[0] == 0:
+                fh.write(f"\n## {title}\n\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
+            n[0] += 1
+            fh.write("| " + " | ".join(str(c) for c in cells) + " |\n")
+    return record
+
+
+def _bf16_case(B, T, n_h, H, K, V, gated, beta_max, seed):
+    """tests/gpu/test_gpu_delta.py's inputs: fp64 draws rounded to bf16 (h0 fp32); the reference
+    takes the same rounded values in fp64."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, device=DEVICE, dtype=torch.float64)  # noqa: E731
+    q = r(B, T, H, K)
+    k = F.normalize(r(B, T, n_h, H, K), dim=-1)
+    v = r(B, T, n_h, H, V)
+    beta = torch.rand(B, T, n_h, H, generator=gen, device=DEVICE, dtype=torch.float64) * beta_max
+    g = F.logsigmoid(r(B, T, H) + 3.0) if gated else None
+    h0 = r(B, H, K, V) * 0.1
+    lo = [x.to(torch.bfloat16) if x is not None else None for x in (q, k, v, beta, g)] + [h0.float()]
+    return [x.double() if x is not None else None for x in lo], lo
+
+
+def _run_grads(fn, backend, xs, do, dh):
+    xs = [x.detach().clone().requires_grad_() if x is not None else None for x in xs]
+    o, f = fn(*xs[:5], initial_state=xs[5], output_final_state=True, chunk_size=64, backend=backend)
+    live = [x for x in xs if x is not None]
+    gr = torch.autograd.grad((o.double() * do).sum() + (f.double() * dh).sum(), live)
+    return [o.detach(), f.detach()] + list(gr)
+
+
+def run_variants(a, fn, dev):
+    """Each variant's bf16 error ratios (small size) first, then forward and forward+backward times."""
+    import triton
+
+    from lrnn_scan.kernels.delta_product import function as dpf
+
+    names = a.variants or DEFAULT_VARIANTS
+    bad = [n for n in names if n not in VARIANTS]
+    if bad:
+        raise SystemExit(f"unknown variants {bad}; known: {list(VARIANTS)}")
+    nhs = a.nh or [1, 2]
+    gates = [s == "1" for s in a.gated]
+    base = dict(dpf.TUNE)
+
+    def with_tune(name, f):
+        dpf.TUNE.update(VARIANTS[name])
+        try:
+            return f()
+        finally:
+            dpf.TUNE.clear()
+            dpf.TUNE.update(base)
+
+    t_start = time.time()
+    B, T, H, K = a.B, a.T, a.H, a.K
+    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    err = {}
+    cB, cT, cH = 2, a.check_T, a.check_H
+    for n_h in nhs:
+        for gated in gates:
+            ref_in, lo_in = _bf16_case(cB, cT, n_h, cH, K, K, gated, 2.0, seed=n_h)
+            gen = torch.Generator(device=DEVICE).manual_seed(9)
+            do = torch.randn(cB, cT, cH, K, generator=gen, device=DEVICE, dtype=torch.float64)
+            dh = torch.randn(cB, cH, K, K, generator=gen, device=DEVICE, dtype=torch.float64)
+            ref = _run_grads(fn, "torch", ref_in, do, dh)
+            labels = ["o", "final", "dq", "dk", "dv", "dbeta"] + (["dg"] if gated else []) + ["dh0"]
+            for name in names:
+                got = with_tune(name, lambda: _run_grads(fn, "triton", lo_in, do, dh))
+                res = {lab: ((x.double() - y).norm() / y.norm()).item() for lab, x, y in zip(labels, got, ref)}
+                worst = max(res, key=lambda k_: res[k_] if res[k_] == res[k_] else float("inf"))
+                err[(name, n_h, gated)] = (res[worst], worst)
+                ok = res[worst] <= ERR_BOUND
+                print(f"[check] {name:24s} n_h={n_h} gated={int(gated)} worst {res[worst]:.3e} ({worst})"
+                      f"{'' if ok else '  FAILS the 5e-3 bound'} | " +
+                      " ".join(f"{k_}={v_:.2e}" for k_, v_ in res.items()), flush=True)
+            del ref_in, lo_in, ref
+            torch.cuda.empty_cache()
+    print(f"[variants] error checks done in {time.time() - t_start:.0f} s", flush=True)
+    if a.emulate:
+        return
+    res_path = Path(a.results)
+    record = _results_writer(
+        res_path, f"delta_throughput.py --variants — {date} — {dev}, torch {torch.__version__}, Triton "
+        f"{triton.__version__}, B={B} T={T} H={H} K=V={K} bf16, chunk {a.chunk}; error: worst bf16 ratio "
+        f"vs fp64 at B={cB} T={cT} H={cH}, β ≤ 2, bound {ERR_BOUND}",
+        ["variant", "TUNE overrides", "n_h", "gated", "mode", "ms", "vs default", "bf16 error (worst)"])
+    rows = []
+    for n_h in nhs:
+        for gated in gates:
+            q, k, v, beta, g = inputs(B, T, n_h, H, K, K, gated)
+            for mode in a.modes:
+                bwd = mode == "fwd+bwd"
+                xs = [x.requires_grad_(bwd) for x in (q, k, v, beta, g) if x is not None]
+                do = torch.randn(B, T, H, K, device=DEVICE, dtype=q.dtype) if bwd else None
+                call = lambda: fn(q, k, v, beta, g, chunk_size=a.chunk, backend="triton")[0]  # noqa: E731
+                t_def = None
+                for name in names:
+                    t = with_tune(name, lambda: time_fn(call, xs if bwd else None, do))
+                    if name == "default":
+                        t_def = t
+                    e, which = err[(name, n_h, gated)]
+                    rel = f"{t / t_def:.3f}" if t_def else "—"
+                    row = dict(date=date, device=dev, torch=torch.__version__, triton=triton.__version__,
+                               B=B, T=T, H=H, K=K, V=K, n_h=n_h, gated=gated, mode=mode, chunk=a.chunk,
+                               variant=name, tune=VARIANTS[name], ms=round(t, 4),
+                               vs_default=round(t / t_def, 4) if t_def else None,
+                               err=e, err_of=which, err_ok=e <= ERR_BOUND)
+                    rows.append(row)
+                    record([name, json.dumps(VARIANTS[name]) if VARIANTS[name] else "—", n_h, int(gated),
+                            mode, f"{t:.3f}", rel,
+                            f"{e:.2e} ({which})" + ("" if e <= ERR_BOUND else " **fails**")])
+                    print(f"n_h={n_h} gated={int(gated)} {mode:8s} {name:24s} {t:8.3f} ms  vs default {rel}"
+                          f"  err {e:.2e} ({which})", flush=True)
+                for x in xs:
+                    x.requires_grad_(False)
+                torch.cuda.empty_cache()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "delta_variants.json").write_text(json.dumps(rows, indent=1))
+    with open(out / "delta_variants.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    print("\n| variant | n_h | gated | mode | ms | vs default | bf16 error |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['variant']} | {r['n_h']} | {int(r['gated'])} | {r['mode']} | {r['ms']:.3f} | "
+              f"{r['vs_default'] if r['vs_default'] else '—'} | {r['err']:.2e} ({r['err_of']})"
+              f"{'' if r['err_ok'] else ' FAIL'} |")
+    print(f"[variants] {time.time() - t_start:.0f} s in all; wrote {out}/delta_variants.csv/json and "
+          f"appended to {res_path}")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--nh", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--nh", type=int, nargs="+", default=None,
+                    help="default 1 2 3 4 (1 2 with --variants)")
     ap.add_argument("--B", type=int, default=8)
     ap.add_argument("--T", type=int, default=4096)
     ap.add_argument("--H", type=int, default=16)
@@ -103,7 +310,24 @@ def main():
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     ap.add_argument("--profile", action="store_true",
                     help="print per-kernel CUDA times (torch.profiler) of one fwd+bwd per config, then exit")
+    ap.add_argument("--variants", nargs="*", default=None, metavar="NAME",
+                    help=f"time TUNE variants instead (no names: {' '.join(DEFAULT_VARIANTS)}; "
+                    f"known: {' '.join(VARIANTS)})")
+    ap.add_argument("--check-H", type=int, default=4, help="heads of the --variants error check (B=2)")
+    ap.add_argument("--check-T", type=int, default=1024, help="length of the --variants error check")
+    ap.add_argument("--emulate", action="store_true",
+                    help="with --variants: the error check only, on the CPU interpreter with the GPU's "
+                    "tf32/bf16 rounding emulated (no GPU needed, no timing)")
     a = ap.parse_args()
+    if a.emulate:
+        if a.variants is None:
+            raise SystemExit("--emulate goes with --variants")
+        global DEVICE
+        DEVICE = "cpu"
+        os.environ["TRITON_INTERPRET"] = "1"          # before anything imports triton
+        _emulate_gpu_rounding()
+        from lrnn_scan.delta import chunk_delta_product
+        return run_variants(a, chunk_delta_product, "CPU interpreter, GPU rounding emulated")
     if not torch.cuda.is_available():
         print("[delta_throughput] needs CUDA; nothing timed")
         return
@@ -111,6 +335,9 @@ def main():
 
     from lrnn_scan.delta import chunk_delta_product
 
+    if a.variants is not None:
+        return run_variants(a, chunk_delta_product, torch.cuda.get_device_name())
+    a.nh = a.nh or [1, 2, 3, 4]
     if a.profile:
         return profile(a, chunk_delta_product)
     fla = _fla()
@@ -119,22 +346,14 @@ def main():
     rows = []
     fla_refused = {}            # mode -> reason fla gave (e.g. its Hopper + Triton < 3.7.1 check)
     res = Path(a.results)
+    date0 = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    write_row = _results_writer(res, f"delta_throughput.py — {date0} — {dev}, torch {torch.__version__}, "
+                                f"Triton {triton.__version__}, B={B} T={T} H={H} K=V={K} bf16, chunk {a.chunk}",
+                                ["n_h", "gated", "mode", "ours (ms)", "fla (ms)", "fla source", "ours/fla"])
 
     def record(r):
-        """Append one row to the results file as soon as it is measured (a run cut short still
-        leaves its rows)."""
-        new = not res.exists()
-        with open(res, "a") as fh:
-            if new:
-                fh.write("# Benchmark results\n\n")
-            if len(rows) == 1:
-                fh.write(f"\n## delta_throughput.py — {r['date']} — {dev}, torch {torch.__version__}, "
-                         f"Triton {triton.__version__}, B={B} T={T} H={H} K=V={K} bf16, chunk {a.chunk}\n\n")
-                fh.write("| n_h | gated | mode | ours (ms) | fla (ms) | fla source | ours/fla |\n"
-                         "|---|---|---|---|---|---|---|\n")
-            fh.write(f"| {r['n_h']} | {int(r['gated'])} | {r['mode']} | {r['ours_ms']:.3f} | "
-                     f"{r['fla_ms'] if r['fla_ms'] else '—'} | {r['fla_source']} | "
-                     f"{r['ratio'] if r['ratio'] else '—'} |\n")
+        write_row([r["n_h"], int(r["gated"]), r["mode"], f"{r['ours_ms']:.3f}",
+                   r["fla_ms"] if r["fla_ms"] else "—", r["fla_source"], r["ratio"] if r["ratio"] else "—"])
     for n_h in a.nh:
         for gated in [s == "1" for s in a.gated]:
             q, k, v, beta, g = inputs(B, T, n_h, H, K, K, gated)
@@ -142,7 +361,7 @@ def main():
                 bwd = mode == "fwd+bwd"
                 xs = [x.requires_grad_(bwd) for x in (q, k, v, beta, g) if x is not None]
                 ours = lambda: chunk_delta_product(q, k, v, beta, g, chunk_size=a.chunk, backend="triton")[0]
-                do = torch.randn(B, T, H, K, device="cuda", dtype=q.dtype) if bwd else None
+                do = torch.randn(B, T, H, K, device=DEVICE, dtype=q.dtype) if bwd else None
                 t_ours = time_fn(ours, xs if bwd else None, do)
                 t_fla, src = None, "peers.md H200 (reference, not this run)"
                 if fla is not None and mode in fla_refused:
@@ -151,7 +370,7 @@ def main():
                     kf = k.flatten(1, 2)
                     vf = v.flatten(1, 2)
                     bf = beta.flatten(1, 2)
-                    gf = g if gated else torch.zeros(B, T, H, device="cuda", dtype=q.dtype)
+                    gf = g if gated else torch.zeros(B, T, H, device=DEVICE, dtype=q.dtype)
                     f_call = lambda: fla(q=q, k=kf, v=vf, g=gf, beta=bf, num_householder=n_h)[0]
                     try:
                         t_fla, src = time_fn(f_call, xs if bwd else None, do), "fla, same run"

@@ -1,5 +1,8 @@
 """Triton DeltaProduct kernels (forward + native backward) under TRITON_INTERPRET=1 on the CPU,
-against the fp64 loop: outputs, final states, all gradients (issue 4)."""
+against the fp64 loop: outputs, final states, all gradients (issue 4). Every buffer the launcher
+allocates starts as NaN (``LRNN_SCAN_POISON=1``), so an element read before it is written, or an
+output element never written, shows up as a non-finite result. The opt-in ``function.TUNE``
+variants (fused W/U, batched 16x16 inverses) run the same checks."""
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere in this module
@@ -11,6 +14,35 @@ pytest.importorskip("triton")
 
 from lrnn_scan.delta import chunk_delta_product  # noqa: E402
 from test_delta_chunk import loop_fp64, make_inputs  # noqa: E402
+
+_ALL = lambda C, V: True                  # noqa: E731
+_C64 = lambda C, V: C == 64               # noqa: E731  tri_inv64 / wy_fwd's blocked inverse
+# name -> (TUNE overrides, which cases (chunk, V) it changes)
+VARIANTS = {
+    "default": ({}, _ALL),
+    "fuse_wu": ({"fuse_wu": "wu"}, _ALL),
+    "fuse_assoc": ({"fuse_wu": "assoc"}, _ALL),
+    # several V tiles per fused state program (W recomputed by each)
+    "fuse_wu_bv16": ({"fuse_wu": "wu", "state_fused": (4, 3, 16), "state_bwd_fused": (4, 3, 16)},
+                     lambda C, V: V > 16),
+    "fuse_assoc_bv16": ({"fuse_wu": "assoc", "state_fused": (4, 3, 16), "state_bwd_fused": (4, 3, 16)},
+                        lambda C, V: V > 16),
+    "inv_batched": ({"inv_batched": True}, _C64),
+    "assoc_inv_batched": ({"fuse_wu": "assoc", "inv_batched": True}, _C64),
+    "wu_no_split": ({"fuse_wu": "wu", "wy_split": False}, _C64),     # wy_fwd with STORE_WU off
+}
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setenv("LRNN_SCAN_POISON", "1")
+
+
+def _tune(monkeypatch, variant):
+    from lrnn_scan.kernels.delta_product import function as fn
+    for key, val in VARIANTS[variant][0].items():
+        monkeypatch.setitem(fn.TUNE, key, val)       # restored after the test
+
 
 CASES = [  # (T, chunk, n_h, gated, beta_max, cu, K, V)
     (1, 16, 2, True, 2.0, None, 16, 16),
@@ -25,10 +57,12 @@ CASES = [  # (T, chunk, n_h, gated, beta_max, cu, K, V)
 ]
 
 
-@pytest.mark.parametrize("T,C,n_h,gated,bmax,cu,K,V", CASES)
-def test_triton_interpreter_matches_loop(T, C, n_h, gated, bmax, cu, K, V):
+@pytest.mark.parametrize("T,C,n_h,gated,bmax,cu,K,V,variant",
+                         [c + (v,) for c in CASES for v in VARIANTS if VARIANTS[v][1](c[1], c[7])])
+def test_triton_interpreter_matches_loop(T, C, n_h, gated, bmax, cu, K, V, variant, monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("triton was imported without the interpreter")
+    _tune(monkeypatch, variant)
     B, H = (1 if cu else (1 if C == 64 else 2)), (1 if C == 64 else 2)
     N = len(cu) - 1 if cu else B
     q, k, v, beta, g, h0 = make_inputs(B, T, n_h, H, K, V, gated, bmax, N=N, seed=T * 7 + n_h,
@@ -48,13 +82,19 @@ def test_triton_interpreter_matches_loop(T, C, n_h, gated, bmax, cu, K, V):
     o_r, f_r = loop_fp64(qd, kd, vd, bd, gd, h0d, K ** -0.5, cu)
     grads_r = torch.autograd.grad((o_r * do.double()).sum() + (f_r * dh.double()).sum(), xd)
     names = ["q", "k", "v", "beta"] + (["g"] if gated else []) + ["h0"]
+    errs = {}
     for name, a, b in [("o", o, o_r), ("final", f, f_r)] + list(zip(names, grads, grads_r)):
         assert torch.isfinite(a).all(), name
-        err = ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
+        errs[name] = ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
+    print(f"[{variant}] T={T} C={C} n_h={n_h} gated={gated} worst {max(errs.values()):.2e} "
+          f"({max(errs, key=errs.get)})")
+    for name, err in errs.items():
         assert err < 2e-5, (name, err)
 
 
-def test_triton_no_grad_and_no_final_state():
+@pytest.mark.parametrize("variant", ["default", "fuse_wu", "fuse_assoc"])
+def test_triton_no_grad_and_no_final_state(variant, monkeypatch):
+    _tune(monkeypatch, variant)
     q, k, v, beta, g, _ = make_inputs(2, 9, 2, 1, 16, 16, True, 2.0, dtype=torch.float32)
     o, f = chunk_delta_product(q, k, v, beta, g, chunk_size=16, backend="triton")
     assert f is None
@@ -88,3 +128,89 @@ def test_float32_dots_follow_torch_tf32_switch(allow_tf32, expect, monkeypatch):
     k, v = torch.randn(1, 64, 1, 1, 16), torch.randn(1, 64, 1, 1, 16)
     assert fn._cfg(q, k, v, 64)[-1] == expect
     assert fn._cfg(q.bfloat16(), k.bfloat16(), v.bfloat16(), 64)[-1] == "tf32"
+
+
+class _Boom:
+    def __getitem__(self, grid):
+        raise AssertionError("wu_fwd_kernel launched under fuse_wu")
+
+
+def test_fused_variant_skips_wu_and_backward_follows_forward(monkeypatch):
+    """``fuse_wu``: no W/U kernel, nothing of size W/U saved; the backward uses the forward's choice
+    even if TUNE changes in between; a bad value is refused."""
+    from lrnn_scan.kernels.delta_product import function as fn
+
+    monkeypatch.setattr(fn, "wu_fwd_kernel", _Boom())
+    monkeypatch.setitem(fn.TUNE, "fuse_wu", "assoc")
+    q, k, v, beta, g, h0 = make_inputs(1, 70, 1, 1, 16, 16, True, 2.0, dtype=torch.float32)
+    xs = [x.requires_grad_() for x in (q, k, v, beta, g, h0)]
+    o, f = chunk_delta_product(*xs[:5], initial_state=xs[5], output_final_state=True, chunk_size=64,
+                               backend="triton")
+    assert o.grad_fn.saved_tensors[-2:] == (None, None)  # W, U not saved
+    monkeypatch.setitem(fn.TUNE, "fuse_wu", False)       # and the backward must not look for them
+    grads = torch.autograd.grad(o.sum() + f.sum(), xs)
+    xd = [x.detach().double().requires_grad_() for x in xs]
+    o_r, f_r = loop_fp64(*xd, 16 ** -0.5)
+    grads_r = torch.autograd.grad(o_r.sum() + f_r.sum(), xd)
+    for a, b in zip((o, f) + grads, (o_r, f_r) + grads_r):
+        assert ((a.double() - b).norm() / b.norm()).item() < 2e-5
+    monkeypatch.setitem(fn.TUNE, "fuse_wu", "yes")
+    with pytest.raises(ValueError, match="fuse_wu"):
+        chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")
+
+
+def _bf16_errors(n_h, gated):
+    """Relative errors of every output and gradient, bf16 inputs (rounded values as the fp64 reference)."""
+    q, k, v, beta, g, h0 = make_inputs(1, 70, n_h, 1, 32, 32, gated, 2.0, dtype=torch.float32, seed=5)
+    lo = [x.bfloat16() if x is not None else None for x in (q, k, v, beta, g)] + [h0 * 0.1]
+    xs = [x.requires_grad_() for x in lo if x is not None]
+    o, f = chunk_delta_product(*lo[:5], initial_state=lo[5], output_final_state=True, chunk_size=64,
+                               backend="triton")
+    gen = torch.Generator().manual_seed(3)
+    do, dh = torch.randn(o.shape, generator=gen, dtype=torch.float64), torch.randn(f.shape, generator=gen,
+                                                                                    dtype=torch.float64)
+    grads = torch.autograd.grad((o.double() * do).sum() + (f.double() * dh).sum(), xs)
+    xd = [x.detach().double().requires_grad_() for x in xs]
+    it = iter(xd)
+    qd, kd, vd, bd = (next(it) for _ in range(4))
+    gd = next(it) if gated else None
+    o_r, f_r = loop_fp64(qd, kd, vd, bd, gd, next(it), 32 ** -0.5)
+    grads_r = torch.autograd.grad((o_r * do).sum() + (f_r * dh).sum(), xd)
+    return [((a.double() - b).norm() / b.norm()).item() for a, b in zip((o, f) + grads, (o_r, f_r) + grads_r)]
+
+
+@pytest.mark.parametrize("over", [{"fuse_wu": "wu"}, {"fuse_wu": "assoc", "inv_batched": True},
+                                  {"a_16bit": True}, {"fuse_wu": "assoc", "a_16bit": True}])
+def test_bf16_inputs_variants_as_exact_as_default(over, monkeypatch):
+    """bf16 inputs (fp32 inputs never take a 16-bit A): each opt-in variant within 10 % (+2e-4) of the
+    default path's error on every output and gradient. The GPU bound is 5e-3 at full size; the
+    interpreter has no tf32 (the fp32 final state is exact to 1e-7 here, fp16 A alone gives 1e-4) and
+    truncates fp32 -> bf16 casts, so only the comparison is checked here."""
+    from lrnn_scan.kernels.delta_product import function as fn
+    base = _bf16_errors(2, True)
+    for key, val in over.items():
+        monkeypatch.setitem(fn.TUNE, key, val)
+    var = _bf16_errors(2, True)
+    assert all(e < 2e-2 for e in base), base
+    for b, e in zip(base, var):
+        assert e == e and e <= 1.1 * b + 2e-4, (base, var)
+
+
+def test_custom_op_path_ignores_fused_switches(monkeypatch):
+    """lrnn_scan.compile's custom op returns W, U and an fp32 A (its schema): with the opt-in
+    switches set it keeps the stored-W/U path and still matches the Function, gradients included."""
+    import lrnn_scan.compile as lc
+    from lrnn_scan.kernels.delta_product import chunk_delta_product_triton
+    from lrnn_scan.kernels.delta_product import function as fn
+
+    def run(f):
+        xs = [x.detach().clone().requires_grad_() for x in make_inputs(1, 40, 2, 1, 16, 16, True, 2.0,
+                                                                          dtype=torch.float32)]
+        o, hT = f(*xs[:5], None, xs[5], True, None, 16)
+        return [o, hT] + list(torch.autograd.grad(o.sum() + hT.sum(), xs))
+
+    ref = run(chunk_delta_product_triton)
+    monkeypatch.setitem(fn.TUNE, "fuse_wu", "assoc")
+    monkeypatch.setitem(fn.TUNE, "a_16bit", True)
+    for a, b in zip(run(lc.chunk_delta_product_triton), ref):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)

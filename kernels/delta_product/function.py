@@ -11,6 +11,7 @@ from .chunks import build_chunks
 from .dqkwg_bwd import dqkwg_bwd_kernel
 from .output import output_fwd_kernel
 from .state import dv_local_kernel, state_bwd_kernel, state_fwd_kernel
+from .state_fused import state_bwd_fused_kernel, state_fwd_fused_kernel
 from .wy import wy_fwd_kernel
 from .wy64 import tri_inv64_kernel, wu_fwd_kernel
 from .wy_bwd import wy_bwd_kernel
@@ -33,7 +34,42 @@ TUNE = dict(
     vn_16bit=False,        # Vn stored in the inputs' dtype (the state update keeps fp32 registers)
     hs_16bit=True,         # chunk-start states stored in 16 bits for read-out and backward only;
                            # the recurrence stays fp32 in registers (error 4.68e-3 -> 4.71e-3)
+    # Opt-in variants, untimed (README.md "Fused W/U"); benchmarks/delta_throughput.py --variants
+    fuse_wu=False,         # False: wu_fwd stores W, U (fp32). "wu": the state kernels form W, U in
+                           # registers from A, K, V, beta, g (state_fused.py; same dots as now).
+                           # "assoc": Vn = A (diag(b) V - diag(b g) K H), W^T dVn = (diag(b g) K)^T A^T dVn
+    state_fused=(4, 3, 64),      # state_fwd_fused_kernel (fuse_wu on)
+    state_bwd_fused=(4, 3, 64),  # state_bwd_fused_kernel (fuse_wu on)
+    inv_batched=False,     # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
+    a_16bit=False,         # A stored in float16 for 16-bit inputs (fp32 in registers; the dots read it as
+                           # tf32, 10 mantissa bits like fp16). bf16 A: error +9 %, fails; fp16 overflows
+                           # past 65504 (adversarial keys), so opt-in only (README "Fused W/U")
 )
+
+_FORMS = {False: 0, None: 0, "wu": 1, True: 1, "assoc": 2}
+
+
+def _fuse_form():
+    """0: W, U stored (wu_fwd / wy_fwd); 1, 2: formed in the state kernels (state_fused.py FORM)."""
+    f = TUNE["fuse_wu"]
+    if f not in _FORMS:
+        raise ValueError(f'TUNE["fuse_wu"] must be False, "wu" or "assoc", got {f!r}')
+    return _FORMS[f]
+
+
+def _autograd_ctx(ctx):
+    """Whether ``forward`` runs as this autograd Function. The ``torch.library`` custom op of
+    ``lrnn_scan.compile`` calls it with a stand-in ctx and returns ``W``, ``U`` and an fp32 ``A``
+    (its schema and fake registration say so): there ``fuse_wu`` and ``a_16bit`` do not apply."""
+    return isinstance(ctx, torch.autograd.function.FunctionCtx)
+
+
+def _empty(shape, device, dtype):
+    """``torch.empty``, or NaN-filled under ``LRNN_SCAN_POISON=1`` (tests: every element that is
+    read is written first)."""
+    if os.environ.get("LRNN_SCAN_POISON", "0") not in ("", "0"):
+        return torch.full(shape, float("nan"), device=device, dtype=dtype)
+    return torch.empty(shape, device=device, dtype=dtype)
 
 
 def _cfg(q, k, v, chunk_size):
@@ -67,13 +103,23 @@ def _store_dtype(x_dtype, key):
     return x_dtype if TUNE[key] and x_dtype in (torch.float16, torch.bfloat16) else torch.float32
 
 
-def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, dot):
+def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, dot, fused=None):
+    """Chunk-start states, ``Vn`` and the final state. ``fused = (form, v, beta, Ainv)``: ``W``, ``U``
+    are not stored and the fused kernel forms them (state_fused.py)."""
     NC, N = ch["NC"], ch["N"]
-    nw, ns, _ = TUNE["state_fwd"]
-    BV = _bv("state_fwd", BVf)
-    hs = torch.empty(NC, H, K, V, device=k.device, dtype=_store_dtype(k.dtype, "hs_16bit"))
-    vn = torch.empty(U.shape, device=k.device, dtype=_store_dtype(k.dtype, "vn_16bit"))
-    hT = torch.empty(N, H, K, V, device=k.device, dtype=torch.float32) if want_final else hs
+    key = "state_fused" if fused else "state_fwd"
+    nw, ns, _ = TUNE[key]
+    BV = _bv(key, BVf)
+    hs = _empty((NC, H, K, V), k.device, _store_dtype(k.dtype, "hs_16bit"))
+    vn = _empty((k.shape[0], H, V), k.device, _store_dtype(k.dtype, "vn_16bit"))
+    hT = _empty((N, H, K, V), k.device, torch.float32) if want_final else hs
+    if fused:
+        form, v, beta, Ainv = fused
+        state_fwd_fused_kernel[(triton.cdiv(V, BV), N * H)](
+            k, v, beta, gcum, Ainv, h0 if h0 is not None else hs, hs, vn, hT, ch["start"], ch["length"],
+            ch["seq_ptr"], H=H, K=K, V=V, BC=BC, BK=BK, BV=BV, USE_G=use_g, USE_H0=h0 is not None,
+            STORE_HT=want_final, FORM=form, DOT=dot, num_warps=nw, num_stages=ns)
+        return hs, vn, (hT if want_final else None)
     state_fwd_kernel[(triton.cdiv(V, BV), N * H)](
         k, W, U, gcum, h0 if h0 is not None else hs, hs, vn, hT, ch["start"], ch["length"], ch["seq_ptr"],
         H=H, K=K, V=V, BC=BC, BK=BK, BV=BV, USE_G=use_g, USE_H0=h0 is not None,
@@ -98,30 +144,40 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         gf = g.reshape(B * T, H).contiguous() if use_g else None
         h0c = h0.float().contiguous() if h0 is not None else None
         dev = q.device
-        gcum = torch.empty(Ls, H, device=dev, dtype=torch.float32) if use_g else bf
-        Ainv = torch.empty(ch["NC"], H, BC, BC, device=dev, dtype=torch.float32)
-        idt = _store_dtype(k.dtype, "inter_16bit")
-        W = torch.empty(Ls, H, K, device=dev, dtype=idt)
-        U = torch.empty(Ls, H, V, device=dev, dtype=idt)
+        gcum = _empty((Ls, H), dev, torch.float32) if use_g else bf
+        own = _autograd_ctx(ctx)
+        a16 = own and TUNE["a_16bit"] and k.dtype in (torch.float16, torch.bfloat16)
+        Ainv = _empty((ch["NC"], H, BC, BC), dev, torch.float16 if a16 else torch.float32)
+        form = _fuse_form() if own else 0
+        if form:                    # W, U formed in the state kernels, never stored (state_fused.py)
+            W = U = None
+        else:
+            idt = _store_dtype(k.dtype, "inter_16bit")
+            W = _empty((Ls, H, K), dev, idt)
+            U = _empty((Ls, H, V), dev, idt)
         NC = ch["NC"]
         if NC > 0 and BC == 64 and TUNE["wy_split"]:
             # two kernels: the 16x16 substitutions run with few warps, W/U with more (wy64.py)
             tri_inv64_kernel[(NC, H)](kf, bf, gf if use_g else bf, gcum, Ainv, ch["start"], ch["length"],
                                       H=H, K=K, NH=n_h, BK=BK, USE_G=use_g, DOT=dot, RAW=raw,
+                                      BATCHED=bool(TUNE["inv_batched"]),
                                       num_warps=TUNE["inv"][0], num_stages=TUNE["inv"][1])
-            wu_fwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, W, U, ch["start"], ch["length"], H=H, K=K,
-                                   V=V, BC=BC, BK=BK, BV=_bv("wu", BVf), USE_G=use_g, DOT=dot,
-                                   num_warps=TUNE["wu"][0], num_stages=TUNE["wu"][1])
+            if not form:
+                wu_fwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, W, U, ch["start"], ch["length"], H=H, K=K,
+                                       V=V, BC=BC, BK=BK, BV=_bv("wu", BVf), USE_G=use_g, DOT=dot,
+                                       num_warps=TUNE["wu"][0], num_stages=TUNE["wu"][1])
         elif NC > 0:
-            wy_fwd_kernel[(NC, H)](kf, vf, bf, gf if use_g else bf, gcum, Ainv, W, U,
+            wy_fwd_kernel[(NC, H)](kf, vf, bf, gf if use_g else bf, gcum, Ainv,
+                                   W if W is not None else Ainv, U if U is not None else Ainv,
                                    ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC,
-                                   BK=BK, BV=min(BVf, 64), USE_G=use_g, DOT=dot,
+                                   BK=BK, BV=min(BVf, 64), USE_G=use_g, DOT=dot, STORE_WU=not form,
                                    num_warps=TUNE["wy"][0], num_stages=TUNE["wy"][1])
+        fused = (form, vf, bf, Ainv) if form else None
         hs, vn, hT = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BVf, use_g,
-                                output_final_state, dot)
+                                output_final_state, dot, fused)
         if output_final_state and NC == 0:
             hT = h0c.clone() if h0c is not None else torch.zeros(ch["N"], H, K, V, device=dev)
-        o = torch.empty(B * T, H, V, device=dev, dtype=q.dtype)
+        o = _empty((B * T, H, V), dev, q.dtype)
         if NC > 0:
             BVo = _bv("output", BVf)
             output_fwd_kernel[(triton.cdiv(V, BVo), NC, H)](
@@ -129,6 +185,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                 BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw,
                 num_warps=TUNE["output"][0], num_stages=TUNE["output"][1])
         ctx.save_for_backward(qf, kf, vf, bf, gf, h0c, gcum, Ainv, W, U)
+        ctx.form = form             # the backward follows the forward's choice, whatever TUNE says then
         ctx.meta = (B, T, H, K, V, n_h, BC, BK, BVf, BV, dot, scale, use_g, ch,
                     h0 is not None, q.dtype, k.dtype, v.dtype, beta.dtype,
                     g.dtype if use_g else None, h0.dtype if h0 is not None else None)
@@ -144,35 +201,44 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         Ls = B * T * n_h
         N, NC = ch["N"], ch["NC"]
         do = do.reshape(B * T, H, V).contiguous()
-        hs, vn, _ = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BVf, use_g, False, dot)
-        dhs = torch.empty(NC, H, K, V, device=dev, dtype=torch.float32)
-        dvn = torch.empty(Ls, H, V, device=dev, dtype=torch.float32)
-        dh0 = torch.empty(N, H, K, V, device=dev, dtype=torch.float32)
+        form = getattr(ctx, "form", 0)   # lrnn_scan.compile's stand-in ctx: W, U always stored
+        fused = (form, vf, bf, Ainv) if form else None
+        hs, vn, _ = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BVf, use_g, False, dot, fused)
+        dhs = _empty((NC, H, K, V), dev, torch.float32)
+        dvn = _empty((Ls, H, V), dev, torch.float32)
+        dh0 = _empty((N, H, K, V), dev, torch.float32)
         dhTc = dhT.float().contiguous() if dhT is not None else None
         if NC > 0:
-            BVl, BVs = _bv("dv_local", BVf), _bv("state_bwd", BVf)
+            BVl, BVs = _bv("dv_local", BVf), _bv("state_bwd_fused" if form else "state_bwd", BVf)
             dv_local_kernel[(triton.cdiv(V, BVl), NC, H)](
                 qf, kf, gcum, do, dvn, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
                 BC=BC, BK=BK, BV=BVl, USE_G=use_g, DOT=dot, RAW=raw,
                 num_warps=TUNE["dv_local"][0], num_stages=TUNE["dv_local"][1])
-            state_bwd_kernel[(triton.cdiv(V, BVs), N * H)](
-                qf, kf, W, gcum, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,
-                ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
-                BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, DOT=dot,
-                num_warps=TUNE["state_bwd"][0], num_stages=TUNE["state_bwd"][1])
+            if form:
+                state_bwd_fused_kernel[(triton.cdiv(V, BVs), N * H)](
+                    qf, kf, bf, gcum, Ainv, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,
+                    ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
+                    BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, FORM=form,
+                    DOT=dot, num_warps=TUNE["state_bwd_fused"][0], num_stages=TUNE["state_bwd_fused"][1])
+            else:
+                state_bwd_kernel[(triton.cdiv(V, BVs), N * H)](
+                    qf, kf, W, gcum, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,
+                    ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
+                    BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, DOT=dot,
+                    num_warps=TUNE["state_bwd"][0], num_stages=TUNE["state_bwd"][1])
         else:
             dh0 = dhTc.clone() if dhTc is not None else torch.zeros_like(dh0)
         # every token has one query row and one first sub-step, every sub-step one chunk:
         # all gradient buffers are fully written by the kernels below
-        dq = torch.empty(B * T, H, K, device=dev, dtype=qdt)
-        dk_part = torch.empty(Ls, H, K, device=dev, dtype=torch.float32)
-        dk = torch.empty(Ls, H, K, device=dev, dtype=kdt)
-        dv = torch.empty(Ls, H, V, device=dev, dtype=vdt)
-        db = torch.empty(Ls, H, device=dev, dtype=bdt)
-        dg = torch.empty(B * T, H, device=dev, dtype=gdt) if use_g else db
+        dq = _empty((B * T, H, K), dev, qdt)
+        dk_part = _empty((Ls, H, K), dev, torch.float32)
+        dk = _empty((Ls, H, K), dev, kdt)
+        dv = _empty((Ls, H, V), dev, vdt)
+        db = _empty((Ls, H), dev, bdt)
+        dg = _empty((B * T, H), dev, gdt) if use_g else db
         if NC > 0:
-            dW = torch.empty(Ls, H, K, device=dev, dtype=torch.float32)
-            dGp = torch.empty(Ls, H, device=dev, dtype=torch.float32) if use_g else dk_part
+            dW = _empty((Ls, H, K), dev, torch.float32)
+            dGp = _empty((Ls, H), dev, torch.float32) if use_g else dk_part
             dqkwg_bwd_kernel[(NC, H)](qf, kf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
                                       ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
                                       BC=BC, BK=BK, BV=_bv("dqkwg", BVf), USE_G=use_g, DOT=dot, RAW=raw,

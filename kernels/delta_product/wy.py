@@ -1,5 +1,6 @@
 """Forward WY/UT kernel: per chunk, the chunk-local cumulative log-gate, the fp32 inverse
-``A = (I + strictLower(diag(β)(Γ ⊙ K K^T)))^{-1}``, ``W = A diag(βγ) K`` and ``U = A diag(β) V``.
+``A = (I + strictLower(diag(β)(Γ ⊙ K K^T)))^{-1}``, ``W = A diag(βγ) K`` and ``U = A diag(β) V``
+(``W``, ``U`` only with ``STORE_WU``; ``TUNE["fuse_wu"]`` forms them in the state kernels instead).
 
 For ``C = 64`` the inverse is blocked: four 16×16 diagonal blocks by forward substitution, then the
 off-diagonal blocks ``X_ij = −X_ii Σ_{m=j}^{i−1} L_im X_mj`` (fp32 "ieee" dots). Other chunk sizes
@@ -49,7 +50,7 @@ def _diag(ki, bi, Gi, r, DOT: tl.constexpr):
 def wy_fwd_kernel(k, v, beta, g, gcum, Ainv, W, U, start_ptr, len_ptr,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                   BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_G: tl.constexpr, DOT: tl.constexpr):
+                  USE_G: tl.constexpr, DOT: tl.constexpr, STORE_WU: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)                     # int64
@@ -127,7 +128,7 @@ def wy_fwd_kernel(k, v, beta, g, gcum, Ainv, W, U, start_ptr, len_ptr,
         tl.store(aptr + o + 48 * BC + 32, X32)
         tl.store(aptr + o + 48 * BC + 48, X33)
         tl.debug_barrier()
-        X = tl.load(aptr + r[:, None] * BC + r[None, :])
+        X = tl.load(aptr + r[:, None] * BC + r[None, :]).to(tl.float32)    # fp16 under a_16bit
     else:
         causal = r[:, None] >= r[None, :]
         strict = r[:, None] > r[None, :]
@@ -141,12 +142,13 @@ def wy_fwd_kernel(k, v, beta, g, gcum, Ainv, W, U, start_ptr, len_ptr,
             xi = tl.sum(li[:, None] * X, 0)
             X = tl.where(r[:, None] == i, X - xi[None, :], X)
         tl.store(aptr + r[:, None] * BC + r[None, :], X)
-    w = tl.dot(X, kk * (b * tl.exp(G))[:, None], input_precision=DOT)
-    tl.store(W + (s * H + h)[:, None] * K + ck[None, :], w.to(W.dtype.element_ty),
-             mask=rm[:, None] & (ck < K)[None, :])
-    for v0 in range(0, V, BV):
-        cv = v0 + tl.arange(0, BV)
-        mv = rm[:, None] & (cv < V)[None, :]
-        vv = tl.load(v + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.).to(tl.float32)
-        u = tl.dot(X, vv * b[:, None], input_precision=DOT)
-        tl.store(U + (s * H + h)[:, None] * V + cv[None, :], u.to(U.dtype.element_ty), mask=mv)
+    if STORE_WU:                                       # off under TUNE["fuse_wu"] (state_fused.py)
+        w = tl.dot(X, kk * (b * tl.exp(G))[:, None], input_precision=DOT)
+        tl.store(W + (s * H + h)[:, None] * K + ck[None, :], w.to(W.dtype.element_ty),
+                 mask=rm[:, None] & (ck < K)[None, :])
+        for v0 in range(0, V, BV):
+            cv = v0 + tl.arange(0, BV)
+            mv = rm[:, None] & (cv < V)[None, :]
+            vv = tl.load(v + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.).to(tl.float32)
+            u = tl.dot(X, vv * b[:, None], input_precision=DOT)
+            tl.store(U + (s * H + h)[:, None] * V + cv[None, :], u.to(U.dtype.element_ty), mask=mv)

@@ -2,10 +2,12 @@
 
 Used by ``function.py`` for ``C = 64`` when ``TUNE["wy_split"]`` is set (``wy.py`` otherwise).
 
-* ``tri_inv64_kernel`` (2 warps): chunk-local cumulative log-gate ``G`` and the fp32 inverse
+* ``tri_inv64_kernel`` (1 warp): chunk-local cumulative log-gate ``G`` and the fp32 inverse
   ``A = (I + strictLower(diag(β)(Γ ⊙ K K^T)))^{-1}`` by blocks: four 16×16 diagonal blocks by forward
-  substitution (intra-warp reductions), then ``X_ij = −X_ii Σ_{m=j}^{i−1} L_im X_mj`` (fp32 dots).
-* ``wu_fwd_kernel`` (4 warps): ``W = A diag(βγ) K`` and ``U = A diag(β) V``.
+  substitution (intra-warp reductions; ``BATCHED``: all four as one [4, 16, 16] tile), then
+  ``X_ij = −X_ii Σ_{m=j}^{i−1} L_im X_mj`` (fp32 dots).
+* ``wu_fwd_kernel`` (2 warps): ``W = A diag(βγ) K`` and ``U = A diag(β) V`` (not launched under
+  ``TUNE["fuse_wu"]``: ``state_fused.py`` forms them in registers).
 """
 import triton
 import triton.language as tl
@@ -20,6 +22,22 @@ def _inv16(Lm, r):
         li = tl.sum(tl.where(r[:, None] == i, Lm, 0.), 0)
         X = tl.where(r[:, None] == i, X - tl.sum(li[:, None] * X, 0)[None, :], X)
     return X
+
+
+@triton.jit
+def _inv16x4(L0, L1, L2, L3, r):
+    """``_inv16`` of four blocks at once as one [4, 16, 16] tile: 15 serial steps instead of 60
+    (``TUNE["inv_batched"]``)."""
+    bi = tl.arange(0, 4)[:, None, None]
+    rr = r[None, :, None]
+    Lm = tl.where(bi == 0, L0[None, :, :],
+                  tl.where(bi == 1, L1[None, :, :], tl.where(bi == 2, L2[None, :, :], L3[None, :, :])))
+    X = tl.where((rr == r[None, None, :]) & (bi >= 0), 1., 0.)
+    for i in range(1, 16):
+        li = tl.sum(tl.where(rr == i, Lm, 0.), 1)                  # [4, 16]: row i of each L, by column
+        X = tl.where(rr == i, X - tl.sum(li[:, :, None] * X, 1)[:, None, :], X)
+    return (tl.sum(tl.where(bi == 0, X, 0.), 0), tl.sum(tl.where(bi == 1, X, 0.), 0),
+            tl.sum(tl.where(bi == 2, X, 0.), 0), tl.sum(tl.where(bi == 3, X, 0.), 0))
 
 
 @triton.jit
@@ -63,7 +81,7 @@ def _mm(a, b):
 @triton.jit
 def tri_inv64_kernel(k, beta, g, gcum, Ainv, start_ptr, len_ptr,
                      H: tl.constexpr, K: tl.constexpr, NH: tl.constexpr, BK: tl.constexpr,
-                     USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
+                     USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr, BATCHED: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
@@ -73,10 +91,14 @@ def tri_inv64_kernel(k, beta, g, gcum, Ainv, start_ptr, len_ptr,
     k1, b1, G1, o2 = _blk(k, beta, g, gcum, start, n, 16, h, o1, H, K, NH, BK, USE_G)
     k2, b2, G2, o3 = _blk(k, beta, g, gcum, start, n, 32, h, o2, H, K, NH, BK, USE_G)
     k3, b3, G3, o4 = _blk(k, beta, g, gcum, start, n, 48, h, o3, H, K, NH, BK, USE_G)
-    X00 = _inv16(_Ld(k0, b0, G0, r, DOT, RAW), r)
-    X11 = _inv16(_Ld(k1, b1, G1, r, DOT, RAW), r)
-    X22 = _inv16(_Ld(k2, b2, G2, r, DOT, RAW), r)
-    X33 = _inv16(_Ld(k3, b3, G3, r, DOT, RAW), r)
+    if BATCHED:
+        X00, X11, X22, X33 = _inv16x4(_Ld(k0, b0, G0, r, DOT, RAW), _Ld(k1, b1, G1, r, DOT, RAW),
+                                      _Ld(k2, b2, G2, r, DOT, RAW), _Ld(k3, b3, G3, r, DOT, RAW), r)
+    else:
+        X00 = _inv16(_Ld(k0, b0, G0, r, DOT, RAW), r)
+        X11 = _inv16(_Ld(k1, b1, G1, r, DOT, RAW), r)
+        X22 = _inv16(_Ld(k2, b2, G2, r, DOT, RAW), r)
+        X33 = _inv16(_Ld(k3, b3, G3, r, DOT, RAW), r)
     L10 = _L(k1, b1, G1, k0, G0, DOT, RAW)
     L20 = _L(k2, b2, G2, k0, G0, DOT, RAW)
     L21 = _L(k2, b2, G2, k1, G1, DOT, RAW)
@@ -122,7 +144,7 @@ def wu_fwd_kernel(k, v, beta, gcum, Ainv, W, U, start_ptr, len_ptr,
     rm = r < n
     s = start + r
     ck = tl.arange(0, BK)
-    X = tl.load(Ainv + ((c * H + h) * BC + r[:, None]) * BC + r[None, :])
+    X = tl.load(Ainv + ((c * H + h) * BC + r[:, None]) * BC + r[None, :]).to(tl.float32)  # fp16: a_16bit
     b = tl.load(beta + s * H + h, mask=rm, other=0.).to(tl.float32)
     if USE_G:
         bg = b * tl.exp(tl.load(gcum + s * H + h, mask=rm, other=0.))

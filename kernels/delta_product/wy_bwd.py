@@ -24,7 +24,7 @@ def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
     ck = tl.arange(0, BK)
     mk = rm[:, None] & (ck < K)[None, :]
     b = tl.load(beta + s * H + h, mask=rm, other=0.).to(tl.float32)
-    A = tl.load(Ainv + ((c * H + h) * BC + r[:, None]) * BC + r[None, :])
+    A = tl.load(Ainv + ((c * H + h) * BC + r[:, None]) * BC + r[None, :]).to(tl.float32)  # fp16: a_16bit
     if USE_G:
         G = tl.load(gcum + s * H + h, mask=rm, other=0.)
     else:

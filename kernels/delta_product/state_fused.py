@@ -1,0 +1,143 @@
+"""Sequential-over-chunks kernels with the WY products fused in (``function.TUNE["fuse_wu"]``).
+
+``W = A diag(βγ) K`` and ``U = A diag(β) V`` are never stored: each program (one sequence, head and
+V tile) reads the chunk's fp32 inverse ``A`` (tri_inv64 / wy_fwd), ``K``, its ``V`` tile, ``β`` and
+the cumulative log-gate, and forms what it needs in fp32 registers. Two forms (constexpr ``FORM``):
+
+* ``FORM == 1`` ("wu"): ``W = A diag(βγ) K`` ([C, K], recomputed by every V tile) and
+  ``U = A diag(β) V`` (the program's V tile only), then ``Vn = U − W H`` as in ``state.py``. Same
+  dots, same rounding as the unfused path; W and U do not depend on ``H`` (off the serial chain).
+* ``FORM == 2`` ("assoc"): ``Vn = U − W H = A (diag(β) V − diag(βγ) K H)``: one [C, K]×[K, BV] and one
+  [C, C]×[C, BV] dot, no W at all (no extra FLOPs over the unfused path), but the ``A`` dot sits on
+  the serial chain and the rounding differs (``U − W H`` cancels after, here before, the ``A`` dot).
+
+The backward kernel needs ``W^T dVn``: ``FORM == 1`` recomputes ``W``; ``FORM == 2`` uses
+``W^T dVn = (diag(βγ) K)^T (A^T dVn)``. README.md "Fused W/U" has the FLOP/byte count.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr):
+    """Per chunk: ``A`` (all of it: the inverse kernels write every element; stored fp32, or fp16 under
+    ``TUNE["a_16bit"]``), keys, ``β``, all as fp32."""
+    A = tl.load(Ainv + ((c * H + h) * BC + r[:, None]) * BC + r[None, :]).to(tl.float32)
+    b = tl.load(beta + s * H + h, mask=rm, other=0.).to(tl.float32)
+    kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :],
+                 other=0.).to(tl.float32)
+    return A, kk, b
+
+
+@triton.jit
+def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, len_ptr, seq_ptr,
+                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                           BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                           USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+                           FORM: tl.constexpr, DOT: tl.constexpr):
+    """``Vn = U − W H`` with ``W``, ``U`` formed here, ``H ← γ_C H + (diag(γ_C/γ) K)^T Vn``;
+    stores the chunk-start states ``H``, ``Vn`` and the final state (as ``state_fwd_kernel``)."""
+    iv = tl.program_id(0)
+    nh = tl.program_id(1)
+    n = nh // H
+    h = nh % H
+    ck = tl.arange(0, BK)
+    cv = iv * BV + tl.arange(0, BV)
+    kvm = (ck < K)[:, None] & (cv < V)[None, :]
+    r = tl.arange(0, BC)
+    if USE_H0:
+        st = tl.load(h0 + ((n * H + h) * K + ck[:, None]) * V + cv[None, :], mask=kvm, other=0.).to(tl.float32)
+    else:
+        st = tl.zeros([BK, BV], dtype=tl.float32)
+    c0 = tl.load(seq_ptr + n)
+    c1 = tl.load(seq_ptr + n + 1)
+    for c in range(c0, c1):
+        start = tl.load(start_ptr + c)
+        ln = tl.load(len_ptr + c)
+        rm = r < ln
+        s = start + r
+        mv = rm[:, None] & (cv < V)[None, :]
+        tl.store(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], st.to(hs.dtype.element_ty), mask=kvm)
+        A, kk, b = _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H, K, BC)
+        vv = tl.load(v + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.).to(tl.float32)
+        if USE_G:
+            G = tl.load(gcum + s * H + h, mask=rm, other=0.)
+            gC = tl.load(gcum + (start + ln - 1) * H + h)
+            bg = b * tl.exp(G)
+        else:
+            bg = b
+        if FORM == 1:
+            w = tl.dot(A, kk * bg[:, None], input_precision=DOT)          # [C, K], fp32
+            u = tl.dot(A, vv * b[:, None], input_precision=DOT)           # [C, BV], fp32
+            vnew = u - tl.dot(w, st, input_precision=DOT)
+        else:
+            y = vv * b[:, None] - tl.dot(kk * bg[:, None], st, input_precision=DOT)
+            vnew = tl.dot(A, y, input_precision=DOT)
+        tl.store(vn + (s * H + h)[:, None] * V + cv[None, :], vnew.to(vn.dtype.element_ty), mask=mv)
+        if USE_G:
+            kk = kk * tl.exp(gC - G)[:, None]
+            st = st * tl.exp(gC)
+        st += tl.dot(tl.trans(kk), vnew, input_precision=DOT)
+    if STORE_HT:
+        tl.store(hT + ((n * H + h) * K + ck[:, None]) * V + cv[None, :], st, mask=kvm)
+
+
+@triton.jit
+def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start_ptr, len_ptr, seq_ptr,
+                           scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
+                           BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                           USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+                           FORM: tl.constexpr, DOT: tl.constexpr):
+    """``state_bwd_kernel`` without a stored ``W``: ``dVn += diag(γ_C/γ) K dH'`` (``dvn`` holds
+    ``P^T dO``), ``dH = γ_C dH' + (diag(γ) Q)^T dO − W^T dVn``; stores ``dH'`` per chunk and ``dH_0``."""
+    iv = tl.program_id(0)
+    nh = tl.program_id(1)
+    n = nh // H
+    h = nh % H
+    ck = tl.arange(0, BK)
+    cv = iv * BV + tl.arange(0, BV)
+    kvm = (ck < K)[:, None] & (cv < V)[None, :]
+    r = tl.arange(0, BC)
+    if USE_DHT:
+        dst = tl.load(dhT + ((n * H + h) * K + ck[:, None]) * V + cv[None, :], mask=kvm, other=0.).to(tl.float32)
+    else:
+        dst = tl.zeros([BK, BV], dtype=tl.float32)
+    c0 = tl.load(seq_ptr + n)
+    c1 = tl.load(seq_ptr + n + 1)
+    for i in range(0, c1 - c0):
+        c = c1 - 1 - i
+        start = tl.load(start_ptr + c)
+        ln = tl.load(len_ptr + c)
+        rm = r < ln
+        s = start + r
+        mv = rm[:, None] & (cv < V)[None, :]
+        tl.store(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], dst, mask=kvm)
+        qm = rm & (s % NH == NH - 1)
+        tok = s // NH
+        qq = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
+                     other=0.).to(tl.float32) * scale
+        dout = tl.load(do + (tok * H + h)[:, None] * V + cv[None, :], mask=qm[:, None] & (cv < V)[None, :],
+                       other=0.).to(tl.float32)
+        A, kk, b = _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H, K, BC)
+        dvl = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.)
+        if USE_G:
+            G = tl.load(gcum + s * H + h, mask=rm, other=0.)
+            gC = tl.load(gcum + (start + ln - 1) * H + h)
+            kb = kk * (b * tl.exp(G))[:, None]                              # diag(βγ) K
+            kd = kk * tl.exp(gC - G)[:, None]
+            qq = qq * tl.exp(G)[:, None]
+            dst_dec = dst * tl.exp(gC)
+        else:
+            kb = kk * b[:, None]
+            kd = kk
+            dst_dec = dst
+        dv_ = dvl + tl.dot(kd, dst, input_precision=DOT)
+        tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], dv_, mask=mv)
+        if FORM == 1:
+            w = tl.dot(A, kb, input_precision=DOT)
+            wtd = tl.dot(tl.trans(w), dv_, input_precision=DOT)
+        else:
+            wtd = tl.dot(tl.trans(kb), tl.dot(tl.trans(A), dv_, input_precision=DOT), input_precision=DOT)
+        dst = dst_dec + tl.dot(tl.trans(qq), dout, input_precision=DOT) - wtd
+    if STORE_DH0:
+        tl.store(dh0 + ((n * H + h) * K + ck[:, None]) * V + cv[None, :], dst, mask=kvm)

@@ -7,12 +7,15 @@
 #        delta    — issue 4: the fused W/U and batched-inverse variants vs the defaults
 #        layers   — issue 7: layer targets in bf16 after the ShortConv / L2-norm changes
 #        scan     — issue 3: the full scan_throughput.py run with the final defaults
+#        train    — issue 6: longer S5 / S4 / Chomsky runs (mad_tasks/configs/gpu_tables_next.json,
+#                   11 processes sharing the GPU, 480 s each; the previous run's budgets were
+#                   too short for these columns, mad_tasks/RESULTS.md §4)
 # Logs and result files go to $OUT (or ./gpu_out); rows are appended to $OUT/RESULTS_<stage>.md
 # so they can be reviewed before they are merged into benchmarks/RESULTS.md.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh tests|lookback|delta|layers|scan}
+stage=${1:?usage: gpu_owed.sh tests|lookback|delta|layers|scan|train}
 case "$stage" in
   tests)
     timeout 560 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_gpu_l2norm.py \
@@ -31,5 +34,8 @@ case "$stage" in
   scan)
     timeout 560 python3 benchmarks/scan_throughput.py --out "$OUT" \
       --results "$OUT/RESULTS_scan.md" 2>&1 | tee "$OUT/scan.log" | tail -40 ;;
+  train)
+    python3 -m lrnn_scan.mad_tasks launch --config mad_tasks/configs/gpu_tables_next.json \
+      --out "$OUT/gpu_tables_next" --deadline-s 560 2>&1 | tee "$OUT/train.log" | tail -40 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

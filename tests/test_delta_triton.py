@@ -120,14 +120,20 @@ def test_triton_l2norm_and_scale_match_torch_backend():
 
 
 @pytest.mark.parametrize("allow_tf32,expect", [(False, "ieee"), (True, "tf32")])
-def test_float32_dots_follow_torch_tf32_switch(allow_tf32, expect, monkeypatch):
+def test_float32_dots_follow_torch_tf32_switch(allow_tf32, expect):
     """fp32 inputs: exact dots unless TF32 matmuls are allowed; 16-bit inputs always tf32."""
     from lrnn_scan.kernels.delta_product import function as fn
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", allow_tf32)
-    q = torch.randn(1, 64, 1, 16)
-    k, v = torch.randn(1, 64, 1, 1, 16), torch.randn(1, 64, 1, 1, 16)
-    assert fn._cfg(q, k, v, 64)[-1] == expect
-    assert fn._cfg(q.bfloat16(), k.bfloat16(), v.bfloat16(), 64)[-1] == "tf32"
+    # saved and restored by hand: allow_tf32 is a property of torch's cuBLAS module object, which
+    # pytest 9.2's monkeypatch could not undo (it tried delattr; 9.0 could)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+        q = torch.randn(1, 64, 1, 16)
+        k, v = torch.randn(1, 64, 1, 1, 16), torch.randn(1, 64, 1, 1, 16)
+        assert fn._cfg(q, k, v, 64)[-1] == expect
+        assert fn._cfg(q.bfloat16(), k.bfloat16(), v.bfloat16(), 64)[-1] == "tf32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 class _Boom:

@@ -44,11 +44,15 @@ def _rel(a, b):
 
 
 @pytest.fixture
-def no_tf32(monkeypatch):
+def no_tf32():
     """cuDNN runs the eager LSTM with TF32 by default (allow_tf32 = True), the compiled LSTM is
-    decomposed into fp32 matmuls: an H200 run saw a 2.1e-4 output difference from that alone."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    decomposed into fp32 matmuls: an H200 run saw a 2.1e-4 output difference from that alone.
+    Saved and restored by hand: these switches are properties of torch's backend objects, which
+    pytest 9.2's monkeypatch could not undo (it tried delattr; 9.0 could)."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @pytest.mark.parametrize("name", list(LAYERS))

@@ -225,11 +225,27 @@ def _summary_launch(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, mp, bh, nw, ns
         VARLEN=varlen, num_warps=nws, num_stages=ns)
 
 
+def _bd_lookback(m) -> bool:
+    """Opt-in single-pass look-back forward (lookback_block.py, untimed) for 2 <= m <= 8."""
+    return bool(TUNE.get("fwd_lookback")) and 2 <= m <= 8
+
+
 def _bd_forward(A, b, h0, cu, chunk):
     B, T, H, m = b.shape
     nseq = B if cu is None else cu.numel() - 1
     mp, bh, nw, ns = _bd_cfg(m)
     dev = b.device
+    if _bd_lookback(m):
+        from .lookback_block import block_lookback_forward
+
+        def summary(ch):  # chunk products for an unaligned backward chunk: one summary pass
+            nc = triton.cdiv(_max_len(T, nseq, cu), ch)
+            P = _empty((nseq, nc, H, m, m), torch.float32, dev)
+            E = _empty((nseq, nc, H, m), torch.float32, dev)
+            _summary_launch(A, b, P, E, b if cu is None else cu, T, H, ch, nc, nseq, m, mp, bh,
+                            nw, ns, cu is not None)
+            return P
+        return block_lookback_forward(A, b, h0, cu, chunk, TUNE, _empty, _bd_cfg, summary)
     h = _empty(b.shape, b.dtype, dev)
     final = _empty((nseq, H, m), torch.float32, dev)
     dummy = b
@@ -463,8 +479,14 @@ def _needs_grad(*xs):
 def _bd_apply(A, b, h0, cu, nseq):
     B, T, H, m = b.shape
     mp, bh, _, _ = _bd_cfg(m)
-    chunk = _choose_chunk(nseq * triton.cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m,
-                          _needs_grad(A, b, h0))
+    grad = _needs_grad(A, b, h0)
+    align = 1
+    if _bd_lookback(m):  # one pass whatever the programs; chunks only serve a backward,
+        if not grad:     # aligned to the look-back tiles so that P comes from them
+            return _ScanFn.apply(A, b, h0, cu, None, False)
+        align = TUNE.get("lb_chunk", 64)
+    chunk = _choose_chunk(nseq * triton.cdiv(H, bh), _max_len(T, nseq, cu), b.device, align, m,
+                          grad)
     return _ScanFn.apply(A, b, h0, cu, chunk, False)
 
 

@@ -168,6 +168,9 @@ def _ddp_worker(rank, world, port, x, out_path):
         (model(local) ** 2).mean().backward()              # DDP averages the gradients
         if rank == 0:
             torch.save({n: p.grad for n, p in model.module.named_parameters()}, out_path)
+        # both ranks reach teardown together: a rank that destroyed the group while rank 0 was
+        # still saving aborted once in CI ("terminate called without an active exception", -6)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

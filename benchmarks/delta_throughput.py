@@ -47,7 +47,8 @@ PEERS_FLA_H200 = {  # (n_h, gated, mode) -> ms
 # opt-in switches of lrnn_scan.kernels.delta_product.function.TUNE (README "Fused W/U"), each a set
 # of overrides; the combinations compile nothing beyond their parts
 VARIANTS = {
-    "default": {},
+    "default": {},                                   # fuse_wu "assoc" + inv_batched (H100 2026-11-24)
+    "stored_wu": {"fuse_wu": False, "inv_batched": False},  # the default until 2026-11-24
     "fuse_wu": {"fuse_wu": "wu"},
     "fuse_assoc": {"fuse_wu": "assoc"},
     "inv_batched": {"inv_batched": True},
@@ -62,8 +63,7 @@ VARIANTS = {
     "fuse_wu+a_16bit": {"fuse_wu": "wu", "a_16bit": True},
     "fuse_assoc+a_16bit": {"fuse_wu": "assoc", "a_16bit": True},
 }
-DEFAULT_VARIANTS = ["default", "fuse_wu", "fuse_assoc", "inv_batched", "fuse_wu+inv_batched",
-                    "fuse_assoc+inv_batched"]
+DEFAULT_VARIANTS = ["default", "stored_wu", "fuse_assoc_8w", "a_16bit"]
 ERR_BOUND = 5e-3
 DEVICE = "cuda"         # a CPU smoke test of the script's logic sets "cpu" (interpreter)
 

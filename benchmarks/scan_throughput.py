@@ -10,7 +10,7 @@ under ``benchmarks/out/`` and appends a dated row set to ``benchmarks/RESULTS.md
     python benchmarks/scan_throughput.py            # full run
     python benchmarks/scan_throughput.py --quick    # fewer shapes, no peers
     python benchmarks/scan_throughput.py --tune     # sweep kernel configurations (prints only)
-    python benchmarks/scan_throughput.py --lookback-compare  # look-back forwards (m = 1; 2, 4, 8) vs default
+    python benchmarks/scan_throughput.py --lookback-compare  # m = 1 look-back forward vs the tiled/chunked one
 """
 from __future__ import annotations
 
@@ -269,55 +269,10 @@ def _rel(x, y):
     return ((x.double() - y).norm() / y.norm()).item()
 
 
-LOOKBACK_BLOCK_SHAPES = ((8, 2048, 768), (1, 16384, 768))  # (B, T, N = H m)
-LOOKBACK_BLOCK_CHUNKS = (64, 128)  # TUNE lb_chunk for m = 2, 4, 8 (lookback_block.py)
-
-
-def lookback_compare_block(log, record, shapes=LOOKBACK_BLOCK_SHAPES, ms=(2, 4, 8)):
-    """The block look-back forward (m = 2, 4, 8, ``lookback_block.py``) against the default block
-    forward, fp32: fp64 check (h0 and h_final included; ratio to the default's error), then
-    forward ms / % of copy per ``lb_chunk`` of ``LOOKBACK_BLOCK_CHUNKS``. Returns summary rows."""
-    summary = []
-    for B, T, N in shapes:
-        for m in ms:
-            torch.manual_seed(m)
-            A, x = make_inputs(B, T, N, m)
-            h0 = torch.randn(B, N // m, m, device=DEV)
-            Ad = A.double()
-            b1 = x.double()
-            b1[:, 0] += (Ad[:, 0] @ h0.double().unsqueeze(-1)).squeeze(-1)
-            ref = doubling_scan(Ad, b1)
-            del Ad, b1
-            torch.cuda.empty_cache()
-            nbytes = bytes_fwd(B, T, N, m)
-            _scanmod.TUNE.clear()
-            h, hf = block_diagonal_scan(A, x, h0, True)
-            e_def = max(_rel(h, ref), _rel(hf, ref[:, -1]))
-            t_def = record("fwd", "block_default", B, T, N, m, bench(ours_fwd(A, x)), nbytes,
-                           err=float(f"{e_def:.2e}"))
-            summary.append((B, T, N, f"m{m} default", t_def, nbytes, e_def, 1.0))
-            for ch in LOOKBACK_BLOCK_CHUNKS:
-                _scanmod.TUNE.clear()
-                _scanmod.TUNE.update(fwd_lookback=True, lb_chunk=ch)
-                try:
-                    h, hf = block_diagonal_scan(A, x, h0, True)
-                    e = max(_rel(h, ref), _rel(hf, ref[:, -1]))
-                    t = bench(ours_fwd(A, x))
-                except Exception as ex:  # keep the other rows
-                    log(f"block lookback m{m} c{ch} B{B} T{T} N{N} failed: {ex!r}"[:300])
-                    continue
-                record("fwd", f"block_lookback_c{ch}", B, T, N, m, t, nbytes, err=float(f"{e:.2e}"),
-                       err_ratio=round(e / e_def, 2), speedup_vs_default=round(t_def / t, 3))
-                summary.append((B, T, N, f"m{m} lookback c{ch}", t, nbytes, e, e / e_def))
-            del A, x, ref, h, hf
-            torch.cuda.empty_cache()
-    _scanmod.TUNE.clear()
-    return summary
-
-
 def lookback_compare(log, record, bw, shapes=LOOKBACK_SHAPES):
-    """``--lookback-compare``: the single-pass look-back forward (``TUNE['fwd_lookback']``,
-    kernels/block_diagonal/lookback.py) against the default m = 1 forward at the issue-3 shapes,
+    """``--lookback-compare``: the single-pass look-back forward (``TUNE['fwd_lookback']=True``,
+    kernels/block_diagonal/lookback.py) against the tiled/chunked m = 1 forward
+    (``fwd_lookback=False``; "default" in the rows) at the issue-3 shapes,
     for the tile shapes of ``LOOKBACK_CONFIGS``: fp64 check (h0 and h_final included, error and its
     ratio to the default forward's error), forward ms / % of copy, fp32 (bf16 too at the first
     shape), and forward+backward with the look-back forward (gradients checked at the second)."""
@@ -334,6 +289,7 @@ def lookback_compare(log, record, bw, shapes=LOOKBACK_SHAPES):
             nbytes = B * T * N * 3 * a_.element_size()
             tag = "" if dtype == torch.float32 else "_bf16"
             _scanmod.TUNE.clear()
+            _scanmod.TUNE["fwd_lookback"] = False
             h, hf = diagonal_scan(a_, x_, h0, True)
             e_def = max(_rel(h, ref_), _rel(hf, ref_[:, -1]))
             t_def = record("fwd", "diag_default" + tag, B, T, N, 1, bench(lambda: diagonal_scan(a_, x_)),
@@ -353,10 +309,11 @@ def lookback_compare(log, record, bw, shapes=LOOKBACK_SHAPES):
                        err=float(f"{e:.2e}"), err_ratio=round(e / e_def, 2),
                        speedup_vs_default=round(t_def / t, 3))
                 summary.append((B, T, N, f"lookback c{ch} bn{bn}{tag}", t, nbytes, e, e / e_def))
-        # forward+backward with the look-back forward (64 x 32 tiles), gradients checked once
+        # forward+backward with the look-back forward (128 x 32 tiles), gradients checked once
         ag, xg = a.clone().requires_grad_(), x.clone().requires_grad_()
         g = torch.randn_like(x)
-        for name, tune in (("default", {}), ("lookback_c64_bn32", dict(fwd_lookback=True))):
+        for name, tune in (("default", dict(fwd_lookback=False)),
+                           ("lookback_c128_bn32", dict(fwd_lookback=True))):
             _scanmod.TUNE.clear()
             _scanmod.TUNE.update(tune)
             if i == 1:
@@ -371,7 +328,6 @@ def lookback_compare(log, record, bw, shapes=LOOKBACK_SHAPES):
             record("fwdbwd", f"{name}_fwd", B, T, N, 1, tb, B * T * N * 24)
         del a, x, ref, ag, xg, g
         torch.cuda.empty_cache()
-    summary += lookback_compare_block(log, record)
     _scanmod.TUNE.clear()
     log(f"\nlook-back forward vs default (copy {bw:.3f} TB/s; err = max rel. error of h, h_final "
         f"against fp64; ratio = err / default's err)")
@@ -390,8 +346,8 @@ def main():
                     help="only compare the backward kernel variants ring2, ring4, g4, v1 "
                          "(fp64 check + fwd+bwd timings)")
     ap.add_argument("--lookback-compare", action="store_true",
-                    help="only the single-pass look-back forwards (TUNE['fwd_lookback'], m = 1 "
-                         "and m = 2, 4, 8) against the default forwards: fp64 checks + timings")
+                    help="only the m = 1 single-pass look-back forward (TUNE['fwd_lookback']) "
+                         "against the tiled/chunked forward: fp64 checks + timings")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"),
                     help="markdown file the dated rows are appended to")

@@ -390,19 +390,22 @@ def _register_delta():
                 q.dtype, k.dtype, v.dtype, beta.dtype, g.dtype if use_g else None,
                 h0.dtype if h0 is not None else None)
 
+    # form: 0 = W, U stored and returned; 1 / 2 = formed in the state kernels ("wu" / "assoc",
+    # kernels/delta_product TUNE["fuse_wu"]), W and U returned empty. An argument rather than read
+    # from TUNE inside, so the fake implementation and the backward agree with the forward.
     @torch.library.custom_op("lrnn_scan::delta_product_fwd", mutates_args=())
     def delta_product_fwd(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
-                          h0: Tensor | None, scale: float, cu: Tensor | None,
-                          chunk_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        ctx = _Ctx()
+                          h0: Tensor | None, scale: float, cu: Tensor | None, chunk_size: int,
+                          form: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        ctx = _Ctx(form_request=form)
         o, hT = Fn.forward(ctx, q, k, v, beta, g, h0, scale, True, cu, chunk_size)
         gcum, Ainv, W, U = ctx.saved_tensors[6:]
         if g is None:                    # gcum is then beta itself: outputs must not alias inputs
             gcum = _empty0(q)
-        return o, hT, gcum, Ainv, W, U
+        return o, hT, gcum, Ainv, (W if form == 0 else _empty0(q)), (U if form == 0 else _empty0(q))
 
     @delta_product_fwd.register_fake
-    def _(q, k, v, beta, g, h0, scale, cu, chunk_size):
+    def _(q, k, v, beta, g, h0, scale, cu, chunk_size, form):
         B, T, H, K = q.shape
         n_h, V = k.shape[2], v.shape[-1]
         BC = fn._cfg(q, k, v, chunk_size)[0]
@@ -412,14 +415,14 @@ def _register_delta():
         f32 = dict(dtype=torch.float32)
         return (q.new_empty((B, T, H, V)), q.new_empty((N, H, K, V), **f32),
                 q.new_empty((Ls, H) if g is not None else (0,), **f32),
-                q.new_empty((NC, H, BC, BC), **f32), q.new_empty((Ls, H, K), **f32),
-                q.new_empty((Ls, H, V), **f32))
+                q.new_empty((NC, H, BC, BC), **f32), q.new_empty((Ls, H, K) if form == 0 else (0,), **f32),
+                q.new_empty((Ls, H, V) if form == 0 else (0,), **f32))
 
     @torch.library.custom_op("lrnn_scan::delta_product_bwd", mutates_args=())
     def delta_product_bwd(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
                           h0: Tensor | None, gcum: Tensor, Ainv: Tensor, W: Tensor, U: Tensor,
                           do: Tensor, dhT: Tensor | None, scale: float, cu: Tensor | None,
-                          chunk_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                          chunk_size: int, form: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         meta = _meta(q, k, v, beta, g, h0, scale, cu, chunk_size)
         B, T, H, K, V, n_h = meta[:6]
         Ls = B * T * n_h
@@ -428,33 +431,33 @@ def _register_delta():
                  v.reshape(Ls, H, V).contiguous(), bf,
                  g.reshape(B * T, H).contiguous() if g is not None else None,
                  h0.float().contiguous() if h0 is not None else None,
-                 gcum if g is not None else bf, Ainv, W, U)
-        dq, dk, dv, db, dg, dh0 = Fn.backward(_Ctx(saved_tensors=saved, meta=meta), do, dhT)[:6]
+                 gcum if g is not None else bf, Ainv, (W if form == 0 else None), (U if form == 0 else None))
+        dq, dk, dv, db, dg, dh0 = Fn.backward(_Ctx(saved_tensors=saved, meta=meta, form=form), do, dhT)[:6]
         return (dq, dk, dv, db, dg if dg is not None else _empty0(q),
                 dh0 if dh0 is not None else _empty0(q))
 
     @delta_product_bwd.register_fake
-    def _(q, k, v, beta, g, h0, gcum, Ainv, W, U, do, dhT, scale, cu, chunk_size):
+    def _(q, k, v, beta, g, h0, gcum, Ainv, W, U, do, dhT, scale, cu, chunk_size, form):
         e = q.new_empty((0,), dtype=torch.float32)
         return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
                 torch.empty_like(beta), torch.empty_like(g) if g is not None else e,
                 torch.empty_like(h0) if h0 is not None else e)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, beta, g, h0, scale, cu, chunk_size = inputs
+        q, k, v, beta, g, h0, scale, cu, chunk_size, form = inputs
         _, _, gcum, Ainv, W, U = output
         ctx.save_for_backward(q, k, v, beta, g, h0, cu, gcum, Ainv, W, U)
-        ctx.cfg = (scale, chunk_size)
+        ctx.cfg = (scale, chunk_size, form)
 
     def backward(ctx, do, dhT, *_):
         q, k, v, beta, g, h0, cu, gcum, Ainv, W, U = ctx.saved_tensors
-        scale, chunk_size = ctx.cfg
+        scale, chunk_size, form = ctx.cfg
         do = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device) \
             if do is None else do
         dq, dk, dv, db, dg, dh0 = delta_product_bwd(q, k, v, beta, g, h0, gcum, Ainv, W, U, do,
-                                                    dhT, scale, cu, chunk_size)
+                                                    dhT, scale, cu, chunk_size, form)
         return (dq, dk, dv, db, dg if g is not None else None, dh0 if h0 is not None else None,
-                None, None, None)
+                None, None, None, None)
 
     delta_product_fwd.register_autograd(backward, setup_context=setup_context)
     _OPS.update(delta_product_fwd=delta_product_fwd, delta_product_bwd=delta_product_bwd,
@@ -469,8 +472,9 @@ def chunk_delta_product_triton(q, k, v, beta, g=None, scale=None, initial_state=
     if q.dtype == torch.float64:
         raise TypeError("the Triton backend does not take float64 inputs; use backend='torch'")
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    form = _OPS["delta_module"]._fuse_form()  # TUNE["fuse_wu"] at trace time, fixed in the graph
     o, hT = _OPS["delta_product_fwd"](q, k, v, beta, g, initial_state, scale, cu_seqlens,
-                                      int(chunk_size))[:2]
+                                      int(chunk_size), form)[:2]
     return o, (hT if output_final_state else None)
 
 

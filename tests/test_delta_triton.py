@@ -19,16 +19,16 @@ _ALL = lambda C, V: True                  # noqa: E731
 _C64 = lambda C, V: C == 64               # noqa: E731  tri_inv64 / wy_fwd's blocked inverse
 # name -> (TUNE overrides, which cases (chunk, V) it changes)
 VARIANTS = {
-    "default": ({}, _ALL),
+    "default": ({}, _ALL),                                            # fuse_wu "assoc", inv_batched
+    "stored_wu": ({"fuse_wu": False, "inv_batched": False}, _ALL),    # wu_fwd stores W, U
     "fuse_wu": ({"fuse_wu": "wu"}, _ALL),
-    "fuse_assoc": ({"fuse_wu": "assoc"}, _ALL),
     # several V tiles per fused state program (W recomputed by each)
     "fuse_wu_bv16": ({"fuse_wu": "wu", "state_fused": (4, 3, 16), "state_bwd_fused": (4, 3, 16)},
                      lambda C, V: V > 16),
     "fuse_assoc_bv16": ({"fuse_wu": "assoc", "state_fused": (4, 3, 16), "state_bwd_fused": (4, 3, 16)},
                         lambda C, V: V > 16),
-    "inv_batched": ({"inv_batched": True}, _C64),
-    "assoc_inv_batched": ({"fuse_wu": "assoc", "inv_batched": True}, _C64),
+    "stored_wu_inv_batched": ({"fuse_wu": False}, _C64),
+    "assoc_inv_serial": ({"fuse_wu": "assoc", "inv_batched": False}, _C64),
     "wu_no_split": ({"fuse_wu": "wu", "wy_split": False}, _C64),     # wy_fwd with STORE_WU off
 }
 
@@ -92,7 +92,7 @@ def test_triton_interpreter_matches_loop(T, C, n_h, gated, bmax, cu, K, V, varia
         assert err < 2e-5, (name, err)
 
 
-@pytest.mark.parametrize("variant", ["default", "fuse_wu", "fuse_assoc"])
+@pytest.mark.parametrize("variant", ["default", "stored_wu", "fuse_wu"])
 def test_triton_no_grad_and_no_final_state(variant, monkeypatch):
     _tune(monkeypatch, variant)
     q, k, v, beta, g, _ = make_inputs(2, 9, 2, 1, 16, 16, True, 2.0, dtype=torch.float32)

@@ -297,8 +297,9 @@ def test_custom_ops_opcheck():
                           test_utils=fast)
     torch.library.opcheck(ops["companion_fwd"], (*req(zc, vc, hc), None, 1, 0, 1e-6, torch.float32),
                           test_utils=fast)
-    torch.library.opcheck(ops["delta_product_fwd"], (*req(q, k, vd, beta, gd, hd), 0.25, None, 16),
-                          test_utils=fast)
+    for form in (0, 2):  # W, U stored / formed in the state kernels ("assoc", the default)
+        torch.library.opcheck(ops["delta_product_fwd"], (*req(q, k, vd, beta, gd, hd), 0.25, None, 16, form),
+                              test_utils=fast)
 
 
 @needs_kernels

@@ -63,7 +63,7 @@ def _encode(v):
 
 def _is_constexpr(ann) -> bool:
     # the same test as Triton's KernelParam.is_constexpr; string annotations come from modules
-    # with ``from __future__ import annotations`` (lookback_block.py)
+    # with ``from __future__ import annotations`` (lookback.py)
     from triton.runtime.jit import _normalize_ty
     return ann is not inspect.Parameter.empty and "constexpr" in _normalize_ty(ann)
 

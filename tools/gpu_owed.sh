@@ -2,41 +2,48 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# STAGE: tests    — GPU correctness not yet run on the current defaults/variants (~4 min)
-#        lookback — issue 3: single-pass look-back forward vs the default (m = 1)
-#        delta    — issue 4: the fused W/U and batched-inverse variants vs the defaults
-#        layers   — issue 7: layer targets in bf16 after the ShortConv / L2-norm changes
-#        scan     — issue 3: the full scan_throughput.py run with the final defaults
+# STAGE: tests    — GPU correctness owed after 2026-11-24: the > 2^31-element case, the opt-in
+#                   backward ring, the block-diagonal suite under the new gradient chunk rule
+#                   (the 2026-11-24 run passed the look-back, delta, delta-layer and l2norm files)
+#        lookback — issue 3: m = 1 look-back vs tiled/chunked forward (done 2026-11-24, H100)
+#        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
+#        layers   — issue 7: layer targets in bf16
+#        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
+#        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients)
 #        train    — issue 6: longer S5 / S4 / Chomsky runs (mad_tasks/configs/gpu_tables_next.json,
-#                   11 processes sharing the GPU, 480 s each; the previous run's budgets were
-#                   too short for these columns, mad_tasks/RESULTS.md §4)
+#                   11 processes sharing the GPU)
 # Logs and result files go to $OUT (or ./gpu_out); rows are appended to $OUT/RESULTS_<stage>.md
 # so they can be reviewed before they are merged into benchmarks/RESULTS.md.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh tests|lookback|delta|layers|scan|train}
+stage=${1:?usage: gpu_owed.sh tests|lookback|delta|layers|scan|sweep|train}
 case "$stage" in
   tests)
-    timeout 560 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_gpu_l2norm.py \
-      tests/test_kernels_lookback.py tests/gpu/test_gpu_delta.py \
-      tests/gpu/test_gpu_models.py -k "not (bdlru or hlru or diag or lstm or mamba)" \
-      "tests/gpu/test_gpu_block_diagonal.py::test_more_than_2_31_elements" \
-      "tests/gpu/test_gpu_block_diagonal.py::test_backward_ring" 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+    # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
+    for t in "tests/test_kernels_lookback.py -k 'gpu or auto'" tests/gpu/test_gpu_delta.py \
+        "tests/gpu/test_gpu_models.py -k delta" tests/gpu/test_gpu_l2norm.py \
+        "tests/gpu/test_gpu_block_diagonal.py -k 'more_than_2_31_elements or backward_ring'" \
+        tests/gpu/test_gpu_block_diagonal.py; do
+      echo "=== pytest $t" | tee -a "$OUT/tests.log"
+      eval timeout ${STAGE_TIMEOUT:-560} python3 -m pytest -q -rfEs -p no:cacheprovider "$t" 2>&1 | tee -a "$OUT/tests.log" | tail -15
+    done ;;
   lookback)
-    timeout 560 python3 benchmarks/scan_throughput.py --lookback-compare --out "$OUT" \
+    timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --lookback-compare --out "$OUT" \
       --results "$OUT/RESULTS_lookback.md" 2>&1 | tee "$OUT/lookback.log" | tail -40 ;;
   delta)
-    timeout 560 python3 benchmarks/delta_throughput.py --variants --out "$OUT" \
+    timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --modes fwd --out "$OUT" \
       --results "$OUT/RESULTS_delta.md" 2>&1 | tee "$OUT/delta.log" | tail -40 ;;
+  sweep)
+    timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;
   layers)
-    timeout 560 python3 benchmarks/layer_targets.py --precisions bf16-autocast --out "$OUT" \
+    timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/layer_targets.py --precisions bf16-autocast --out "$OUT" \
       --results "$OUT/RESULTS_layers.md" 2>&1 | tee "$OUT/layers.log" | tail -40 ;;
   scan)
-    timeout 560 python3 benchmarks/scan_throughput.py --out "$OUT" \
+    timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --out "$OUT" \
       --results "$OUT/RESULTS_scan.md" 2>&1 | tee "$OUT/scan.log" | tail -40 ;;
   train)
     python3 -m lrnn_scan.mad_tasks launch --config mad_tasks/configs/gpu_tables_next.json \
-      --out "$OUT/gpu_tables_next" --deadline-s 560 2>&1 | tee "$OUT/train.log" | tail -40 ;;
+      --out "$OUT/gpu_tables_next" --deadline-s ${STAGE_TIMEOUT:-560} 2>&1 | tee "$OUT/train.log" | tail -40 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
-"""Single-pass decoupled look-back forward for the diagonal scan (m = 1), opt-in and untimed.
+"""Single-pass decoupled look-back forward for the diagonal scan (m = 1).
 
-``TUNE["fwd_lookback"] = True`` (``scan.TUNE``) routes ``diagonal_scan``'s forward here. One launch
+``scan.TUNE["fwd_lookback"]`` ("auto" by default: forwards without gradients that the default rule
+would time-chunk; True / False force it) routes ``diagonal_scan``'s forward here. One launch
 reads ``a`` and ``b`` once and writes ``h`` once, whatever the number of sequences: time is cut
 into chunks of ``CHUNK`` steps that become independent programs, and the carry between chunks is
 passed through a status buffer in global memory instead of a second pass over the inputs (the
@@ -30,7 +31,9 @@ their values, ``tl.debug_barrier()`` (bar.sync: CTA-scope ordering), then one th
 ``atom.release.gpu`` on the flag; the reader's flag loads are ``atom.acquire.gpu`` (Triton
 broadcasts an atomic's result through shared memory behind a bar.sync, so every thread's later
 loads are ordered after the acquire) and the values are read with ``ld.volatile`` (L2, never a
-stale L1 line). Checked in the sm_90 PTX compiled here by Triton 3.9, never run on a GPU.
+stale L1 line). Checked in the sm_90 PTX; on an H100 (Triton 3.6, 2026-11-24) the many-tiles
+tests (thousands of tiles in flight, repeated, varlen) pass and B1 T16384 N768 fp32 runs in 0.113 ms
+(44 % of copy bandwidth) against 0.295 ms for the chunked 3-pass forward.
 """
 from __future__ import annotations
 
@@ -155,12 +158,11 @@ def _diag_lookback_fwd(Aa, Bv, Hout, Init, Final, Status, Vals, CU, T, N, NC, NS
 
 
 def lookback_cfg(tune: dict):
-    """(CHUNK, BN, W, num_warps) from ``TUNE`` keys ``lb_chunk`` (64), ``lb_bn`` (32),
-    ``lb_window`` (16) and ``lb_nw`` (8 elements of a tile per thread, at most 8 warps). Untimed
-    guesses: 64 x 32 tiles make 6144 programs at B8 T2048 N768 and at B1 T16384 N768; ptxas
-    (sm_90a, from the Triton 3.9 PTX) gives 64 registers, no spills, at 64 x 32 with 8 warps
-    (102 with 4 warps, 168 and a spill with 2; 128 x 32 x 8 warps: 108; 256 x 32: spills)."""
-    ch = tune.get("lb_chunk", 64)
+    """(CHUNK, BN, W, num_warps) from ``TUNE`` keys ``lb_chunk`` (128), ``lb_bn`` (32),
+    ``lb_window`` (16) and ``lb_nw`` (8 elements of a tile per thread, at most 8 warps). H100, fp32,
+    B1 T16384 N768 (2026-11-24): 128 x 32 0.113 ms, 32 x 32 0.115, 64 x 32 0.138, 64 x 64 0.205.
+    ptxas (sm_90a): 128 x 32 with 8 warps 108 registers, no spills (256 x 32 spills)."""
+    ch = tune.get("lb_chunk", 128)
     bn = tune.get("lb_bn", 32)
     w = tune.get("lb_window", 16)
     for k, v in (("lb_chunk", ch), ("lb_bn", bn), ("lb_window", w)):

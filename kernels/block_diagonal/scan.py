@@ -18,6 +18,7 @@ import triton
 from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
 from .fwd import (_bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _bd_summary_kernel,
                   _diag_fwd_kernel)
+from .lookback import lookback_cfg
 
 __all__ = ["block_diagonal_scan", "diagonal_scan"]
 
@@ -120,10 +121,14 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
     chunks. On an H200 (fp32, README.md) 256 was the best or within 4 % of the best of
     {256, 512, 1024, 2048} at B=1, T=16384, N=768, m=1..8, while at 192-384 programs (B=8, N=768,
     m=4, 8) the unchunked ring kernel beat every chunking by 1.1-2.3x (chunks read inputs twice).
-    With gradients the backward reuses the forward's chunks and the earlier rule stays (aim at
-    4 programs per SM, chunks >= 256): it is the one measured forward+backward.
+    With gradients the backward reuses the forward's chunks: chunk only below half a program per
+    SM (``chunk_grad_below``), then aim at 4 programs per SM with chunks >= 256. H100, fp32
+    (tools/fwdbwd_chunk_sweep.py, 2026-11-24): at B8 T2048 N768, 96-192 programs, one pass beat
+    the chunks of the old "below 4 programs per SM" rule 1.8-2.8x (m = 1 0.556 vs 1.111 ms, m = 2
+    0.640 vs 1.773, m = 4 0.801 vs 1.413); B1 T16384 N768 (12-48 programs) keeps its chunks.
     ``TUNE`` keys: ``chunk`` (forced length, 0 = never), ``chunk_target`` (programs per SM),
-    ``chunk_len``, ``chunk_max_m`` (no chunking from this block size on)."""
+    ``chunk_grad_below`` (programs per SM), ``chunk_len``, ``chunk_max_m`` (no chunking from this
+    block size on)."""
     if "chunk" in TUNE:
         c = TUNE["chunk"]
         return None if not c or c >= max_len else c
@@ -131,7 +136,8 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
     # per summary column reads A m+1 times; forward m = 32 chunked was 2.5-3x slower.
     target = TUNE.get("chunk_target", 4 if grad else 1) * _num_sms(device)
     min_len = TUNE.get("chunk_min_len", 1024 if grad else 4096)
-    if m >= TUNE.get("chunk_max_m", 32 if grad else 16) or max_len < min_len or nprog >= target:
+    below = TUNE.get("chunk_grad_below", 0.5) * _num_sms(device) if grad else target
+    if m >= TUNE.get("chunk_max_m", 32 if grad else 16) or max_len < min_len or nprog >= below:
         return None
     if m >= 16 and nprog >= _num_sms(device):  # m = 16, grad: B1 T16384 3.11 ms vs 5.56 one
         return None  # pass (48 programs), but B8 T2048 N768 (384) 3.33 ms vs 0.90 ms
@@ -225,27 +231,11 @@ def _summary_launch(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, mp, bh, nw, ns
         VARLEN=varlen, num_warps=nws, num_stages=ns)
 
 
-def _bd_lookback(m) -> bool:
-    """Opt-in single-pass look-back forward (lookback_block.py, untimed) for 2 <= m <= 8."""
-    return bool(TUNE.get("fwd_lookback")) and 2 <= m <= 8
-
-
 def _bd_forward(A, b, h0, cu, chunk):
     B, T, H, m = b.shape
     nseq = B if cu is None else cu.numel() - 1
     mp, bh, nw, ns = _bd_cfg(m)
     dev = b.device
-    if _bd_lookback(m):
-        from .lookback_block import block_lookback_forward
-
-        def summary(ch):  # chunk products for an unaligned backward chunk: one summary pass
-            nc = triton.cdiv(_max_len(T, nseq, cu), ch)
-            P = _empty((nseq, nc, H, m, m), torch.float32, dev)
-            E = _empty((nseq, nc, H, m), torch.float32, dev)
-            _summary_launch(A, b, P, E, b if cu is None else cu, T, H, ch, nc, nseq, m, mp, bh,
-                            nw, ns, cu is not None)
-            return P
-        return block_lookback_forward(A, b, h0, cu, chunk, TUNE, _empty, _bd_cfg, summary)
     h = _empty(b.shape, b.dtype, dev)
     final = _empty((nseq, H, m), torch.float32, dev)
     dummy = b
@@ -337,8 +327,8 @@ def _diag_cfg(N, nseq, device, bwd=False):
     return bt, bn, nw, TUNE.get("num_stages_diag", 3)
 
 
-def _diag_forward(a, b, h0, cu, chunk):
-    if TUNE.get("fwd_lookback"):  # opt-in single-pass look-back forward (lookback.py, untimed)
+def _diag_forward(a, b, h0, cu, chunk, lookback=False):
+    if lookback:  # one decoupled look-back pass (lookback.py); chunk only shapes P for a backward
         from .lookback import diag_lookback_forward
         return diag_lookback_forward(a, b, h0, cu, chunk, TUNE, _empty, _diag_cfg)
     B, T, N = b.shape
@@ -418,9 +408,9 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P):
 # ----------------------------------------------------------------------------- autograd
 class _ScanFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, A, b, h0, cu, chunk, diag):
-        fwd = _diag_forward if diag else _bd_forward
-        h, final, P = fwd(A, b, h0, cu, chunk)
+    def forward(ctx, A, b, h0, cu, chunk, diag, lookback=False):
+        h, final, P = (_diag_forward(A, b, h0, cu, chunk, lookback) if diag
+                       else _bd_forward(A, b, h0, cu, chunk))
         ctx.save_for_backward(A, h, h0, cu, P)
         ctx.chunk, ctx.diag = chunk, diag
         ctx.h0_dtype = None if h0 is None else h0.dtype
@@ -433,7 +423,7 @@ class _ScanFn(torch.autograd.Function):
         dhT = None if dfinal is None else dfinal.float().contiguous()
         bwd = _diag_backward if ctx.diag else _bd_backward
         dA, db, dh0 = bwd(A, h, h0, g, dhT, cu, ctx.chunk, P)
-        return dA, db, (dh0.to(ctx.h0_dtype) if h0 is not None else None), None, None, None
+        return dA, db, (dh0.to(ctx.h0_dtype) if h0 is not None else None), None, None, None, None
 
 
 def block_diagonal_scan(A, b, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -480,12 +470,7 @@ def _bd_apply(A, b, h0, cu, nseq):
     B, T, H, m = b.shape
     mp, bh, _, _ = _bd_cfg(m)
     grad = _needs_grad(A, b, h0)
-    align = 1
-    if _bd_lookback(m):  # one pass whatever the programs; chunks only serve a backward,
-        if not grad:     # aligned to the look-back tiles so that P comes from them
-            return _ScanFn.apply(A, b, h0, cu, None, False)
-        align = TUNE.get("lb_chunk", 64)
-    chunk = _choose_chunk(nseq * triton.cdiv(H, bh), _max_len(T, nseq, cu), b.device, align, m,
+    chunk = _choose_chunk(nseq * triton.cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m,
                           grad)
     return _ScanFn.apply(A, b, h0, cu, chunk, False)
 
@@ -498,12 +483,30 @@ def _diag_apply(a, b, h0, cu, nseq):
         return h.view(B, T, N), final.view(nseq, N)
     bt, bn, _, _ = _diag_cfg(N, nseq, b.device)
     grad = _needs_grad(a, b, h0)
-    if TUNE.get("fwd_lookback"):  # one pass whatever the programs; chunks only serve a backward,
-        if not grad:              # aligned to the look-back tiles so that P comes from them
-            return _ScanFn.apply(a, b, h0, cu, None, True)
-        bt = max(bt, TUNE.get("lb_chunk", 64))
-    chunk = _choose_chunk(nseq * triton.cdiv(N, bn), _max_len(T, nseq, cu), b.device, bt, 1, grad)
+    nprog, max_len = nseq * triton.cdiv(N, bn), _max_len(T, nseq, cu)
+    if _diag_lookback(nprog, max_len, b.device, bt, grad):
+        if not grad:  # one pass whatever the programs
+            return _ScanFn.apply(a, b, h0, cu, None, True, True)
+        bt = max(bt, lookback_cfg(TUNE)[0])  # backward chunks aligned to the tiles: P comes from them
+        return _ScanFn.apply(a, b, h0, cu, _choose_chunk(nprog, max_len, b.device, bt, 1, grad), True, True)
+    chunk = _choose_chunk(nprog, max_len, b.device, bt, 1, grad)
     return _ScanFn.apply(a, b, h0, cu, chunk, True)
+
+
+def _diag_lookback(nprog, max_len, device, bt, grad) -> bool:
+    """Whether the m = 1 forward is the single-pass look-back (lookback.py). ``TUNE["fwd_lookback"]``:
+    True / False, or "auto" (the default): wherever the default rule would time-chunk (few
+    programs, long sequences; a forced ``TUNE["chunk"]`` keeps the chunked forward). H100, fp32
+    (kernels/block_diagonal/README.md): forward B1 T16384 N768 0.113 ms vs 0.295 chunked (2.6x);
+    forward+backward (look-back forward, chunked backward) B1 T16384 N768 1.132 vs 1.281 ms,
+    B8 T2048 N768 1.199 vs 1.315. Where one pass fills the GPU the tiled kernel stays faster
+    (forward B8 T2048 N4096 0.291 vs 0.509 ms) and is kept."""
+    mode = TUNE.get("fwd_lookback", "auto")
+    if mode == "auto":
+        return "chunk" not in TUNE and _choose_chunk(nprog, max_len, device, bt, 1, grad) is not None
+    if mode not in (True, False, None, 0, 1):
+        raise ValueError(f'TUNE["fwd_lookback"] must be "auto", True or False, got {mode!r}')
+    return bool(mode)
 
 
 def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens=None):

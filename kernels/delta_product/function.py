@@ -34,13 +34,17 @@ TUNE = dict(
     vn_16bit=False,        # Vn stored in the inputs' dtype (the state update keeps fp32 registers)
     hs_16bit=True,         # chunk-start states stored in 16 bits for read-out and backward only;
                            # the recurrence stays fp32 in registers (error 4.68e-3 -> 4.71e-3)
-    # Opt-in variants, untimed (README.md "Fused W/U"); benchmarks/delta_throughput.py --variants
-    fuse_wu=False,         # False: wu_fwd stores W, U (fp32). "wu": the state kernels form W, U in
-                           # registers from A, K, V, beta, g (state_fused.py; same dots as now).
-                           # "assoc": Vn = A (diag(b) V - diag(b g) K H), W^T dVn = (diag(b g) K)^T A^T dVn
+    # W, U formed in the state kernels (state_fused.py) instead of stored by wu_fwd. Measured on an
+    # H100 (2026-11-24, B8 T4096 H16 K=V=128 bf16, README.md "Fused W/U"): "assoc" with inv_batched
+    # fwd 1.904 -> 1.294 ms (n_h=1), 3.640 -> 2.472 (n_h=2); fwd+bwd 6.669 -> 5.831, 12.79 -> 11.15.
+    # "wu" was 1.09x slower than False. On the torch.compile custom-op route W, U stay stored.
+    fuse_wu="assoc",       # False: wu_fwd stores W, U (fp32). "wu": W, U in registers from A, K, V,
+                           # beta, g (same dots). "assoc": Vn = A (diag(b) V - diag(b g) K H),
+                           # W^T dVn = (diag(b g) K)^T A^T dVn
     state_fused=(4, 3, 64),      # state_fwd_fused_kernel (fuse_wu on)
     state_bwd_fused=(4, 3, 64),  # state_bwd_fused_kernel (fuse_wu on)
-    inv_batched=False,     # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
+    inv_batched=True,      # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
+                           # (H100: 0.95x the time of four separate ones, n_h=1 fwd)
     a_16bit=False,         # A stored in float16 for 16-bit inputs (fp32 in registers; the dots read it as
                            # tf32, 10 mantissa bits like fp16). bf16 A: error +9 %, fails; fp16 overflows
                            # past 65504 (adversarial keys), so opt-in only (README "Fused W/U")
@@ -59,8 +63,9 @@ def _fuse_form():
 
 def _autograd_ctx(ctx):
     """Whether ``forward`` runs as this autograd Function. The ``torch.library`` custom op of
-    ``lrnn_scan.compile`` calls it with a stand-in ctx and returns ``W``, ``U`` and an fp32 ``A``
-    (its schema and fake registration say so): there ``fuse_wu`` and ``a_16bit`` do not apply."""
+    ``lrnn_scan.compile`` calls it with a stand-in ctx that names the W/U form itself
+    (``ctx.form_request``, an argument of the op, so its fake registration knows whether ``W``,
+    ``U`` exist) and returns an fp32 ``A`` (its schema says so): ``a_16bit`` does not apply there."""
     return isinstance(ctx, torch.autograd.function.FunctionCtx)
 
 
@@ -148,7 +153,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         own = _autograd_ctx(ctx)
         a16 = own and TUNE["a_16bit"] and k.dtype in (torch.float16, torch.bfloat16)
         Ainv = _empty((ch["NC"], H, BC, BC), dev, torch.float16 if a16 else torch.float32)
-        form = _fuse_form() if own else 0
+        form = _fuse_form() if own else getattr(ctx, "form_request", 0)
         if form:                    # W, U formed in the state kernels, never stored (state_fused.py)
             W = U = None
         else:
@@ -201,7 +206,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         Ls = B * T * n_h
         N, NC = ch["N"], ch["NC"]
         do = do.reshape(B * T, H, V).contiguous()
-        form = getattr(ctx, "form", 0)   # lrnn_scan.compile's stand-in ctx: W, U always stored
+        form = getattr(ctx, "form", 0)   # the forward's choice (lrnn_scan.compile's ctx passes it)
         fused = (form, vf, bf, Ainv) if form else None
         hs, vn, _ = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BVf, use_g, False, dot, fused)
         dhs = _empty((NC, H, K, V), dev, torch.float32)

@@ -9,7 +9,7 @@ Writes ``<out>/delta_throughput.{csv,json}`` and appends dated rows to ``benchma
 
     python benchmarks/delta_throughput.py [--nh 1 2 3 4] [--out benchmarks/out] [--results benchmarks/RESULTS.md]
 
-``--variants [NAME ...]`` times the opt-in ``function.TUNE`` switches instead (``VARIANTS`` below;
+``--variants [NAME ...]`` times ``function.TUNE`` settings against the default instead (``VARIANTS`` below;
 all of ``DEFAULT_VARIANTS`` when no name is given) at n_h ∈ {1, 2} (unless ``--nh``), gated and
 ungated, forward and forward+backward, after checking each variant's bf16 error ratios against an fp64
 reference (torch backend on the same bf16-rounded inputs; B=2, T=1024, H=``--check-H`` 4, β ≤ 2,
@@ -44,7 +44,7 @@ PEERS_FLA_H200 = {  # (n_h, gated, mode) -> ms
 }
 
 
-# opt-in switches of lrnn_scan.kernels.delta_product.function.TUNE (README "Fused W/U"), each a set
+# settings of lrnn_scan.kernels.delta_product.function.TUNE (README "Fused W/U"), each a set
 # of overrides; the combinations compile nothing beyond their parts
 VARIANTS = {
     "default": {},                                   # fuse_wu "assoc" + inv_batched (H100 2026-11-24)

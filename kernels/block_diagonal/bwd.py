@@ -12,7 +12,7 @@ Kernels: ``_bd_bwd_kernel`` (one step per iteration), ``_bd_bwd_kernel_g4`` (4-s
 import triton
 import triton.language as tl
 
-from .fwd import _affine_combine, _seq_bounds
+from .fwd import _affine_combine, _block_offsets, _block_row_offsets, _seq_bounds
 
 
 @triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
@@ -24,12 +24,7 @@ def _bd_bwd_kernel(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
     s = tl.program_id(1)
     c = tl.program_id(2)
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
-    hb = pid_h * BH + tl.arange(0, BH)
-    i = tl.arange(0, MP)
-    mask_s = (hb < H)[:, None] & (i < M)[None, :]
-    offs_s = hb[:, None] * M + i[None, :]
-    offs_a = hb[:, None, None] * (M * M) + i[None, :, None] * M + i[None, None, :]
-    mask_a = mask_s[:, :, None] & (i < M)[None, None, :]
+    offs_s, mask_s, offs_a, mask_a = _block_offsets(pid_h, H, M, MP, BH)
     HM = H * M
     HMM = HM * M
     sc = (s.to(tl.int64) * NC + c) * HM
@@ -95,12 +90,7 @@ def _bd_bwd_kernel_g4(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
     s = tl.program_id(1)
     c = tl.program_id(2)
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
-    hb = pid_h * BH + tl.arange(0, BH)
-    i = tl.arange(0, MP)
-    mask_s = (hb < H)[:, None] & (i < M)[None, :]
-    offs_s = hb[:, None] * M + i[None, :]
-    offs_a = hb[:, None, None] * (M * M) + i[None, :, None] * M + i[None, None, :]
-    mask_a = mask_s[:, :, None] & (i < M)[None, None, :]
+    offs_s, mask_s, offs_a, mask_a = _block_offsets(pid_h, H, M, MP, BH)
     HM = H * M
     HMM = HM * M
     sc = (s.to(tl.int64) * NC + c) * HM
@@ -244,18 +234,7 @@ def _bd_bwd_ring(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
     s = tl.program_id(1)
     c = tl.program_id(2)
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
-    hb = pid_h * BH + tl.arange(0, BH)
-    i = tl.arange(0, MP)
-    k = tl.arange(0, MP * MP)
-    mh = hb < H
-    mask_s = mh[:, None] & (i < M)[None, :]
-    offs_s = hb[:, None] * M + i[None, :]
-    if M == MP:
-        offs_a = hb[:, None] * (M * M) + k[None, :]
-        mask_a = mh[:, None] & (k < M * M)[None, :]
-    else:
-        offs_a = hb[:, None] * (M * M) + ((k // MP) * M + k % MP)[None, :]
-        mask_a = mh[:, None] & ((k // MP < M) & (k % MP < M))[None, :]
+    offs_s, mask_s, offs_a, mask_a = _block_row_offsets(pid_h, H, M, MP, BH)
     HM = H * M
     HMM = HM * M
     sc = (s.to(tl.int64) * NC + c) * HM

@@ -33,6 +33,38 @@ def _seq_bounds(CU, s, c, T, CHUNK, VARLEN: tl.constexpr):
     return bos, eos, t0, t1
 
 
+@triton.jit
+def _block_offsets(pid_h, H, M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr):
+    """Blocks ``pid_h * BH ..`` of one time step (``m`` padded to ``MP``): state offsets/mask
+    ``(BH, MP)`` and ``A`` offsets/mask ``(BH, MP, MP)`` (row ``i``, column ``j`` at ``i * M + j``)."""
+    hb = pid_h * BH + tl.arange(0, BH)
+    i = tl.arange(0, MP)
+    mask_s = (hb < H)[:, None] & (i < M)[None, :]
+    offs_s = hb[:, None] * M + i[None, :]
+    offs_a = hb[:, None, None] * (M * M) + i[None, :, None] * M + i[None, None, :]
+    mask_a = mask_s[:, :, None] & (i < M)[None, None, :]
+    return offs_s, mask_s, offs_a, mask_a
+
+
+@triton.jit
+def _block_row_offsets(pid_h, H, M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr):
+    """As ``_block_offsets`` but ``A`` as ``(BH, MP * MP)`` rows, reshaped in registers by the
+    caller: with ``M == MP`` one contiguous row per block (16-byte vector loads, no 3-D mask)."""
+    hb = pid_h * BH + tl.arange(0, BH)
+    i = tl.arange(0, MP)
+    k = tl.arange(0, MP * MP)
+    mh = hb < H
+    mask_s = mh[:, None] & (i < M)[None, :]
+    offs_s = hb[:, None] * M + i[None, :]
+    if M == MP:
+        offs_a = hb[:, None] * (M * M) + k[None, :]
+        mask_a = mh[:, None] & (k < M * M)[None, :]
+    else:
+        offs_a = hb[:, None] * (M * M) + ((k // MP) * M + k % MP)[None, :]
+        mask_a = mh[:, None] & ((k // MP < M) & (k % MP < M))[None, :]
+    return offs_s, mask_s, offs_a, mask_a
+
+
 @triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
 def _bd_fwd_kernel(A, Bv, Hout, Init, Final, CU, T, H, CHUNK, NC,
                    M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, NS: tl.constexpr,
@@ -43,12 +75,7 @@ def _bd_fwd_kernel(A, Bv, Hout, Init, Final, CU, T, H, CHUNK, NC,
     s = tl.program_id(1)
     c = tl.program_id(2)
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
-    hb = pid_h * BH + tl.arange(0, BH)
-    i = tl.arange(0, MP)
-    mask_s = (hb < H)[:, None] & (i < M)[None, :]
-    offs_s = hb[:, None] * M + i[None, :]
-    offs_a = hb[:, None, None] * (M * M) + i[None, :, None] * M + i[None, None, :]
-    mask_a = mask_s[:, :, None] & (i < M)[None, None, :]
+    offs_s, mask_s, offs_a, mask_a = _block_offsets(pid_h, H, M, MP, BH)
     HM = H * M
     HMM = HM * M
     sc = (s.to(tl.int64) * NC + c) * HM
@@ -84,12 +111,7 @@ def _bd_fwd_kernel_g4(A, Bv, Hout, Init, Final, CU, T, H, CHUNK, NC,
     s = tl.program_id(1)
     c = tl.program_id(2)
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
-    hb = pid_h * BH + tl.arange(0, BH)
-    i = tl.arange(0, MP)
-    mask_s = (hb < H)[:, None] & (i < M)[None, :]
-    offs_s = hb[:, None] * M + i[None, :]
-    offs_a = hb[:, None, None] * (M * M) + i[None, :, None] * M + i[None, None, :]
-    mask_a = mask_s[:, :, None] & (i < M)[None, None, :]
+    offs_s, mask_s, offs_a, mask_a = _block_offsets(pid_h, H, M, MP, BH)
     HM = H * M
     HMM = HM * M
     sc = (s.to(tl.int64) * NC + c) * HM
@@ -281,18 +303,9 @@ def _bd_fwd_ring(A, Bv, Hout, Init, Final, Pout, CU, T, H, CHUNK, NC,
         pid_h = pid
         col = M
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
-    hb = pid_h * BH + tl.arange(0, BH)
+    hb = pid_h * BH + tl.arange(0, BH)  # also used by the summary mode below
     i = tl.arange(0, MP)
-    k = tl.arange(0, MP * MP)
-    mh = hb < H
-    mask_s = mh[:, None] & (i < M)[None, :]
-    offs_s = hb[:, None] * M + i[None, :]
-    if M == MP:
-        offs_a = hb[:, None] * (M * M) + k[None, :]
-        mask_a = mh[:, None] & (k < M * M)[None, :]
-    else:
-        offs_a = hb[:, None] * (M * M) + ((k // MP) * M + k % MP)[None, :]
-        mask_a = mh[:, None] & ((k // MP < M) & (k % MP < M))[None, :]
+    offs_s, mask_s, offs_a, mask_a = _block_row_offsets(pid_h, H, M, MP, BH)
     HM = H * M
     HMM = HM * M
     sc = s.to(tl.int64) * NC + c

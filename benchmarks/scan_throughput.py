@@ -275,7 +275,8 @@ def lookback_compare(log, record, bw, shapes=LOOKBACK_SHAPES):
     (``fwd_lookback=False``; "default" in the rows) at the issue-3 shapes,
     for the tile shapes of ``LOOKBACK_CONFIGS``: fp64 check (h0 and h_final included, error and its
     ratio to the default forward's error), forward ms / % of copy, fp32 (bf16 too at the first
-    shape), and forward+backward with the look-back forward (gradients checked at the second)."""
+    shape), and forward+backward with the look-back forward, and with the look-back backward too
+    (``bwd_lookback``, lookback_bwd.py; gradients checked at the second shape)."""
     summary = []
     for i, (B, T, N) in enumerate(shapes):
         torch.manual_seed(0)
@@ -313,7 +314,8 @@ def lookback_compare(log, record, bw, shapes=LOOKBACK_SHAPES):
         ag, xg = a.clone().requires_grad_(), x.clone().requires_grad_()
         g = torch.randn_like(x)
         for name, tune in (("default", dict(fwd_lookback=False)),
-                           ("lookback_c128_bn32", dict(fwd_lookback=True))):
+                           ("lookback_c128_bn32", dict(fwd_lookback=True)),
+                           ("lookback_c128_bn32_bwdlb", dict(fwd_lookback=True, bwd_lookback=True))):
             _scanmod.TUNE.clear()
             _scanmod.TUNE.update(tune)
             if i == 1:

@@ -200,6 +200,91 @@ def test_auto_rule(monkeypatch):
         lookback.lookback_cfg({"lb_chunk": 24})
 
 
+# ----------------------------------------------------------------------------- backward (lookback_bwd.py)
+from lrnn_scan.kernels.block_diagonal import lookback_bwd  # noqa: E402
+
+
+def bwd_spy(monkeypatch):
+    calls = []
+    real = lookback_bwd.diag_lookback_backward
+
+    def wrapped(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+    monkeypatch.setattr(lookback_bwd, "diag_lookback_backward", wrapped)
+    return calls
+
+
+@pytest.mark.parametrize("T,window,h0,fwd", [(1, 4, True, True), (17, 1, False, False),
+                                             (64, 2, True, True), (129, 4, False, True),
+                                             (300, 16, True, False)])
+def test_backward(T, window, h0, fwd, monkeypatch):
+    """``bwd_lookback``: gradients of a, b, h0 against fp64 autograd (one chunk, partial last
+    chunks, many chunks with windows of 1-16), with either forward."""
+    calls = bwd_spy(monkeypatch)
+    scanmod.TUNE.update(bwd_lookback=True, lb_window=window, fwd_lookback=fwd)
+    a, b = inputs(2, T, 20, seed=T)
+    grad_check(a, b, torch.randn(2, 20).to(DEV) if h0 else None, None)
+    assert len(calls) == 1
+
+
+def test_backward_varlen(monkeypatch):
+    """Boundaries inside chunks, an empty sequence (its dh0 is dh_final), a 1-step sequence."""
+    calls = bwd_spy(monkeypatch)
+    scanmod.TUNE.update(bwd_lookback=True)
+    a, b = inputs(1, 78, 20, seed=3)
+    cu = torch.tensor([0, 5, 30, 30, 77, 78], dtype=torch.int64, device=DEV)
+    grad_check(a, b, torch.randn(5, 20).to(DEV), cu)
+    grad_check(a, b, None, cu)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("dht", [True, False])
+def test_backward_matches_chunked_backward(dht):
+    """The launcher against ``scan._diag_backward``'s own paths, with and without ``dh_final``
+    (autograd always passes one), varlen with an empty sequence."""
+    a, b = inputs(1, 70, 20, seed=8)
+    cu = torch.tensor([0, 33, 33, 70], dtype=torch.int64, device=DEV)
+    h0 = torch.randn(3, 20).to(DEV)
+    h, _ = bd.diagonal_scan(a, b, h0, False, cu)
+    g = torch.randn(h.shape).to(DEV)
+    dhT = torch.randn(3, 20).to(DEV) if dht else None
+    got = lookback_bwd.diag_lookback_backward(a, h, h0, g, dhT, cu, scanmod.TUNE, scanmod._empty)
+    scanmod.TUNE.pop("fwd_lookback")
+    want = scanmod._diag_backward(a, h, h0, g, dhT, cu, None, None)
+    for x, y in zip(got, want):
+        assert not torch.isnan(x).any() and rel(x, y.double()) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_backward_low_precision(dtype, monkeypatch):
+    """16-bit a, b, h, dh: fp32 scan inside, gradients rounded once on store. da = lam h_{t-1}
+    carries the rounding of the stored 16-bit h (bf16: ~6e-3 against fp64 for the default
+    backward too), so the bound is the default backward's own error on the same inputs."""
+    a, b = inputs(2, 70, 20, dtype=dtype, seed=5)
+    h0 = torch.randn(2, 20).to(DEV)
+    scanmod.TUNE.update(bwd_lookback=False, fwd_lookback=False)
+    base = grad_check(a, b, h0, None, tol=2e-2)
+    scanmod.TUNE.update(bwd_lookback=True)
+    errs = grad_check(a, b, h0, None, tol=2e-2)
+    assert all(e <= 1.05 * e0 + 1e-6 for e, e0 in zip(errs, base)), (errs, base)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEV == "cpu", reason="races only show on a GPU: many tiles running at once")
+@pytest.mark.parametrize("chunk,window", [(32, 16), (64, 1), (128, 16)])
+def test_gpu_many_tiles_backward(chunk, window):
+    """The backward look-back with thousands of tiles in flight, repeated: B1 T16384 N768,
+    B8 T2048 N768, varlen; gradients against the fp64 reference every time."""
+    scanmod.TUNE.update(bwd_lookback=True, lb_chunk=chunk, lb_bn=32, lb_window=window)
+    for B, T, N, cu in ((1, 16384, 768, None), (8, 2048, 768, None),
+                        (1, 9000, 256, torch.tensor([0, 1, 4000, 4000, 9000], device=DEV))):
+        a, b = inputs(B, T, N, seed=chunk + window)
+        h0 = torch.randn(B if cu is None else cu.numel() - 1, N, device=DEV)
+        for _ in range(3):
+            grad_check(a, b, h0, cu)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(DEV == "cpu", reason="races only show on a GPU: many tiles running at once")
 @pytest.mark.parametrize("chunk,window", [(32, 16), (64, 1), (64, 16), (128, 32)])

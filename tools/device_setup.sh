@@ -1,5 +1,5 @@
 # Source at the start of a command on the lent GPU machine (device tool), from the repo root:
-#   source tools/device_setup.sh   (carry .whl for the optional peers: accelerated-scan, fla, einops)
+#   source tools/device_setup.sh   (carry .whl for the optional peers: bash tools/fetch_peer_wheels.sh)
 # Installs lrnn_scan editable with the image's torch python (plain 'pip' there is another Python),
 # keeps NVLink multicast off, prints GPU / torch / Triton versions.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

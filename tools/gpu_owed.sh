@@ -5,7 +5,8 @@
 # STAGE: tests    — GPU correctness owed after 2026-11-24: the > 2^31-element case, the opt-in
 #                   backward ring, the block-diagonal suite under the new gradient chunk rule
 #                   (the 2026-11-24 run passed the look-back, delta, delta-layer and l2norm files)
-#        lookback — issue 3: m = 1 look-back vs tiled/chunked forward (done 2026-11-24, H100)
+#        lookback — issue 3: m = 1 look-back forward (default "auto" since 2026-11-24) and the
+#                   opt-in look-back backward (bwd_lookback, untimed) vs the tiled/chunked paths
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
@@ -21,7 +22,7 @@ stage=${1:?usage: gpu_owed.sh tests|lookback|delta|layers|scan|sweep|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
-    for t in "tests/test_kernels_lookback.py -k 'gpu or auto'" tests/gpu/test_gpu_delta.py \
+    for t in "tests/test_kernels_lookback.py -k 'gpu or auto or backward'" tests/gpu/test_gpu_delta.py \
         "tests/gpu/test_gpu_models.py -k delta" tests/gpu/test_gpu_l2norm.py \
         "tests/gpu/test_gpu_block_diagonal.py -k 'more_than_2_31_elements or backward_ring'" \
         tests/gpu/test_gpu_block_diagonal.py; do

@@ -367,6 +367,9 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False):
 
 
 def _diag_backward(a, h, h0, g, dhT, cu, chunk, P):
+    if TUNE.get("bwd_lookback"):  # opt-in single pass (lookback_bwd.py, untimed): no chunks needed
+        from .lookback_bwd import diag_lookback_backward
+        return diag_lookback_backward(a, h, h0, g, dhT, cu, TUNE, _empty)
     B, T, N = h.shape
     nseq = B if cu is None else cu.numel() - 1
     bt, bn, nw, ns = _diag_cfg(N, nseq, h.device, bwd=True)
@@ -482,7 +485,9 @@ def _diag_apply(a, b, h0, cu, nseq):
                              None if h0 is None else h0.view(nseq, N, 1), cu, nseq)
         return h.view(B, T, N), final.view(nseq, N)
     bt, bn, _, _ = _diag_cfg(N, nseq, b.device)
-    grad = _needs_grad(a, b, h0)
+    # with the opt-in look-back backward (TUNE["bwd_lookback"]) the forward need not leave chunk
+    # products behind, so it is chosen as for inference
+    grad = _needs_grad(a, b, h0) and not TUNE.get("bwd_lookback")
     nprog, max_len = nseq * triton.cdiv(N, bn), _max_len(T, nseq, cu)
     if _diag_lookback(nprog, max_len, b.device, bt, grad):
         if not grad:  # one pass whatever the programs

@@ -165,3 +165,23 @@ def test_retry_without_amp(tmp_path, monkeypatch):
     assert calls == ["auto", "off"]
     rec = run_jobs(jobs, str(tmp_path / "s"), workers=1, log=lambda *_: None)[0]
     assert rec["status"] == "error" and "bf16 kernel failed" in rec["error"]
+
+
+
+_CONFIGS = __import__("pathlib").Path(__file__).parents[1] / "mad_tasks" / "configs"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in _CONFIGS.glob("*.json")))
+def test_shipped_configs_expand(name):
+    """Every config in mad_tasks/configs (launch configs with "groups", sweep configs without)
+    expands into runs whose fields TrainConfig accepts: a typo would otherwise surface only when
+    the run starts, on the GPU machine."""
+    from lrnn_scan.mad_tasks.sweep import expand
+    cfg = json.loads((_CONFIGS / name).read_text())
+    if "groups" in cfg:
+        configs = [j["config"] for j in expand_jobs(cfg)]
+    else:
+        configs = [tc.to_dict() for tc, _ in expand(cfg)]
+    assert configs
+    for c in configs:
+        TrainConfig(**c)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fwd import _affine_combine
+from .fwd import _affine_combine, _seq_bounds
 from .lookback import _last_row, _look_back, _publish, lookback_cfg
 
 __all__ = ["diag_lookback_backward"]
@@ -43,12 +43,7 @@ def _diag_lookback_bwd(Aa, Hs, H0, G, DHT, DA, DB, DH0, Status, Vals, CU, T, N, 
     cr = tid // per  # reversed chunk index, chunk-major: successors in time got smaller ids
     s = (tid % per) // GN
     pn = tid % GN
-    if VARLEN:
-        bos = tl.load(CU + s).to(tl.int64)
-        eos = tl.load(CU + s + 1).to(tl.int64)
-    else:
-        bos = s.to(tl.int64) * T
-        eos = bos + T
+    bos, eos, _, _ = _seq_bounds(CU, s, s * 0, T, CHUNK, VARLEN)  # chunk 0: only bos, eos
     ncs = (eos - bos + CHUNK - 1) // CHUNK  # this sequence's chunks (0 if empty)
     c = ncs - 1 - cr
     real = c >= 0

@@ -503,9 +503,9 @@ def _diag_lookback(nprog, max_len, device, bt, grad) -> bool:
     True / False, or "auto" (the default): wherever the default rule would time-chunk (few
     programs, long sequences; a forced ``TUNE["chunk"]`` keeps the chunked forward). H100, fp32
     (kernels/block_diagonal/README.md): forward B1 T16384 N768 0.113 ms vs 0.295 chunked (2.6x);
-    forward+backward (look-back forward, chunked backward) B1 T16384 N768 1.132 vs 1.281 ms,
-    B8 T2048 N768 1.199 vs 1.315. Where one pass fills the GPU the tiled kernel stays faster
-    (forward B8 T2048 N4096 0.291 vs 0.509 ms) and is kept."""
+    forward+backward (look-back forward with 64 x 32 tiles, chunked backward) B1 T16384 N768
+    1.132 vs 1.281 ms, B8 T2048 N768 1.199 vs 1.315 (old gradient chunk rule). Where one pass
+    fills the GPU the tiled kernel stays faster (forward B8 T2048 N4096 0.291 vs 0.509 ms)."""
     mode = TUNE.get("fwd_lookback", "auto")
     if mode == "auto":
         return "chunk" not in TUNE and _choose_chunk(nprog, max_len, device, bt, 1, grad) is not None

@@ -55,15 +55,16 @@ def fwd_errors(a, b, h0, cu):
     return rel(h, hr), rel(hf, hfr)
 
 
-def spy(monkeypatch):
-    """Counts launches of the look-back kernel (proves the variant ran)."""
+def spy(monkeypatch, module=lookback, name="launch_diag_lookback"):
+    """Counts calls of ``module.name`` (default: the look-back forward's launch; proves the
+    variant ran)."""
     calls = []
-    real = lookback.launch_diag_lookback
+    real = getattr(module, name)
 
     def wrapped(*args, **kw):
         calls.append(1)
         return real(*args, **kw)
-    monkeypatch.setattr(lookback, "launch_diag_lookback", wrapped)
+    monkeypatch.setattr(module, name, wrapped)
     return calls
 
 
@@ -205,14 +206,7 @@ from lrnn_scan.kernels.block_diagonal import lookback_bwd  # noqa: E402
 
 
 def bwd_spy(monkeypatch):
-    calls = []
-    real = lookback_bwd.diag_lookback_backward
-
-    def wrapped(*args, **kw):
-        calls.append(1)
-        return real(*args, **kw)
-    monkeypatch.setattr(lookback_bwd, "diag_lookback_backward", wrapped)
-    return calls
+    return spy(monkeypatch, lookback_bwd, "diag_lookback_backward")
 
 
 @pytest.mark.parametrize("T,window,h0,fwd", [(1, 4, True, True), (17, 1, False, False),

@@ -160,8 +160,10 @@ def _register_block_diagonal():
     def bd_scan_bwd(A: Tensor, h: Tensor, h0: Tensor | None, g: Tensor, dhT: Tensor | None,
                     cu: Tensor | None, P: Tensor, diag: bool) -> tuple[Tensor, Tensor, Tensor]:
         chunk = None if P.shape[1] == 0 else _bd_chunk(mod, h, cu, diag)
-        return (mod._diag_backward if diag else mod._bd_backward)(
-            A, h, h0, g, dhT, cu, chunk, None if chunk is None else P)
+        if diag:  # the look-back backward only where TUNE forces it (the op's chunks are fixed)
+            return mod._diag_backward(A, h, h0, g, dhT, cu, chunk, None if chunk is None else P,
+                                      mod.TUNE.get("bwd_lookback") is True)
+        return mod._bd_backward(A, h, h0, g, dhT, cu, chunk, None if chunk is None else P)
 
     @bd_scan_bwd.register_fake
     def _(A, h, h0, g, dhT, cu, P, diag):

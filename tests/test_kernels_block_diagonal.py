@@ -236,10 +236,10 @@ def test_chunk_policy(monkeypatch):
 
 
 def test_variant_rules():
-    """Default kernel choices (measured on an H200, see scan._bwd_variant / _fwd_variant)."""
+    """Default kernel choices (measured on an H200 and an H100, see scan._bwd_variant / _fwd_variant)."""
     bv = scanmod._bwd_variant
     assert [bv(m, 1024) for m in (2, 3, 4, 8, 16, 32)] == ["ring4", "ring2", "ring2", "ring4", "v1", "ring2"]
-    assert [bv(m, 384) for m in (2, 4, 8, 16, 32)] == ["g4", "g4", "g4", "ring4", "ring2"]
+    assert [bv(m, 384) for m in (2, 3, 4, 8, 16, 32)] == ["ring4", "ring4", "ring4", "ring4", "ring4", "ring2"]
     assert scanmod._fwd_variant(True) == "ring8" and scanmod._fwd_variant(False) == "ring4"
     scanmod.TUNE.update(bwd_variant="g4", variant="ring2")
     assert bv(2, 10) == "g4" and scanmod._fwd_variant(True) == "ring2"

@@ -233,6 +233,41 @@ def test_backward_varlen(monkeypatch):
     assert len(calls) == 2
 
 
+def test_backward_auto_rule(monkeypatch):
+    """``bwd_lookback="auto"`` (the default): the look-back backward runs exactly where the gradient
+    rule would time-chunk (then the forward is chosen as for inference and leaves no chunk
+    products); True always, False never, a forced ``TUNE["chunk"]`` keeps the chunked backward;
+    bad values refused. Gradients against fp64 every time."""
+    calls = bwd_spy(monkeypatch)
+    rules = {}
+
+    def choose(nprog, max_len, device, align, m=1, grad=False):  # the default rule's answer
+        return rules["grad" if grad else "fwd"]
+    monkeypatch.setattr(scanmod, "_choose_chunk", choose)
+    a, b = inputs(1, 40, 20, seed=11)
+    for grad_chunk, mode, used in ((None, None, False), (16, None, True), (16, False, False),
+                                   (None, True, True), (16, True, True)):
+        rules.update(grad=grad_chunk, fwd=None)
+        scanmod.TUNE.pop("fwd_lookback", None)
+        if mode is None:
+            scanmod.TUNE.pop("bwd_lookback", None)
+        else:
+            scanmod.TUNE["bwd_lookback"] = mode
+        calls.clear()
+        grad_check(a, b, None, None)
+        assert (len(calls) > 0) == used, (grad_chunk, mode)
+    scanmod.TUNE.pop("bwd_lookback")
+    scanmod.TUNE["chunk"] = 16
+    rules.update(grad=16)
+    calls.clear()
+    grad_check(a, b, None, None)
+    assert not calls
+    scanmod.TUNE.pop("chunk")
+    scanmod.TUNE["bwd_lookback"] = "yes"
+    with pytest.raises(ValueError, match="bwd_lookback"):
+        bd.diagonal_scan(a.clone().requires_grad_(), b)
+
+
 @pytest.mark.parametrize("dht", [True, False])
 def test_backward_matches_chunked_backward(dht):
     """The launcher against ``scan._diag_backward``'s own paths, with and without ``dh_final``

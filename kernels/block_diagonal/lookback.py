@@ -41,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._host import cdiv
 from .fwd import _affine_combine, _diag_fwd_kernel, _seq_bounds
 
 __all__ = ["diag_lookback_forward", "launch_diag_lookback", "lookback_cfg"]
@@ -181,8 +182,8 @@ def launch_diag_lookback(a, b, h0, cu, tune, empty):
     ch, bn, w, nw = lookback_cfg(tune)
     dev = b.device
     max_len = T if cu is None else int((cu[1:] - cu[:-1]).max().item())
-    nc = max(1, triton.cdiv(max_len, ch))  # >= 1: chunk 0 writes h_final = h0 of empty sequences
-    gn = triton.cdiv(N, bn)
+    nc = max(1, cdiv(max_len, ch))  # >= 1: chunk 0 writes h_final = h0 of empty sequences
+    gn = cdiv(N, bn)
     ntile = nseq * gn * nc
     # zeroed per call: flags 0 = nothing published, and the tile counter must start at 0
     status = torch.zeros(ntile + 1, dtype=torch.int32, device=dev)
@@ -210,7 +211,7 @@ def diag_lookback_forward(a, b, h0, cu, chunk, tune, empty, diag_cfg):
     B, T, N = b.shape
     nseq = final.shape[0]
     max_len = T if cu is None else int((cu[1:] - cu[:-1]).max().item())
-    nc = triton.cdiv(max_len, chunk)
+    nc = cdiv(max_len, chunk)
     if chunk % ch == 0:
         k = chunk // ch
         p = vals[0].view(nseq, gn, nc_t, bn).permute(0, 2, 1, 3).reshape(nseq, nc_t, gn * bn)[..., :N]
@@ -220,7 +221,7 @@ def diag_lookback_forward(a, b, h0, cu, chunk, tune, empty, diag_cfg):
     bt, bnf, nw, _ = diag_cfg(N, nseq, b.device)
     P = empty((nseq, nc, N), torch.float32, b.device)
     E = empty((nseq, nc, N), torch.float32, b.device)
-    _diag_fwd_kernel[(triton.cdiv(N, bnf), nseq, nc)](
+    _diag_fwd_kernel[(cdiv(N, bnf), nseq, nc)](
         a, b, b, b, E, P, cu if cu is not None else b, T, N, chunk, nc, BT=bt, BN=bnf,
         HAS_INIT=False, STORE_H=False, STORE_FINAL=True, STORE_P=True, VARLEN=cu is not None,
         num_warps=nw)

@@ -1,5 +1,7 @@
-"""Single-pass decoupled look-back backward for the diagonal scan (m = 1): opt-in
-(``scan.TUNE["bwd_lookback"] = True``), CPU-interpreter tested, **not yet run on a GPU**.
+"""Single-pass decoupled look-back backward for the diagonal scan (m = 1): the default where the
+gradient rule would time-chunk (``scan.TUNE["bwd_lookback"]``: "auto", True, False; see
+``scan._diag_bwd_lookback``). CPU-interpreter tests and an H100 many-tile race test pass; H100
+B1 T16384 N768 fwd+bwd 0.239 ms (CUDA graph) against 0.280 with the chunked backward.
 
 The adjoint of ``h_t = a_t h_{t-1} + b_t`` runs backwards in time:
 ``lam_t = dh_t + a_{t+1} lam_{t+1}`` (``lam_{eos-1} = dh_{eos-1} + dh_final``), then
@@ -24,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._host import cdiv
 from .fwd import _affine_combine, _seq_bounds
 from .lookback import _last_row, _look_back, _publish, lookback_cfg
 
@@ -100,8 +103,8 @@ def diag_lookback_backward(a, h, h0, g, dhT, cu, tune, empty):
     ch, bn, w, nw = lookback_cfg(tune)
     dev = h.device
     max_len = T if cu is None else int((cu[1:] - cu[:-1]).max().item())
-    nc = max(1, triton.cdiv(max_len, ch))  # >= 1: an empty sequence still writes dh0
-    gn = triton.cdiv(N, bn)
+    nc = max(1, cdiv(max_len, ch))  # >= 1: an empty sequence still writes dh0
+    gn = cdiv(N, bn)
     ntile = nseq * gn * nc
     status = torch.zeros(ntile + 1, dtype=torch.int32, device=dev)
     vals = empty((3, ntile, bn), torch.float32, dev)

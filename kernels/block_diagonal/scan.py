@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
+from .._host import cdiv, next_pow2, num_sms
 
 from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
 from .fwd import (_bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _bd_summary_kernel,
@@ -55,9 +55,7 @@ def _interpret() -> bool:
 
 
 def _num_sms(device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+    return num_sms(device, cpu=4)  # cached: get_device_properties costs microseconds per call
 
 
 # ----------------------------------------------------------------------------- validation
@@ -142,16 +140,16 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
     if m >= 16 and nprog >= _num_sms(device):  # m = 16, grad: B1 T16384 3.11 ms vs 5.56 one
         return None  # pass (48 programs), but B8 T2048 N768 (384) 3.33 ms vs 0.90 ms
     if grad:
-        chunk = max(256, triton.cdiv(max_len, triton.cdiv(target, nprog)))
+        chunk = max(256, cdiv(max_len, cdiv(target, nprog)))
     else:
         chunk = TUNE.get("chunk_len", 256)
-    chunk = triton.cdiv(chunk, align) * align
+    chunk = cdiv(chunk, align) * align
     return None if chunk >= max_len else chunk
 
 
 # ----------------------------------------------------------------------------- m >= 2 kernels
 def _bd_cfg(m):
-    mp = triton.next_power_of_2(m)
+    mp = next_pow2(m)
     # one 16-byte vector of A per thread and step keeps the time axis of a load group in-thread
     bh = TUNE.get("bh", max(1, 128 // (mp * mp)))
     nw = TUNE.get("num_warps", max(1, min(4, bh * mp * mp // 128)))
@@ -176,17 +174,21 @@ def _bwd_variant(m, nprog):
     (vectorised ``A``/``dA`` rows, scalar time masks) won in both runs: m = 2 ring4 1.15x, m = 4
     ring2 1.22x, m = 8 ring4 1.05x, m = 32 ring2 = v1; m = 16 v1 (ring4 0.97x). Below 1024
     programs ring4 (m = 9..16, 1.21x at 384 programs) and ring2 (m > 16, 1.07x at 192) won in both
-    runs; for m <= 8 the two runs disagreed (chunked B8 N768 / B1 T16384, +-20 %), so g4 stays.
-    ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
+    runs; for m <= 8 the two runs disagreed (+-20 %): those timings were host-bound (the host side
+    of a forward+backward took ~0.6 ms, more than the GPU work; ``tools/host_overhead.py``). With
+    CUDA-graph replays (H100, 2026-11-25, ``tools/fwdbwd_chunk_sweep.py --set bwd --graph``) ring4
+    won every case below 1024 programs: B8 T2048 N768 m = 2 / 4 / 8 0.307 / 0.509 / 0.653 ms
+    against g4's 0.481 / 0.704 / 0.809 (fwd+bwd), B1 T16384 N768 (chunked) m = 2 / 4 0.327 / 0.585
+    against 0.365 / 0.678. ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
     if "bwd_variant" in TUNE:
         return TUNE["bwd_variant"]
-    mp = triton.next_power_of_2(m)
+    mp = next_pow2(m)
     if mp == 32:
         return "ring2"
     if mp == 16:
         return "ring4" if nprog < 1024 else "v1"
-    if nprog < 1024:
-        return "g4"
+    if nprog < 1024:  # H100 2026-11-25, CUDA-graph timings (GPU time only; see below)
+        return "ring4"
     return "ring2" if mp == 4 else "ring4"
 
 
@@ -218,15 +220,15 @@ def _summary_launch(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, mp, bh, nw, ns
     if TUNE.get("summary", "ring") == "ring":
         var = _fwd_variant()
         R = int(var[4:]) if var.startswith("ring") else 2
-        _bd_fwd_ring[(triton.cdiv(H, bh) * (m + 1), nseq, nc)](
+        _bd_fwd_ring[(cdiv(H, bh) * (m + 1), nseq, nc)](
             A, b, b, b, E, P, cu_arg, T, H, chunk, nc, M=m, MP=mp, BH=bh, R=R, SUMMARY=True,
             HAS_INIT=False, STORE_H=False, STORE_FINAL=True, VARLEN=varlen, num_warps=nw)
         return
-    ncb = min(triton.next_power_of_2(m + 1), 16)
-    ngrp = triton.cdiv(m + 1, ncb)
+    ncb = min(next_pow2(m + 1), 16)
+    ngrp = cdiv(m + 1, ncb)
     bhs = max(1, 1024 // (mp * mp * ncb))
     nws = max(1, min(8, bhs * mp * mp * ncb // 1024))
-    _bd_summary_kernel[(triton.cdiv(H, bhs) * ngrp, nseq, nc)](
+    _bd_summary_kernel[(cdiv(H, bhs) * ngrp, nseq, nc)](
         A, b, P, E, cu_arg, T, H, chunk, nc, M=m, MP=mp, BH=bhs, NCB=ncb, NGRP=ngrp, NS=ns,
         VARLEN=varlen, num_warps=nws, num_stages=ns)
 
@@ -242,24 +244,24 @@ def _bd_forward(A, b, h0, cu, chunk):
     varlen = cu is not None
     cu_arg = cu if varlen else dummy
     if chunk is None:
-        few = triton.cdiv(H, bh) * nseq < 3 * _num_sms(dev)
-        _fwd_launch((triton.cdiv(H, bh), nseq, 1),
+        few = cdiv(H, bh) * nseq < 3 * _num_sms(dev)
+        _fwd_launch((cdiv(H, bh), nseq, 1),
             A, b, h, h0 if h0 is not None else dummy, final, cu_arg, T, H, max(T, 1), 1,
             M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True,
             VARLEN=varlen, num_warps=nw, few=few)
         return h, final, None
-    nc = triton.cdiv(_max_len(T, nseq, cu), chunk)
+    nc = cdiv(_max_len(T, nseq, cu), chunk)
     P = _empty((nseq, nc, H, m, m), torch.float32, dev)
     E = _empty((nseq, nc, H, m), torch.float32, dev)
     _summary_launch(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, mp, bh, nw, ns, varlen)
     X = _empty((nseq, nc, H, m), torch.float32, dev)
-    _fwd_launch((triton.cdiv(H, bh), nseq, 1),
+    _fwd_launch((cdiv(H, bh), nseq, 1),
         P, E, X, h0 if h0 is not None else dummy, final, dummy, nc, H, nc, 1,
         M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True,
         VARLEN=False, num_warps=nw)
     first = (h0.float() if h0 is not None else torch.zeros(nseq, H, m, device=dev))[:, None]
     init = torch.cat([first, X[:, :-1]], 1).contiguous()
-    _fwd_launch((triton.cdiv(H, bh), nseq, nc),
+    _fwd_launch((cdiv(H, bh), nseq, nc),
         A, b, h, init, dummy, cu_arg, T, H, chunk, nc,
         M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=True, STORE_H=True, STORE_FINAL=False,
         VARLEN=varlen, num_warps=nw)
@@ -278,7 +280,7 @@ def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
     dummy = h
     cu_arg = cu if varlen else dummy
     h0_arg = h0 if h0 is not None else dummy
-    grid1 = (triton.cdiv(H, bh), nseq, 1)
+    grid1 = (cdiv(H, bh), nseq, 1)
     if chunk is None:
         _bwd_launch(grid1,
             A, h, h0_arg, g, dA, db, dhT if dhT is not None else dummy, dh0, cu_arg, T, H,
@@ -287,7 +289,7 @@ def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
         return dA, db, dh0
     nc = P.shape[1]
     F = _empty((nseq, nc, H, m), torch.float32, dev)
-    _bwd_launch((triton.cdiv(H, bh), nseq, nc),
+    _bwd_launch((cdiv(H, bh), nseq, nc),
         A, h, h0_arg, g, dummy, dummy, dummy, F, cu_arg, T, H, chunk, nc,
         M=m, MP=mp, BH=bh, NS=ns, HAS_H0=False, HAS_MUIN=False, STORE_GRADS=False, STORE_MUOUT=True,
         VARLEN=varlen, num_warps=nw)
@@ -300,7 +302,7 @@ def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
         VARLEN=False, num_warps=nw)
     last = (dhT.float() if dhT is not None else torch.zeros(nseq, H, m, device=dev))[:, None]
     muin = torch.cat([X.flip(1)[:, 1:], last], 1).contiguous()
-    _bwd_launch((triton.cdiv(H, bh), nseq, nc),
+    _bwd_launch((cdiv(H, bh), nseq, nc),
         A, h, h0_arg, g, dA, db, muin, dummy, cu_arg, T, H, chunk, nc,
         M=m, MP=mp, BH=bh, NS=ns, HAS_H0=h0 is not None, HAS_MUIN=True, STORE_GRADS=True,
         STORE_MUOUT=False, VARLEN=varlen, num_warps=nw)
@@ -317,7 +319,7 @@ def _diag_cfg(N, nseq, device, bwd=False):
     at BN = 32, ``_DIAG_FEW`` (keys ``bt_few``/``bn_few``/``nw_few``). The backward has its own
     keys (``bt_bwd``, ``bn_bwd``, ``nw_bwd``; default: the forward's), so that one can be tuned
     without the other; its tiles need not match the forward's (chunks are any length)."""
-    few = nseq * triton.cdiv(N, 32) < 4 * _num_sms(device)
+    few = nseq * cdiv(N, 32) < 4 * _num_sms(device)
     d = (TUNE.get("bt_few", _DIAG_FEW[0]), TUNE.get("bn_few", _DIAG_FEW[1]),
          TUNE.get("nw_few", _DIAG_FEW[2])) if few else (64, 32, 2)
     bt, bn, nw = TUNE.get("bt", d[0]), TUNE.get("bn", d[1]), TUNE.get("num_warps_diag", d[2])
@@ -340,14 +342,14 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False):
     varlen = cu is not None
     dummy = b
     cu_arg = cu if varlen else dummy
-    gn = triton.cdiv(N, bn)
+    gn = cdiv(N, bn)
     if chunk is None:
         _diag_fwd_kernel[(gn, nseq, 1)](
             a, b, h, h0 if h0 is not None else dummy, final, dummy, cu_arg, T, N, max(T, 1), 1,
             BT=bt, BN=bn, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True, STORE_P=False,
             VARLEN=varlen, num_warps=nw)
         return h, final, None
-    nc = triton.cdiv(_max_len(T, nseq, cu), chunk)
+    nc = cdiv(_max_len(T, nseq, cu), chunk)
     P = _empty((nseq, nc, N), torch.float32, dev)
     E = _empty((nseq, nc, N), torch.float32, dev)
     _diag_fwd_kernel[(gn, nseq, nc)](
@@ -366,8 +368,8 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False):
     return h, final, P
 
 
-def _diag_backward(a, h, h0, g, dhT, cu, chunk, P):
-    if TUNE.get("bwd_lookback"):  # opt-in single pass (lookback_bwd.py, untimed): no chunks needed
+def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False):
+    if lookback:  # one look-back pass (lookback_bwd.py; _diag_bwd_lookback): no chunks needed
         from .lookback_bwd import diag_lookback_backward
         return diag_lookback_backward(a, h, h0, g, dhT, cu, TUNE, _empty)
     B, T, N = h.shape
@@ -381,7 +383,7 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P):
     dummy = h
     cu_arg = cu if varlen else dummy
     h0_arg = h0 if h0 is not None else dummy
-    gn = triton.cdiv(N, bn)
+    gn = cdiv(N, bn)
     if chunk is None:
         _diag_bwd_kernel[(gn, nseq, 1)](
             a, h, h0_arg, g, da, db, dhT if dhT is not None else dummy, dh0, cu_arg, T, N,
@@ -411,11 +413,11 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P):
 # ----------------------------------------------------------------------------- autograd
 class _ScanFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, A, b, h0, cu, chunk, diag, lookback=False):
+    def forward(ctx, A, b, h0, cu, chunk, diag, lookback=False, bwd_lookback=False):
         h, final, P = (_diag_forward(A, b, h0, cu, chunk, lookback) if diag
                        else _bd_forward(A, b, h0, cu, chunk))
         ctx.save_for_backward(A, h, h0, cu, P)
-        ctx.chunk, ctx.diag = chunk, diag
+        ctx.chunk, ctx.diag, ctx.bwd_lookback = chunk, diag, bwd_lookback
         ctx.h0_dtype = None if h0 is None else h0.dtype
         return h, final
 
@@ -424,9 +426,11 @@ class _ScanFn(torch.autograd.Function):
         A, h, h0, cu, P = ctx.saved_tensors
         g = torch.zeros_like(h) if dh is None else dh.contiguous()
         dhT = None if dfinal is None else dfinal.float().contiguous()
-        bwd = _diag_backward if ctx.diag else _bd_backward
-        dA, db, dh0 = bwd(A, h, h0, g, dhT, cu, ctx.chunk, P)
-        return dA, db, (dh0.to(ctx.h0_dtype) if h0 is not None else None), None, None, None, None
+        if ctx.diag:
+            dA, db, dh0 = _diag_backward(A, h, h0, g, dhT, cu, ctx.chunk, P, ctx.bwd_lookback)
+        else:
+            dA, db, dh0 = _bd_backward(A, h, h0, g, dhT, cu, ctx.chunk, P)
+        return dA, db, (dh0.to(ctx.h0_dtype) if h0 is not None else None), None, None, None, None, None
 
 
 def block_diagonal_scan(A, b, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -473,7 +477,7 @@ def _bd_apply(A, b, h0, cu, nseq):
     B, T, H, m = b.shape
     mp, bh, _, _ = _bd_cfg(m)
     grad = _needs_grad(A, b, h0)
-    chunk = _choose_chunk(nseq * triton.cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m,
+    chunk = _choose_chunk(nseq * cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m,
                           grad)
     return _ScanFn.apply(A, b, h0, cu, chunk, False)
 
@@ -485,17 +489,35 @@ def _diag_apply(a, b, h0, cu, nseq):
                              None if h0 is None else h0.view(nseq, N, 1), cu, nseq)
         return h.view(B, T, N), final.view(nseq, N)
     bt, bn, _, _ = _diag_cfg(N, nseq, b.device)
-    # with the opt-in look-back backward (TUNE["bwd_lookback"]) the forward need not leave chunk
-    # products behind, so it is chosen as for inference
-    grad = _needs_grad(a, b, h0) and not TUNE.get("bwd_lookback")
-    nprog, max_len = nseq * triton.cdiv(N, bn), _max_len(T, nseq, cu)
+    nprog, max_len = nseq * cdiv(N, bn), _max_len(T, nseq, cu)
+    grad = _needs_grad(a, b, h0)
+    bwd_lb = grad and _diag_bwd_lookback(nprog, max_len, b.device, bt)
+    # with the look-back backward the forward need not leave chunk products behind, so it is
+    # chosen as for inference
+    grad = grad and not bwd_lb
     if _diag_lookback(nprog, max_len, b.device, bt, grad):
         if not grad:  # one pass whatever the programs
-            return _ScanFn.apply(a, b, h0, cu, None, True, True)
+            return _ScanFn.apply(a, b, h0, cu, None, True, True, bwd_lb)
         bt = max(bt, lookback_cfg(TUNE)[0])  # backward chunks aligned to the tiles: P comes from them
         return _ScanFn.apply(a, b, h0, cu, _choose_chunk(nprog, max_len, b.device, bt, 1, grad), True, True)
     chunk = _choose_chunk(nprog, max_len, b.device, bt, 1, grad)
-    return _ScanFn.apply(a, b, h0, cu, chunk, True)
+    return _ScanFn.apply(a, b, h0, cu, chunk, True, False, bwd_lb)
+
+
+def _diag_bwd_lookback(nprog, max_len, device, bt) -> bool:
+    """Whether the m = 1 backward is the single-pass look-back (lookback_bwd.py).
+    ``TUNE["bwd_lookback"]``: True / False, or "auto" (the default): wherever the gradient rule
+    would time-chunk (few programs, long sequences; a forced ``TUNE["chunk"]`` keeps the chunked
+    backward). H100, fp32, CUDA-graph replays (2026-11-25, ``tools/lookback_repeat.py``): B1
+    T16384 N768 forward+backward 0.238 ms against 0.265 (tiled forward, chunked backward) and
+    0.279 (look-back forward, chunked backward), and one launch instead of three (host time);
+    B8 T2048 N768 (one pass, 192 programs) keeps the tiles: 0.188 ms against 0.230."""
+    mode = TUNE.get("bwd_lookback", "auto")
+    if mode == "auto":
+        return "chunk" not in TUNE and _choose_chunk(nprog, max_len, device, bt, 1, True) is not None
+    if mode not in (True, False, None, 0, 1):
+        raise ValueError(f'TUNE["bwd_lookback"] must be "auto", True or False, got {mode!r}')
+    return bool(mode)
 
 
 def _diag_lookback(nprog, max_len, device, bt, grad) -> bool:

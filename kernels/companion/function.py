@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import torch
-import triton
 from torch import Tensor
 
+from .._host import cdiv
 from ..fused_gates._common import (as_loaded, check_cu_seqlens, check_eps, check_float_tensor, check_state,
                                    empty, next_pow2, num_sms, use_triton)
 from ..fused_gates.gate_math import variant_code
@@ -53,7 +53,7 @@ class _CompanionFn(torch.autograd.Function):
               if output_final_state else None)
         bn, mp, warps, stages = _config(num_seq, N, m, v.device)
         up = TUNE.get("upcast16", True)
-        companion_fwd_kernel[(num_seq, triton.cdiv(N, bn))](
+        companion_fwd_kernel[(num_seq, cdiv(N, bn))](
             as_loaded(z, up), as_loaded(v, up), h0c if h0c is not None else h, h, hf if hf is not None else h,
             cu if cu is not None else h, T, N, eps, M=m, MP=mp, BN=bn, COL0=col0, VARIANT=code,
             NS=stages, HAS_H0=h0c is not None, STORE_HF=hf is not None, IS_VARLEN=cu is not None,
@@ -76,7 +76,7 @@ class _CompanionFn(torch.autograd.Function):
         dh0 = empty((num_seq, N, m), torch.float32, v.device) if need_dh0 else None
         bn, mp, warps, stages = _config(num_seq, N, m, v.device)
         up = TUNE.get("upcast16", True)
-        companion_bwd_kernel[(num_seq, triton.cdiv(N, bn))](
+        companion_bwd_kernel[(num_seq, cdiv(N, bn))](
             as_loaded(z, up), as_loaded(v, up), h0 if h0 is not None else h, as_loaded(h, up),
             as_loaded(dh, up), dhf if dhf is not None else dh, dz, dv,
             dh0 if dh0 is not None else dv, cu if cu is not None else h, T, N, eps,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
 
+from .._host import cdiv, next_pow2
 from .chunks import build_chunks
 from .dqkwg_bwd import dqkwg_bwd_kernel
 from .output import output_fwd_kernel
@@ -79,11 +79,11 @@ def _empty(shape, device, dtype):
 
 def _cfg(q, k, v, chunk_size):
     K, V = q.shape[-1], v.shape[-1]
-    BC = max(16, triton.next_power_of_2(chunk_size))
+    BC = max(16, next_pow2(chunk_size))
     if BC != chunk_size:
         raise ValueError(f"chunk_size must be a power of two >= 16 for the Triton backend, got {chunk_size}")
-    BK = max(16, triton.next_power_of_2(K))
-    BVf = max(16, triton.next_power_of_2(V))
+    BK = max(16, next_pow2(K))
+    BVf = max(16, next_pow2(V))
     if BK > 256 or BVf > 256:
         raise ValueError(f"the Triton backend supports K, V <= 256; got K={K}, V={V}")
     # float32 inputs: exact fp32 dots unless the user allowed TF32 matmuls (torch's switch,
@@ -120,12 +120,12 @@ def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, d
     hT = _empty((N, H, K, V), k.device, torch.float32) if want_final else hs
     if fused:
         form, v, beta, Ainv = fused
-        state_fwd_fused_kernel[(triton.cdiv(V, BV), N * H)](
+        state_fwd_fused_kernel[(cdiv(V, BV), N * H)](
             k, v, beta, gcum, Ainv, h0 if h0 is not None else hs, hs, vn, hT, ch["start"], ch["length"],
             ch["seq_ptr"], H=H, K=K, V=V, BC=BC, BK=BK, BV=BV, USE_G=use_g, USE_H0=h0 is not None,
             STORE_HT=want_final, FORM=form, DOT=dot, num_warps=nw, num_stages=ns)
         return hs, vn, (hT if want_final else None)
-    state_fwd_kernel[(triton.cdiv(V, BV), N * H)](
+    state_fwd_kernel[(cdiv(V, BV), N * H)](
         k, W, U, gcum, h0 if h0 is not None else hs, hs, vn, hT, ch["start"], ch["length"], ch["seq_ptr"],
         H=H, K=K, V=V, BC=BC, BK=BK, BV=BV, USE_G=use_g, USE_H0=h0 is not None,
         STORE_HT=want_final, DOT=dot, num_warps=nw, num_stages=ns)
@@ -185,7 +185,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         o = _empty((B * T, H, V), dev, q.dtype)
         if NC > 0:
             BVo = _bv("output", BVf)
-            output_fwd_kernel[(triton.cdiv(V, BVo), NC, H)](
+            output_fwd_kernel[(cdiv(V, BVo), NC, H)](
                 qf, kf, gcum, hs, vn, o, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
                 BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw,
                 num_warps=TUNE["output"][0], num_stages=TUNE["output"][1])
@@ -215,18 +215,18 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         dhTc = dhT.float().contiguous() if dhT is not None else None
         if NC > 0:
             BVl, BVs = _bv("dv_local", BVf), _bv("state_bwd_fused" if form else "state_bwd", BVf)
-            dv_local_kernel[(triton.cdiv(V, BVl), NC, H)](
+            dv_local_kernel[(cdiv(V, BVl), NC, H)](
                 qf, kf, gcum, do, dvn, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
                 BC=BC, BK=BK, BV=BVl, USE_G=use_g, DOT=dot, RAW=raw,
                 num_warps=TUNE["dv_local"][0], num_stages=TUNE["dv_local"][1])
             if form:
-                state_bwd_fused_kernel[(triton.cdiv(V, BVs), N * H)](
+                state_bwd_fused_kernel[(cdiv(V, BVs), N * H)](
                     qf, kf, bf, gcum, Ainv, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,
                     ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
                     BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, FORM=form,
                     DOT=dot, num_warps=TUNE["state_bwd_fused"][0], num_stages=TUNE["state_bwd_fused"][1])
             else:
-                state_bwd_kernel[(triton.cdiv(V, BVs), N * H)](
+                state_bwd_kernel[(cdiv(V, BVs), N * H)](
                     qf, kf, W, gcum, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,
                     ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
                     BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, DOT=dot,

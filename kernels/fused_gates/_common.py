@@ -7,6 +7,8 @@ import os
 import torch
 from torch import Tensor
 
+from .._host import next_pow2, num_sms  # noqa: F401  (re-exported for the launchers)
+
 __all__ = ["check_float_tensor", "check_cu_seqlens", "check_state", "check_eps", "num_sms",
            "use_triton", "is_interpreted", "next_pow2", "FLOAT_DTYPES", "empty", "as_loaded"]
 
@@ -71,22 +73,6 @@ def is_interpreted(kernel) -> bool:
 def use_triton(x: Tensor, kernel) -> bool:
     """Triton kernels run on CUDA tensors, and on CPU tensors when built for the interpreter."""
     return x.is_cuda or is_interpreted(kernel)
-
-
-_SMS: dict = {}
-
-
-def num_sms(device) -> int:
-    if device.type != "cuda":
-        return 8
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 def empty(shape, dtype, device) -> Tensor:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import triton
 from torch import Tensor
 
+from .._host import cdiv
 from ._common import (as_loaded, check_cu_seqlens, check_eps, check_float_tensor, check_state, empty,
                       next_pow2, num_sms, use_triton)
 from .gate_math import variant_code
@@ -44,7 +44,7 @@ def _launch_fwd(z, v, h0, cu, T, H, m, col0, code, eps, out_fp32_final, out_dtyp
     z, v = _as_loaded(z), _as_loaded(v)
     hf = empty((num_seq, H, m), torch.float32, v.device) if out_fp32_final else None
     bh, warps, stages = _config(num_seq, H, m, v.device)
-    grid = (num_seq, triton.cdiv(H, bh))
+    grid = (num_seq, cdiv(H, bh))
     block_scan_fwd_kernel[grid](z, v, h0 if h0 is not None else h, h, hf if hf is not None else h,
                                 cu if cu is not None else h, T, H, eps,
                                 M=m, MP=max(2, next_pow2(m)), BH=bh, COL0=col0, VARIANT=code,
@@ -60,7 +60,7 @@ def _launch_bwd(z, v, h0, h, dh, dhf, cu, T, H, m, col0, code, eps, need_dh0):
     z, v, h, dh = _as_loaded(z), _as_loaded(v), _as_loaded(h), _as_loaded(dh)
     dh0 = empty((num_seq, H, m), torch.float32, v.device) if need_dh0 else None
     bh, warps, stages = _config(num_seq, H, m, v.device)
-    grid = (num_seq, triton.cdiv(H, bh))
+    grid = (num_seq, cdiv(H, bh))
     block_scan_bwd_kernel[grid](z, v, h0 if h0 is not None else h, h, dh,
                                 dhf if dhf is not None else dh, dz, dv,
                                 dh0 if dh0 is not None else dv, cu if cu is not None else h,

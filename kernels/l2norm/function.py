@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import torch
-import triton
 from torch import Tensor
 
+from .._host import cdiv, next_pow2
 from ..fused_gates._common import empty, use_triton
 from .kernel import l2norm_bwd_kernel, l2norm_fwd_kernel
 from .ref import l2_normalize_ref
@@ -16,7 +16,7 @@ def _cfg(K: int) -> tuple[int, int, int]:
     """(BK, BR, num_warps): about 2048 elements per program (16 rows of 128 for q/k heads), 16
     per thread: with 4096 the backward used all 255 registers and spilled at K = 64 (sm_90,
     Triton 3.6, ptxas -v: every element carries a 64-bit address)."""
-    BK = triton.next_power_of_2(K)
+    BK = next_pow2(K)
     BR = max(1, min(64, 2048 // BK))
     return BK, BR, 4 if BK * BR >= 2048 else 2
 
@@ -27,7 +27,7 @@ def _launch_fwd(x2: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     rstd = empty((R,), torch.float32, x2.device)
     BK, BR, nw = _cfg(K)
     if R:
-        l2norm_fwd_kernel[(triton.cdiv(R, BR),)](x2, y, rstd, R, K, eps, BR=BR, BK=BK, num_warps=nw)
+        l2norm_fwd_kernel[(cdiv(R, BR),)](x2, y, rstd, R, K, eps, BR=BR, BK=BK, num_warps=nw)
     return y, rstd
 
 
@@ -36,7 +36,7 @@ def _launch_bwd(x2: Tensor, rstd: Tensor, dy2: Tensor, eps: float) -> Tensor:
     dx = empty((R, K), x2.dtype, x2.device)
     BK, BR, nw = _cfg(K)
     if R:
-        l2norm_bwd_kernel[(triton.cdiv(R, BR),)](x2, rstd, dy2, dx, R, K, eps, BR=BR, BK=BK,
+        l2norm_bwd_kernel[(cdiv(R, BR),)](x2, rstd, dy2, dx, R, K, eps, BR=BR, BK=BK,
                                                  num_warps=nw)
     return dx
 

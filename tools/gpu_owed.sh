@@ -2,11 +2,12 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# STAGE: tests    — GPU correctness owed after 2026-11-24: the > 2^31-element case, the opt-in
-#                   backward ring, the block-diagonal suite under the new gradient chunk rule
-#                   (the 2026-11-24 run passed the look-back, delta, delta-layer and l2norm files)
-#        lookback — issue 3: m = 1 look-back forward (default "auto" since 2026-11-24) and the
-#                   opt-in look-back backward (bwd_lookback, untimed) vs the tiled/chunked paths
+# STAGE: tests    — GPU correctness owed after 2026-11-25: the whole tests/gpu suite in one session
+#                   (2026-11-25 ran it in parts; see kernels/block_diagonal/README.md); run the T = 65536
+#                   tests (long_chunked_varlen, 2^31) one process at a time: their fp64 references
+#                   take tens of GB, and three at once failed under pytest-xdist
+#        lookback — issue 3: m = 1 look-back forward and backward (both "auto" defaults) vs the
+#                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)

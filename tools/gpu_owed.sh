@@ -5,7 +5,8 @@
 # STAGE: tests    — GPU correctness owed after 2026-11-25: the whole tests/gpu suite in one session
 #                   (2026-11-25 ran it in parts; see kernels/block_diagonal/README.md); run the T = 65536
 #                   tests (long_chunked_varlen, 2^31) one process at a time: their fp64 references
-#                   take tens of GB, and three at once failed under pytest-xdist
+#                   take tens of GB; under pytest-xdist (-n 3/4) tests failed with OutOfMemoryError
+#                   (2026-11-25: a delta test process held 32 GB) and passed one at a time
 #        lookback — issue 3: m = 1 look-back forward and backward (both "auto" defaults) vs the
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)

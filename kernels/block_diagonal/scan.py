@@ -512,12 +512,7 @@ def _diag_bwd_lookback(nprog, max_len, device, bt) -> bool:
     T16384 N768 forward+backward 0.238 ms against 0.265 (tiled forward, chunked backward) and
     0.279 (look-back forward, chunked backward), and one launch instead of three (host time);
     B8 T2048 N768 (one pass, 192 programs) keeps the tiles: 0.188 ms against 0.230."""
-    mode = TUNE.get("bwd_lookback", "auto")
-    if mode == "auto":
-        return "chunk" not in TUNE and _choose_chunk(nprog, max_len, device, bt, 1, True) is not None
-    if mode not in (True, False, None, 0, 1):
-        raise ValueError(f'TUNE["bwd_lookback"] must be "auto", True or False, got {mode!r}')
-    return bool(mode)
+    return _lookback_mode("bwd_lookback", nprog, max_len, device, bt, True)
 
 
 def _diag_lookback(nprog, max_len, device, bt, grad) -> bool:
@@ -528,11 +523,17 @@ def _diag_lookback(nprog, max_len, device, bt, grad) -> bool:
     forward+backward (look-back forward with 64 x 32 tiles, chunked backward) B1 T16384 N768
     1.132 vs 1.281 ms, B8 T2048 N768 1.199 vs 1.315 (old gradient chunk rule). Where one pass
     fills the GPU the tiled kernel stays faster (forward B8 T2048 N4096 0.291 vs 0.509 ms)."""
-    mode = TUNE.get("fwd_lookback", "auto")
+    return _lookback_mode("fwd_lookback", nprog, max_len, device, bt, grad)
+
+
+def _lookback_mode(key, nprog, max_len, device, bt, grad) -> bool:
+    """``TUNE[key]``: True / False, or "auto": where ``_choose_chunk`` would time-chunk (a forced
+    ``TUNE["chunk"]`` keeps the chunked path)."""
+    mode = TUNE.get(key, "auto")
     if mode == "auto":
         return "chunk" not in TUNE and _choose_chunk(nprog, max_len, device, bt, 1, grad) is not None
     if mode not in (True, False, None, 0, 1):
-        raise ValueError(f'TUNE["fwd_lookback"] must be "auto", True or False, got {mode!r}')
+        raise ValueError(f'TUNE["{key}"] must be "auto", True or False, got {mode!r}')
     return bool(mode)
 
 

@@ -111,17 +111,16 @@ def _bd_chunk(mod, b: Tensor, cu, diag: bool):
     """The chunk length ``block_diagonal_scan`` / ``diagonal_scan`` would pick with gradients
     (None = one pass). The ops' forward cannot see whether a backward will follow, and forward and
     backward must agree on the chunks, so the ops always use the rule measured forward+backward."""
-    import triton
     B, T = b.shape[:2]
     nseq = B if cu is None else cu.numel() - 1
     if diag:
         N = b.shape[2]
         bt, bn, _, _ = mod._diag_cfg(N, nseq, b.device)
-        return mod._choose_chunk(nseq * triton.cdiv(N, bn), mod._max_len(T, nseq, cu), b.device, bt, 1,
+        return mod._choose_chunk(nseq * -(-N // bn), mod._max_len(T, nseq, cu), b.device, bt, 1,
                                  grad=True)
     H, m = b.shape[2], b.shape[3]
     _, bh, _, _ = mod._bd_cfg(m)
-    return mod._choose_chunk(nseq * triton.cdiv(H, bh), mod._max_len(T, nseq, cu), b.device, 1, m,
+    return mod._choose_chunk(nseq * -(-H // bh), mod._max_len(T, nseq, cu), b.device, 1, m,
                              grad=True)
 
 

@@ -178,8 +178,8 @@ def _bwd_variant(m, nprog):
     of a forward+backward took ~0.6 ms, more than the GPU work; ``tools/host_overhead.py``). With
     CUDA-graph replays (H100, 2026-11-25, ``tools/fwdbwd_chunk_sweep.py --set bwd --graph``) ring4
     won every case below 1024 programs: B8 T2048 N768 m = 2 / 4 / 8 0.307 / 0.509 / 0.653 ms
-    against g4's 0.481 / 0.704 / 0.809 (fwd+bwd), B1 T16384 N768 (chunked) m = 2 / 4 0.327 / 0.585
-    against 0.365 / 0.678. ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
+    against g4's 0.481 / 0.704 / 0.809 (fwd+bwd), B1 T16384 N768 (chunked) m = 2 / 4 / 8 0.327 /
+    0.585 / 1.240 against 0.365 / 0.678 / 1.473. ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
     if "bwd_variant" in TUNE:
         return TUNE["bwd_variant"]
     mp = next_pow2(m)
@@ -187,7 +187,7 @@ def _bwd_variant(m, nprog):
         return "ring2"
     if mp == 16:
         return "ring4" if nprog < 1024 else "v1"
-    if nprog < 1024:  # H100 2026-11-25, CUDA-graph timings (GPU time only; see below)
+    if nprog < 1024:  # H100 2026-11-25, CUDA-graph timings (GPU time only; docstring)
         return "ring4"
     return "ring2" if mp == 4 else "ring4"
 

@@ -4,11 +4,14 @@ One run (on a CUDA GPU) measures: the device-to-device copy bandwidth (bytes rea
 ``block_diagonal_scan`` / ``diagonal_scan`` forward and forward+backward over block sizes m;
 the peers available here (compiled torch ``associative_scan`` for m = 1, a compiled torch
 log-depth doubling scan, an eager loop on one case, accelerated-scan if importable). Achieved
-TB/s = bytes(inputs read once + outputs written once) / median time. Writes CSV + JSON + a plot
+TB/s = bytes(inputs read once + outputs written once) / median time. The library's rows and
+accelerated-scan's also get a CUDA-graph time (``graph_ms``: ``do_bench_cudagraph``, the GPU time
+without host launch cost, which dominates the small fwd+bwd shapes). Writes CSV + JSON + a plot
 under ``benchmarks/out/`` and appends a dated row set to ``benchmarks/RESULTS.md``.
 
     python benchmarks/scan_throughput.py            # full run
     python benchmarks/scan_throughput.py --quick    # fewer shapes, no peers
+    python benchmarks/scan_throughput.py --skip-variants --no-graph   # no tuning rows, no graph timings
     python benchmarks/scan_throughput.py --tune     # sweep kernel configurations (prints only)
     python benchmarks/scan_throughput.py --lookback-compare  # m = 1 look-back forward vs the tiled/chunked one
 """
@@ -53,13 +56,24 @@ _bd = _load_kernels()
 block_diagonal_scan, diagonal_scan, _scanmod = _bd.block_diagonal_scan, _bd.diagonal_scan, _bd.scan
 
 import triton
-from triton.testing import do_bench
+from triton.testing import do_bench, do_bench_cudagraph
 
 DEV = "cuda"
 
 
 def bench(fn, warmup=10, rep=40):
     return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def bench_graph(fn, rep=40):
+    """Median of CUDA-graph replays (``do_bench_cudagraph``): the GPU time without the host's
+    Python/autograd/launch cost, which at the small shapes (B8 T2048 N768, B1 T16384) exceeds the
+    GPU time of a backward (`tools/host_overhead.py`). ``None`` if the call cannot be captured."""
+    try:
+        return do_bench_cudagraph(fn, rep=rep, return_mode="median")
+    except Exception as e:  # keep the plain row
+        print(f"graph capture failed: {e!r}"[:200], flush=True)
+        return None
 
 
 def copy_bandwidth():
@@ -344,6 +358,10 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--no-graph", action="store_true",
+                    help="skip the CUDA-graph timings (graph_ms) of the library and peer rows")
+    ap.add_argument("--skip-variants", action="store_true",
+                    help="skip the forward-variant and m = 1 tile sweeps (tuning rows)")
     ap.add_argument("--bwd-compare", action="store_true",
                     help="only compare the backward kernel variants ring2, ring4, g4, v1 "
                          "(fp64 check + fwd+bwd timings)")
@@ -392,8 +410,15 @@ def main():
     log(f"copy bandwidth: {bw:.3f} TB/s")
     rows = []
 
-    def record(kind, impl, B, T, N, m, ms, nbytes, **extra):
+    def record(kind, impl, B, T, N, m, ms, nbytes, graph_fn=None, **extra):
+        """One row; with ``graph_fn`` (and without ``--no-graph``) also the CUDA-graph time and
+        its % of copy (``graph_ms``, ``graph_pct_copy``)."""
         tbs = nbytes / ms / 1e9
+        if graph_fn is not None and not args.no_graph:
+            gms = bench_graph(graph_fn)
+            if gms is not None:
+                extra = dict(graph_ms=round(gms, 5),
+                             graph_pct_copy=round(100 * nbytes / gms / 1e9 / bw, 1), **extra)
         row = dict(kind=kind, impl=impl, B=B, T=T, N=N, m=m, ms=round(ms, 5),
                    tbs=round(tbs, 4), pct_copy=round(100 * tbs / bw, 1), **extra)
         rows.append(row)
@@ -407,7 +432,7 @@ def main():
         return
     # forward kernel variants: ring of 16 / 8 slots (ring4 is the default), hand-pipelined 4-step
     # groups, one step per iteration
-    for N in (768, 4096):
+    for N in ((768, 4096) if not args.skip_variants else ()):
         for m in (2, 8, 32):
             A, b = make_inputs(8, 2048, N, m)
             for var in ("ring4", "ring2", "g4", "v1"):
@@ -419,7 +444,7 @@ def main():
     # m = 1 tile configuration: pick the fastest here and use it for the rows below
     a1, x1 = torch.rand(8, 2048, 4096, device=DEV), torch.randn(8, 2048, 4096, device=DEV)
     best = None
-    for bt in (16, 32, 64):
+    for bt in ((16, 32, 64) if not args.skip_variants else ()):
         for bn in (32, 64):
             for nw in (2, 4):
                 _scanmod.TUNE.clear()
@@ -432,7 +457,8 @@ def main():
     # them, and on 2026-11-22 03:45 (bt32 bn64) it halved the programs, which switched the m = 1
     # forward+backward to the chunked path (0.8991 ms against 0.6000 ms with the defaults)
     _scanmod.TUNE.clear()
-    log(f"fastest diag forward config: bt={best[1]} bn={best[2]} num_warps={best[3]} (not applied)")
+    if best:
+        log(f"fastest diag forward config: bt={best[1]} bn={best[2]} num_warps={best[3]} (not applied)")
     ms_list = (1, 2, 4, 8, 16, 32)
     shapes = [(8, 2048, 768), (8, 2048, 4096), (1, 16384, 768)]
     if args.quick:
@@ -441,11 +467,13 @@ def main():
     for (B, T, N) in shapes:
         for m in ms_list:
             A, b = make_inputs(B, T, N, m, grad=True)
-            t = record("fwd", "ours", B, T, N, m, bench(ours_fwd(A, b)), bytes_fwd(B, T, N, m))
+            f = ours_fwd(A, b)
+            t = record("fwd", "ours", B, T, N, m, bench(f), bytes_fwd(B, T, N, m), graph_fn=f)
             ours[("fwd", B, T, N, m)] = t
-            t = bench(ours_fwdbwd(A, b))
+            f = ours_fwdbwd(A, b)
+            t = bench(f)
             ours[("fwdbwd", B, T, N, m)] = t
-            record("fwdbwd", "ours", B, T, N, m, t, bytes_fwdbwd_floor(B, T, N, m),
+            record("fwdbwd", "ours", B, T, N, m, t, bytes_fwdbwd_floor(B, T, N, m), graph_fn=f,
                    pct_of_passes=round(100 * bytes_fwdbwd_passes(B, T, N, m) / t / 1e9 / bw, 1))
             del A, b
             torch.cuda.empty_cache()
@@ -453,23 +481,31 @@ def main():
     for (B, T, N) in ([(8, 2048, 4096), (8, 16384, 4096)] if not args.quick else [(8, 2048, 4096)]):
         a = torch.rand(B, T, N, device=DEV).requires_grad_()
         x = torch.randn(B, T, N, device=DEV).requires_grad_()
-        t = record("fwd", "ours_diag", B, T, N, 1, bench(lambda: diagonal_scan(a, x)), B * T * N * 12)
+        ad_, xd_ = a.detach(), x.detach()
+        f = lambda: diagonal_scan(ad_, xd_)  # noqa: E731
+        t = record("fwd", "ours_diag", B, T, N, 1, bench(f), B * T * N * 12, graph_fn=f)
         ours[("fwd", B, T, N, 1)] = t
         g = torch.randn_like(x)
-        tb = bench(lambda: torch.autograd.grad(diagonal_scan(a, x)[0], (a, x), g))
+        fb = lambda: torch.autograd.grad(diagonal_scan(a, x)[0], (a, x), g)  # noqa: E731
+        tb = bench(fb)
         ours[("fwdbwd", B, T, N, 1)] = tb
-        record("fwdbwd", "ours_diag", B, T, N, 1, tb, B * T * N * 24)
+        record("fwdbwd", "ours_diag", B, T, N, 1, tb, B * T * N * 24, graph_fn=fb)
         if not args.no_peers and not args.quick:
             as_scan = try_accelerated_scan()
             if as_scan is not None:
                 at = a.detach().transpose(1, 2).contiguous().requires_grad_()
                 xt = x.detach().transpose(1, 2).contiguous().requires_grad_()
                 gt = g.transpose(1, 2).contiguous()
-                tp = bench(lambda: as_scan(at, xt))
-                record("fwd", "accelerated-scan", B, T, N, 1, tp, B * T * N * 12, speedup_vs_peer=round(tp / t, 3))
-                tpb = bench(lambda: torch.autograd.grad(as_scan(at, xt), (at, xt), gt))
-                record("fwdbwd", "accelerated-scan", B, T, N, 1, tpb, B * T * N * 24,
+                atd, xtd = at.detach(), xt.detach()
+                f = lambda: as_scan(atd, xtd)  # noqa: E731
+                tp = bench(f)
+                record("fwd", "accelerated-scan", B, T, N, 1, tp, B * T * N * 12, graph_fn=f,
+                       speedup_vs_peer=round(tp / t, 3))
+                fb = lambda: torch.autograd.grad(as_scan(at, xt), (at, xt), gt)  # noqa: E731
+                tpb = bench(fb)
+                record("fwdbwd", "accelerated-scan", B, T, N, 1, tpb, B * T * N * 24, graph_fn=fb,
                        speedup_vs_peer=round(tpb / tb, 3))
+                _graph_ratio(rows, B, T, N)
             if T <= 2048:
                 try:
                     f = torch.compile(assoc_scan_m1, fullgraph=True)
@@ -502,6 +538,17 @@ def main():
     _write_outputs(out, args, env, bw, rows, worst, shapes, log)
 
 
+def _graph_ratio(rows, B, T, N):
+    """Adds ``graph_speedup_vs_peer`` (peer graph ms / ours graph ms) to the accelerated-scan rows
+    of shape (B, T, N), where both CUDA-graph times exist."""
+    ours = {r["kind"]: r.get("graph_ms") for r in rows
+            if r["impl"] == "ours_diag" and (r["B"], r["T"], r["N"]) == (B, T, N)}
+    for r in rows:
+        if r["impl"] == "accelerated-scan" and (r["B"], r["T"], r["N"]) == (B, T, N):
+            if r.get("graph_ms") and ours.get(r["kind"]):
+                r["graph_speedup_vs_peer"] = round(r["graph_ms"] / ours[r["kind"]], 3)
+
+
 def _write_outputs(out, args, env, bw, rows, worst, shapes, log):
     """JSON + CSV + plot under ``out`` and a dated table appended to ``args.results``."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
@@ -521,10 +568,15 @@ def _write_outputs(out, args, env, bw, rows, worst, shapes, log):
         fig, ax = plt.subplots(1, 2, figsize=(10, 4))
         for j, kind in enumerate(("fwd", "fwdbwd")):
             for (B, T, N) in shapes:
-                pts = [(r["m"], r["pct_copy"]) for r in rows
+                sel = [r for r in rows
                        if r["impl"] == "ours" and r["kind"] == kind and (r["B"], r["T"], r["N"]) == (B, T, N)]
-                if pts:
-                    ax[j].plot(*zip(*pts), marker="o", label=f"B{B} T{T} N{N}")
+                if sel:
+                    line, = ax[j].plot([r["m"] for r in sel], [r["pct_copy"] for r in sel], marker="o",
+                                       label=f"B{B} T{T} N{N}")
+                    g = [(r["m"], r["graph_pct_copy"]) for r in sel if r.get("graph_pct_copy")]
+                    if g:
+                        ax[j].plot(*zip(*g), marker="x", ls="--", color=line.get_color(),
+                                   label=f"B{B} T{T} N{N} (CUDA graph)")
             ax[j].set_xscale("log", base=2)
             ax[j].set_xlabel("block size m")
             ax[j].set_ylabel("% of copy bandwidth (byte floor)")
@@ -544,12 +596,16 @@ def _write_outputs(out, args, env, bw, rows, worst, shapes, log):
         f.write(f"\n## scan_throughput.py{mode}, {env['date']}\n\n{env['device']} ({env['sms']} SMs), "
                 f"torch {env['torch']}, Triton {env['triton']}; copy {bw:.3f} TB/s; fp32; "
                 f"fp64 check worst rel. error {worst:.1e}. TB/s = bytes(inputs once + outputs once)/median time; "
-                f"fwd+bwd floor = A, b, dh read + h, dA, db written.\n\n")
-        f.write("| kind | impl | B | T | N | m | ms | TB/s | % copy | extra |\n|---|---|---|---|---|---|---|---|---|---|\n")
+                f"fwd+bwd floor = A, b, dh read + h, dA, db written. ms = do_bench median (host "
+                f"launch cost included); graph ms = do_bench_cudagraph median (GPU time only).\n\n")
+        f.write("| kind | impl | B | T | N | m | ms | TB/s | % copy | graph ms | graph % copy | extra |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        main_keys = ("kind", "impl", "B", "T", "N", "m", "ms", "tbs", "pct_copy", "graph_ms", "graph_pct_copy")
         for r in rows:
-            extra = {k: v for k, v in r.items() if k not in ("kind", "impl", "B", "T", "N", "m", "ms", "tbs", "pct_copy")}
+            extra = {k: v for k, v in r.items() if k not in main_keys}
             f.write(f"| {r['kind']} | {r['impl']} | {r['B']} | {r['T']} | {r['N']} | {r['m']} | {r['ms']:.4f} | "
-                    f"{r['tbs']:.3f} | {r['pct_copy']} | {extra if extra else ''} |\n")
+                    f"{r['tbs']:.3f} | {r['pct_copy']} | {r.get('graph_ms', '—')} | {r.get('graph_pct_copy', '—')} | "
+                    f"{extra if extra else ''} |\n")
     log(f"wrote {out}/scan_throughput_{stamp}.{{json,csv,png}} and appended to {res}")
 
 

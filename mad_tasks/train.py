@@ -144,6 +144,9 @@ class Progress:
         self.desc = desc
 
     def update(self, n=1, **post):
+        """Advance by ``n``; ``post`` values that are not ``None`` go to the bar's postfix (a
+        device tensor costs a host sync: pass one every few dozen steps)."""
+        post = {k: v for k, v in post.items() if v is not None}
         if self.bar is not None:
             self.bar.update(n)
             if post:
@@ -335,14 +338,18 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
     if dinfo.mode == "sp":
         set_sequence_parallel(model, dinfo.group)
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    # fused AdamW on CUDA: one kernel for all parameters instead of a foreach launch per group
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
-                            eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+                            eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
+                            fused=device.type == "cuda" or None)
     if task.streaming:
         steps_per_epoch = cfg.steps_per_epoch or 100
         Xtr = Ytr = None
     else:
-        Xtr = torch.as_tensor(task.train[0])
-        Ytr = torch.as_tensor(task.train[1])
+        # the whole training set lives on the device (our tasks are a few MB): a batch is a
+        # gather there, not a pageable host-to-device copy (which synchronises the stream)
+        Xtr = torch.as_tensor(task.train[0]).to(device)
+        Ytr = torch.as_tensor(task.train[1]).to(device)
         steps_per_epoch = math.ceil(len(Xtr) / cfg.batch_size)
     total_steps = [steps_per_epoch * cfg.epochs]      # shortened by time_budget_s after epoch 1
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total_steps))
@@ -418,35 +425,39 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
            and not state["time_limited"]):
         epoch = state["epoch"]
         te = time.time()
-        step_times = []
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        n_done = 0
+        t_step5 = None                  # wall clock after 5 steps (they include compilation)
+        # the epoch's loss sum and token count stay on the device: no host sync per step
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        n_tok_dev = torch.zeros((), dtype=torch.int64, device=device)
         n_tok = 0
         if task.streaming:
             batches = (task.sample_train(stream_rng, cfg.batch_size)
                        for _ in range(steps_per_epoch))
         else:
             g = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + epoch)
-            perm = torch.randperm(len(Xtr), generator=g)
+            perm = torch.randperm(len(Xtr), generator=g).to(device)
             batches = ((Xtr[perm[i:i + cfg.batch_size]], Ytr[perm[i:i + cfg.batch_size]])
                        for i in range(0, len(Xtr), cfg.batch_size))
         for X, Y in batches:
-            if cfg.stop_at is not None and time.time() > cfg.stop_at and n_tok:
+            if cfg.stop_at is not None and time.time() > cfg.stop_at and n_done:
                 state["time_limited"] = True          # deadline: evaluate what we have
                 break
-            ts = time.time()
-            X = torch.as_tensor(X).to(device, non_blocking=True)
-            Y = torch.as_tensor(Y).to(device, non_blocking=True)
+            X = _to_device(X, device)
+            Y = _to_device(Y, device)
             if dinfo.active:
                 # X, Y: the global batch (identical on every rank); this rank's share of it
                 ce, k = _distributed_step(net, model, X, Y, opt, ctx, dinfo, device)
-                loss_sum += ce
+                loss_sum += ce.to(device)
                 n_tok += k
                 loss = ce / max(k, 1)
             else:
                 with ctx:
                     logits = model(X)
-                mask = Y != -100
-                loss = F.cross_entropy(_upcast(logits)[mask], Y[mask])
+                # ignore_index instead of a boolean mask: same mean over the scored tokens, no
+                # data-dependent shape (which would synchronise with the device every step)
+                loss = F.cross_entropy(_upcast(logits).flatten(0, -2), Y.flatten(),
+                                       ignore_index=-100)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
             if cfg.grad_clip:
@@ -454,12 +465,20 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
             opt.step()
             sched.step()
             state["step"] += 1
+            n_done += 1
             if not dinfo.active:
-                k = int(mask.sum())
-                loss_sum += loss.detach().double().cpu() * k
-                n_tok += k
-            prog.update(1, loss=loss)
-            step_times.append(time.time() - ts)
+                k = (Y != -100).sum()
+                loss_sum += loss.detach().double() * k
+                n_tok_dev += k
+            prog.update(1, loss=loss if n_done % 50 == 0 else None)
+            if n_done == 5:
+                t_step5 = time.time()
+        if not dinfo.active:
+            n_tok = int(n_tok_dev)                        # the epoch's one sync
+        loss_sum = loss_sum.cpu()
+        t_train_end = time.time()
+        t_step = ((t_train_end - t_step5) / (n_done - 5) if t_step5 and n_done > 5
+                  else (t_train_end - te) / max(n_done, 1))
         if dinfo.active:
             tot = _dist.all_reduce_sum(torch.stack([loss_sum, torch.tensor(float(n_tok),
                                                     dtype=torch.float64)]), device)
@@ -472,7 +491,7 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
         t_eval = time.time() - t_eval
         state["epoch"] = epoch + 1
         if cfg.time_budget_s and epoch == 0 and not resumed:
-            _fit_epochs_to_budget(cfg, state, step_times, t_eval, time.time() - t0,
+            _fit_epochs_to_budget(cfg, state, t_step, t_eval, time.time() - t0,
                                   steps_per_epoch, total_steps)
         rec = {"epoch": epoch + 1, "step": state["step"], "lr": opt.param_groups[0]["lr"],
                "train_loss": float(loss_sum) / max(n_tok, 1),
@@ -526,14 +545,13 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
     return result
 
 
-def _fit_epochs_to_budget(cfg, state, step_times, t_eval, elapsed, steps_per_epoch,
+def _fit_epochs_to_budget(cfg, state, t_step, t_eval, elapsed, steps_per_epoch,
                           total_steps):
     """After epoch 1: the number of epochs that fit ``cfg.time_budget_s`` (wall time since the
-    start of :func:`train`), at most ``cfg.epochs``. The per-step time is the median over epoch 1
-    after its first 5 steps (those include Triton compilation); the cosine schedule is shortened
-    to the new total (it has run ``steps_per_epoch`` of the old, longer one)."""
-    ts = sorted(step_times[5:] or step_times)
-    t_step = ts[len(ts) // 2] if ts else 0.0
+    start of :func:`train`), at most ``cfg.epochs``. ``t_step``: epoch 1's mean step time (s) after
+    its first 5 steps (those include Triton compilation), read on the host clock after the epoch's
+    one device sync, since the steps themselves do not wait for the device. The cosine schedule
+    is shortened to the new total (it has run ``steps_per_epoch`` of the old, longer one)."""
     t_epoch = steps_per_epoch * t_step + t_eval
     left = cfg.time_budget_s - elapsed
     fit = 1 + int(max(left, 0.0) // max(t_epoch, 1e-9))
@@ -571,6 +589,15 @@ def _distributed_step(net, model, X, Y, opt, ctx, dinfo, device):
     if dinfo.mode == "sp":
         _dist.sum_gradients(model.parameters(), device)
     return ce.detach().double().cpu(), int(mask.sum()) if weight else 0
+
+
+def _to_device(x, device):
+    """A batch (numpy or torch) on ``device``; host tensors go through pinned memory on CUDA so
+    the copy is asynchronous (a pageable copy waits for the stream)."""
+    x = torch.as_tensor(x)
+    if device.type == "cuda" and x.device.type == "cpu":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
 
 
 def _rebatch(batches, bs):

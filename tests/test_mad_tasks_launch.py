@@ -22,12 +22,12 @@ TINY = dict(task="s3", task_kwargs={"n_train": 256, "n_test": 128}, model="bdlru
 def test_fit_epochs_to_budget_rule():
     cfg = TrainConfig(epochs=50, time_budget_s=10.0)
     state, total = {}, [400]
-    # 8 steps/epoch at 0.1 s (the first 5 steps, with compilation, are ignored) + 0.2 s eval
-    train_mod._fit_epochs_to_budget(cfg, state, [5.0] * 5 + [0.1] * 3, 0.2, 2.0, 8, total)
+    # 8 steps/epoch at 0.1 s (mean after the first 5 steps) + 0.2 s eval
+    train_mod._fit_epochs_to_budget(cfg, state, 0.1, 0.2, 2.0, 8, total)
     assert state["epochs_planned"] == 1 + int(8.0 // 1.0) == 9
     assert total == [72]
     cfg.time_budget_s = 1e6
-    train_mod._fit_epochs_to_budget(cfg, state, [0.1] * 8, 0.2, 2.0, 8, total)
+    train_mod._fit_epochs_to_budget(cfg, state, 0.1, 0.2, 2.0, 8, total)
     assert state["epochs_planned"] == 50                    # never more than cfg.epochs
 
 

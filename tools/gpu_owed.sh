@@ -13,9 +13,11 @@
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
 #        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients)
-#        train    — issue 6: S5 / S4 / Chomsky runs, a second LR (mad_tasks/configs/gpu_tables_next2.json,
-#                   9 processes sharing the GPU; TRAIN_CONFIG=... for another; gpu_tables_next.json ran
-#                   on 2026-11-24, mad_tasks/RESULTS.md section 5)
+#        train    — issue 6: S5 / S4 runs (mad_tasks/configs/gpu_tables_next3.json: 6 processes; after the
+#                   no-sync training step, tools/train_step_time.py on an H100 gave 4.6 ms/step alone,
+#                   5.0 with 4 processes, 10.1 with 9); gpu_tables_next2.json is the 9-process set with
+#                   Chomsky LRs; TRAIN_CONFIG=... for another; gpu_tables_next.json ran on 2026-11-24,
+#                   mad_tasks/RESULTS.md section 5
 # Logs and result files go to $OUT (or ./gpu_out); rows are appended to $OUT/RESULTS_<stage>.md
 # so they can be reviewed before they are merged into benchmarks/RESULTS.md.
 set -uo pipefail
@@ -47,7 +49,7 @@ case "$stage" in
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --out "$OUT" \
       --results "$OUT/RESULTS_scan.md" 2>&1 | tee "$OUT/scan.log" | tail -40 ;;
   train)
-    cfg=${TRAIN_CONFIG:-mad_tasks/configs/gpu_tables_next2.json}
+    cfg=${TRAIN_CONFIG:-mad_tasks/configs/gpu_tables_next3.json}
     python3 -m lrnn_scan.mad_tasks launch --config "$cfg" \
       --out "$OUT/$(basename "$cfg" .json)" --deadline-s ${STAGE_TIMEOUT:-560} 2>&1 | tee "$OUT/train.log" | tail -40 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;

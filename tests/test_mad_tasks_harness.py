@@ -252,3 +252,48 @@ def test_cli_sweep(capsys, tmp_path, fmt):
     # a second invocation reuses the finished runs
     rc = cli_main(["sweep", "--config", str(path), "--progress", "none"])
     assert rc == 0 and "== run" not in capsys.readouterr().out.split("4 runs")[-1]
+
+
+def test_metrics_match_brute_force_over_batches():
+    """Random logits over several batches (unscored positions, a fully unscored row): the
+    device-side counts of ``evaluate`` equal a per-position Python count."""
+    rng = np.random.default_rng(3)
+    n_out, batches, table = 5, [], {}
+
+    class Lookup(nn.Module):        # logits stored per batch, keyed by the batch's first token
+        def forward(self, x):
+            return table[int(x[0, 0])]
+
+    for i in range(3):
+        X = np.full((4, 7), i, np.int64)
+        Y = rng.integers(0, n_out - 1, (4, 7))     # the last class is predicted, never a target
+        Y[rng.random((4, 7)) < 0.3] = -100
+        Y[2] = -100
+        table[i] = torch.as_tensor(rng.standard_normal((4, 7, n_out)), dtype=torch.float32)
+        batches.append((X, Y))
+    m = evaluate(Lookup(), batches, n_out, torch.device("cpu"))
+    ok = tot = seq_ok = n_seq = 0
+    loss = 0.0
+    hit, sup, prd = np.zeros(n_out), np.zeros(n_out), np.zeros(n_out)
+    for i, (_, Y) in enumerate(batches):
+        lg = table[i].double()
+        logp = torch.log_softmax(lg, -1).numpy()
+        pred = lg.argmax(-1).numpy()
+        for r in range(Y.shape[0]):
+            scored = [c for c in range(Y.shape[1]) if Y[r, c] != -100]
+            if scored:
+                n_seq += 1
+                seq_ok += all(pred[r, c] == Y[r, c] for c in scored)
+            for c in scored:
+                tot += 1
+                ok += pred[r, c] == Y[r, c]
+                loss -= logp[r, c, Y[r, c]]
+                sup[Y[r, c]] += 1
+                prd[pred[r, c]] += 1
+                hit[Y[r, c]] += pred[r, c] == Y[r, c]
+    present = (sup > 0) | (prd > 0)
+    assert prd[-1] > 0 and sup[-1] == 0
+    assert m["scored"] == tot and m["micro"] == pytest.approx(ok / tot)
+    assert m["seq"] == pytest.approx(seq_ok / n_seq)
+    assert m["loss"] == pytest.approx(loss / tot, rel=1e-5)
+    assert m["macro"] == pytest.approx(float((hit / np.maximum(sup, 1))[present].mean()))

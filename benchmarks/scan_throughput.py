@@ -22,6 +22,7 @@ import csv
 import datetime as _dt
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -129,42 +130,10 @@ def ours_fwdbwd(A, b):
 
 
 # ----------------------------------------------------------------------------- peers
-def doubling_scan(A, b):
-    """Hillis-Steele log-depth scan over time with batched m x m matmuls (torch)."""
-    T = A.shape[1]
-    d = 1
-    while d < T:
-        A_prev, b_prev = A[:, :-d], b[:, :-d]
-        b = torch.cat([b[:, :d], (A[:, d:] @ b_prev.unsqueeze(-1)).squeeze(-1) + b[:, d:]], 1)
-        A = torch.cat([A[:, :d], A[:, d:] @ A_prev], 1)
-        d *= 2
-    return b
-
-
-def assoc_scan_m1(a, b):
-    from torch._higher_order_ops.associative_scan import associative_scan
-
-    def comb(x, y):
-        return (x[0] * y[0], y[0] * x[1] + y[1])
-    return associative_scan(comb, (a, b), dim=1, combine_mode="pointwise")[1]
-
-
-def eager_loop(A, b):
-    h = torch.zeros_like(b[:, 0])
-    out = []
-    for t in range(A.shape[1]):
-        h = (A[:, t] @ h.unsqueeze(-1)).squeeze(-1) + b[:, t]
-        out.append(h)
-    return torch.stack(out, 1)
-
-
-def try_accelerated_scan():
-    try:
-        from accelerated_scan.scalar import scan as as_scan
-        return as_scan
-    except Exception as e:  # optional peer
-        print(f"accelerated-scan not available: {e!r}")
-        return None
+try:                                        # as part of the benchmarks package
+    from .scan_peers import assoc_scan_m1, doubling_scan, eager_loop, try_accelerated_scan
+except ImportError:                         # run as a script: its folder is on sys.path
+    from scan_peers import assoc_scan_m1, doubling_scan, eager_loop, try_accelerated_scan
 
 
 # ----------------------------------------------------------------------------- correctness
@@ -430,112 +399,123 @@ def main():
         lookback_compare(log, record, bw)
         _write_outputs(out, args, env, bw, rows, worst, [], log)
         return
-    # forward kernel variants: ring of 16 / 8 slots (ring4 is the default), hand-pipelined 4-step
-    # groups, one step per iteration
-    for N in ((768, 4096) if not args.skip_variants else ()):
-        for m in (2, 8, 32):
-            A, b = make_inputs(8, 2048, N, m)
-            for var in ("ring4", "ring2", "g4", "v1"):
-                _scanmod.TUNE.clear()
-                _scanmod.TUNE["variant"] = var
-                record("fwd", f"variant_{var}", 8, 2048, N, m, bench(ours_fwd(A, b)), bytes_fwd(8, 2048, N, m))
-            del A, b
-    _scanmod.TUNE.clear()
-    # m = 1 tile configuration: pick the fastest here and use it for the rows below
-    a1, x1 = torch.rand(8, 2048, 4096, device=DEV), torch.randn(8, 2048, 4096, device=DEV)
-    best = None
-    for bt in ((16, 32, 64) if not args.skip_variants else ()):
-        for bn in (32, 64):
-            for nw in (2, 4):
-                _scanmod.TUNE.clear()
-                _scanmod.TUNE.update(bt=bt, bn=bn, num_warps_diag=nw)
-                t = record("fwd", f"diag_bt{bt}_bn{bn}_nw{nw}", 8, 2048, 4096, 1,
-                           bench(lambda: diagonal_scan(a1, x1)), 8 * 2048 * 4096 * 12)
-                best = min(best or (t, bt, bn, nw), (t, bt, bn, nw))
-    del a1, x1
-    # the rows below time the library's defaults: the forward sweep's winner used to be applied to
-    # them, and on 2026-11-22 03:45 (bt32 bn64) it halved the programs, which switched the m = 1
-    # forward+backward to the chunked path (0.8991 ms against 0.6000 ms with the defaults)
-    _scanmod.TUNE.clear()
-    if best:
-        log(f"fastest diag forward config: bt={best[1]} bn={best[2]} num_warps={best[3]} (not applied)")
-    ms_list = (1, 2, 4, 8, 16, 32)
-    shapes = [(8, 2048, 768), (8, 2048, 4096), (1, 16384, 768)]
-    if args.quick:
-        ms_list = (1, 4, 8, 32)
-    ours = {}
-    for (B, T, N) in shapes:
-        for m in ms_list:
-            A, b = make_inputs(B, T, N, m, grad=True)
-            f = ours_fwd(A, b)
-            t = record("fwd", "ours", B, T, N, m, bench(f), bytes_fwd(B, T, N, m), graph_fn=f)
-            ours[("fwd", B, T, N, m)] = t
-            f = ours_fwdbwd(A, b)
-            t = bench(f)
-            ours[("fwdbwd", B, T, N, m)] = t
-            record("fwdbwd", "ours", B, T, N, m, t, bytes_fwdbwd_floor(B, T, N, m), graph_fn=f,
-                   pct_of_passes=round(100 * bytes_fwdbwd_passes(B, T, N, m) / t / 1e9 / bw, 1))
-            del A, b
-            torch.cuda.empty_cache()
-    # diagonal at the peers table's shapes
-    for (B, T, N) in ([(8, 2048, 4096), (8, 16384, 4096)] if not args.quick else [(8, 2048, 4096)]):
-        a = torch.rand(B, T, N, device=DEV).requires_grad_()
-        x = torch.randn(B, T, N, device=DEV).requires_grad_()
-        ad_, xd_ = a.detach(), x.detach()
-        f = lambda: diagonal_scan(ad_, xd_)  # noqa: E731
-        t = record("fwd", "ours_diag", B, T, N, 1, bench(f), B * T * N * 12, graph_fn=f)
-        ours[("fwd", B, T, N, 1)] = t
-        g = torch.randn_like(x)
-        fb = lambda: torch.autograd.grad(diagonal_scan(a, x)[0], (a, x), g)  # noqa: E731
-        tb = bench(fb)
-        ours[("fwdbwd", B, T, N, 1)] = tb
-        record("fwdbwd", "ours_diag", B, T, N, 1, tb, B * T * N * 24, graph_fn=fb)
-        if not args.no_peers and not args.quick:
-            as_scan = try_accelerated_scan()
-            if as_scan is not None:
-                at = a.detach().transpose(1, 2).contiguous().requires_grad_()
-                xt = x.detach().transpose(1, 2).contiguous().requires_grad_()
-                gt = g.transpose(1, 2).contiguous()
-                atd, xtd = at.detach(), xt.detach()
-                f = lambda: as_scan(atd, xtd)  # noqa: E731
-                tp = bench(f)
-                record("fwd", "accelerated-scan", B, T, N, 1, tp, B * T * N * 12, graph_fn=f,
-                       speedup_vs_peer=round(tp / t, 3))
-                fb = lambda: torch.autograd.grad(as_scan(at, xt), (at, xt), gt)  # noqa: E731
-                tpb = bench(fb)
-                record("fwdbwd", "accelerated-scan", B, T, N, 1, tpb, B * T * N * 24, graph_fn=fb,
-                       speedup_vs_peer=round(tpb / tb, 3))
-                _graph_ratio(rows, B, T, N)
-            if T <= 2048:
-                try:
-                    f = torch.compile(assoc_scan_m1, fullgraph=True)
-                    ad, xd = a.detach(), x.detach()
-                    tp = bench(lambda: f(ad, xd))
-                    record("fwd", "torch_assoc_scan", B, T, N, 1, tp, B * T * N * 12,
+    # a run cut by `timeout` (SIGTERM) still writes the rows it measured, marked partial
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    shapes = []
+    try:
+        # forward kernel variants: ring of 16 / 8 slots (ring4 is the default), hand-pipelined 4-step
+        # groups, one step per iteration
+        for N in ((768, 4096) if not args.skip_variants else ()):
+            for m in (2, 8, 32):
+                A, b = make_inputs(8, 2048, N, m)
+                for var in ("ring4", "ring2", "g4", "v1"):
+                    _scanmod.TUNE.clear()
+                    _scanmod.TUNE["variant"] = var
+                    record("fwd", f"variant_{var}", 8, 2048, N, m, bench(ours_fwd(A, b)), bytes_fwd(8, 2048, N, m))
+                del A, b
+        _scanmod.TUNE.clear()
+        # m = 1 tile configuration: pick the fastest here and use it for the rows below
+        a1, x1 = torch.rand(8, 2048, 4096, device=DEV), torch.randn(8, 2048, 4096, device=DEV)
+        best = None
+        for bt in ((16, 32, 64) if not args.skip_variants else ()):
+            for bn in (32, 64):
+                for nw in (2, 4):
+                    _scanmod.TUNE.clear()
+                    _scanmod.TUNE.update(bt=bt, bn=bn, num_warps_diag=nw)
+                    t = record("fwd", f"diag_bt{bt}_bn{bn}_nw{nw}", 8, 2048, 4096, 1,
+                               bench(lambda: diagonal_scan(a1, x1)), 8 * 2048 * 4096 * 12)
+                    best = min(best or (t, bt, bn, nw), (t, bt, bn, nw))
+        del a1, x1
+        # the rows below time the library's defaults: the forward sweep's winner used to be applied to
+        # them, and on 2026-11-22 03:45 (bt32 bn64) it halved the programs, which switched the m = 1
+        # forward+backward to the chunked path (0.8991 ms against 0.6000 ms with the defaults)
+        _scanmod.TUNE.clear()
+        if best:
+            log(f"fastest diag forward config: bt={best[1]} bn={best[2]} num_warps={best[3]} (not applied)")
+        ms_list = (1, 2, 4, 8, 16, 32)
+        shapes = [(8, 2048, 768), (8, 2048, 4096), (1, 16384, 768)]
+        if args.quick:
+            ms_list = (1, 4, 8, 32)
+        ours = {}
+        for (B, T, N) in shapes:
+            for m in ms_list:
+                A, b = make_inputs(B, T, N, m, grad=True)
+                f = ours_fwd(A, b)
+                t = record("fwd", "ours", B, T, N, m, bench(f), bytes_fwd(B, T, N, m), graph_fn=f)
+                ours[("fwd", B, T, N, m)] = t
+                f = ours_fwdbwd(A, b)
+                t = bench(f)
+                ours[("fwdbwd", B, T, N, m)] = t
+                record("fwdbwd", "ours", B, T, N, m, t, bytes_fwdbwd_floor(B, T, N, m), graph_fn=f,
+                       pct_of_passes=round(100 * bytes_fwdbwd_passes(B, T, N, m) / t / 1e9 / bw, 1))
+                del A, b
+                torch.cuda.empty_cache()
+        # diagonal at the peers table's shapes
+        for (B, T, N) in ([(8, 2048, 4096), (8, 16384, 4096)] if not args.quick else [(8, 2048, 4096)]):
+            a = torch.rand(B, T, N, device=DEV).requires_grad_()
+            x = torch.randn(B, T, N, device=DEV).requires_grad_()
+            ad_, xd_ = a.detach(), x.detach()
+            f = lambda: diagonal_scan(ad_, xd_)  # noqa: E731
+            t = record("fwd", "ours_diag", B, T, N, 1, bench(f), B * T * N * 12, graph_fn=f)
+            ours[("fwd", B, T, N, 1)] = t
+            g = torch.randn_like(x)
+            fb = lambda: torch.autograd.grad(diagonal_scan(a, x)[0], (a, x), g)  # noqa: E731
+            tb = bench(fb)
+            ours[("fwdbwd", B, T, N, 1)] = tb
+            record("fwdbwd", "ours_diag", B, T, N, 1, tb, B * T * N * 24, graph_fn=fb)
+            if not args.no_peers and not args.quick:
+                as_scan = try_accelerated_scan()
+                if as_scan is not None:
+                    at = a.detach().transpose(1, 2).contiguous().requires_grad_()
+                    xt = x.detach().transpose(1, 2).contiguous().requires_grad_()
+                    gt = g.transpose(1, 2).contiguous()
+                    atd, xtd = at.detach(), xt.detach()
+                    f = lambda: as_scan(atd, xtd)  # noqa: E731
+                    tp = bench(f)
+                    record("fwd", "accelerated-scan", B, T, N, 1, tp, B * T * N * 12, graph_fn=f,
                            speedup_vs_peer=round(tp / t, 3))
+                    fb = lambda: torch.autograd.grad(as_scan(at, xt), (at, xt), gt)  # noqa: E731
+                    tpb = bench(fb)
+                    record("fwdbwd", "accelerated-scan", B, T, N, 1, tpb, B * T * N * 24, graph_fn=fb,
+                           speedup_vs_peer=round(tpb / tb, 3))
+                    _graph_ratio(rows, B, T, N)
+                if T <= 2048:
+                    try:
+                        f = torch.compile(assoc_scan_m1, fullgraph=True)
+                        ad, xd = a.detach(), x.detach()
+                        tp = bench(lambda: f(ad, xd))
+                        record("fwd", "torch_assoc_scan", B, T, N, 1, tp, B * T * N * 12,
+                               speedup_vs_peer=round(tp / t, 3))
+                    except Exception as e:
+                        log(f"torch associative_scan failed: {e!r}"[:300])
+            del a, x
+        if not args.no_peers and not args.quick:
+            B, T, N = 8, 2048, 768
+            comp = torch.compile(doubling_scan)
+            for m in (1, 8):
+                A, b = make_inputs(B, T, N, m)
+                try:
+                    tp = bench(lambda: comp(A, b), warmup=2, rep=5)
+                    record("fwd", "torch_doubling_compiled", B, T, N, m, tp, bytes_fwd(B, T, N, m),
+                           speedup_vs_peer=round(tp / ours[("fwd", B, T, N, m)], 1))
                 except Exception as e:
-                    log(f"torch associative_scan failed: {e!r}"[:300])
-        del a, x
-    if not args.no_peers and not args.quick:
-        B, T, N = 8, 2048, 768
-        comp = torch.compile(doubling_scan)
-        for m in (1, 8):
-            A, b = make_inputs(B, T, N, m)
-            try:
-                tp = bench(lambda: comp(A, b), warmup=2, rep=5)
-                record("fwd", "torch_doubling_compiled", B, T, N, m, tp, bytes_fwd(B, T, N, m),
-                       speedup_vs_peer=round(tp / ours[("fwd", B, T, N, m)], 1))
-            except Exception as e:
-                log(f"doubling m={m} failed: {e!r}"[:300])
-            if m == 8:
-                t0 = time.perf_counter()
-                eager_loop(A, b)
-                torch.cuda.synchronize()
-                tp = (time.perf_counter() - t0) * 1e3
-                record("fwd", "eager_loop", B, T, N, m, tp, bytes_fwd(B, T, N, m),
-                       speedup_vs_peer=round(tp / ours[("fwd", B, T, N, m)], 1))
-            del A, b
+                    log(f"doubling m={m} failed: {e!r}"[:300])
+                if m == 8:
+                    t0 = time.perf_counter()
+                    eager_loop(A, b)
+                    torch.cuda.synchronize()
+                    tp = (time.perf_counter() - t0) * 1e3
+                    record("fwd", "eager_loop", B, T, N, m, tp, bytes_fwd(B, T, N, m),
+                           speedup_vs_peer=round(tp / ours[("fwd", B, T, N, m)], 1))
+                del A, b
+    except KeyboardInterrupt:
+        log("interrupted: writing the rows measured so far (partial run)")
+        args.partial = True
     _write_outputs(out, args, env, bw, rows, worst, shapes, log)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _graph_ratio(rows, B, T, N):
@@ -593,6 +573,7 @@ def _write_outputs(out, args, env, bw, rows, worst, shapes, log):
         if new:
             f.write("# Benchmark results\n\nRows appended by the benchmark scripts; newest last.\n")
         mode = " --lookback-compare" if getattr(args, "lookback_compare", False) else ""
+        mode += " (partial: stopped by a signal)" if getattr(args, "partial", False) else ""
         f.write(f"\n## scan_throughput.py{mode}, {env['date']}\n\n{env['device']} ({env['sms']} SMs), "
                 f"torch {env['torch']}, Triton {env['triton']}; copy {bw:.3f} TB/s; fp32; "
                 f"fp64 check worst rel. error {worst:.1e}. TB/s = bytes(inputs once + outputs once)/median time; "

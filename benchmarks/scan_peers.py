@@ -1,0 +1,41 @@
+"""The torch and accelerated-scan peers that ``scan_throughput.py`` times beside the library's
+scans (inputs in the library's layout: ``A`` ``(B, T, H, m, m)`` or ``a`` ``(B, T, N)``)."""
+import torch
+
+
+def doubling_scan(A, b):
+    """Hillis-Steele log-depth scan over time with batched m x m matmuls (torch)."""
+    T = A.shape[1]
+    d = 1
+    while d < T:
+        A_prev, b_prev = A[:, :-d], b[:, :-d]
+        b = torch.cat([b[:, :d], (A[:, d:] @ b_prev.unsqueeze(-1)).squeeze(-1) + b[:, d:]], 1)
+        A = torch.cat([A[:, :d], A[:, d:] @ A_prev], 1)
+        d *= 2
+    return b
+
+
+def assoc_scan_m1(a, b):
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    def comb(x, y):
+        return (x[0] * y[0], y[0] * x[1] + y[1])
+    return associative_scan(comb, (a, b), dim=1, combine_mode="pointwise")[1]
+
+
+def eager_loop(A, b):
+    h = torch.zeros_like(b[:, 0])
+    out = []
+    for t in range(A.shape[1]):
+        h = (A[:, t] @ h.unsqueeze(-1)).squeeze(-1) + b[:, t]
+        out.append(h)
+    return torch.stack(out, 1)
+
+
+def try_accelerated_scan():
+    try:
+        from accelerated_scan.scalar import scan as as_scan
+        return as_scan
+    except Exception as e:  # optional peer
+        print(f"accelerated-scan not available: {e!r}")
+        return None

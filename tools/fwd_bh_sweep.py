@@ -1,0 +1,97 @@
+"""Forward block-group sweep of the materialised-A block-diagonal scan (issue 3's small shapes).
+
+At B8 T2048 N768 the default block group (``BH = 128 / MP²`` blocks per program, one 16-byte
+vector of ``A`` per thread) gives 96 programs of one warp at m = 2 (fewer than the H100's 132
+SMs) and 192 at m = 4. Smaller groups give more programs with narrower loads. This times each
+``TUNE`` setting with plain ``do_bench`` and with CUDA-graph replays (GPU time only), checks its
+output against the default's (max relative difference; the arithmetic per block is the same, so
+it should be ~0), and times a device copy of the same byte count (the roofline of a problem this
+small, launch and tail included).
+
+    python tools/fwd_bh_sweep.py [--m 2 4 8] [--shapes 8x2048x768 1x16384x768] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench, do_bench_cudagraph
+
+from lrnn_scan.kernels.block_diagonal import scan as S
+
+
+def _configs(m, T):
+    mp = triton.next_power_of_2(m)
+    base = max(1, 128 // (mp * mp))
+    out = {"default": {}}
+    for bh in (base // 2, base // 4):
+        if bh >= 1 and bh * mp * mp >= 32:          # at least one element per lane of a warp
+            for var in ("ring8", "ring4"):
+                out[f"bh{bh}_{var}"] = dict(bh=bh, num_warps=1, variant=var)
+    if T > 4096:                                     # chunked forward (few programs)
+        for cl in (512, 1024):
+            out[f"chunk{cl}"] = dict(chunk_len=cl)
+            if base // 2 >= 1 and (base // 2) * mp * mp >= 32:
+                out[f"chunk{cl}_bh{base // 2}"] = dict(chunk_len=cl, bh=base // 2, num_warps=1)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--shapes", nargs="+", default=["8x2048x768", "1x16384x768"], help="BxTxN")
+    ap.add_argument("--out", default="benchmarks/out")
+    a = ap.parse_args()
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
+    x = torch.empty(1 << 28, device="cuda")
+    y = torch.empty_like(x)
+    bw = 2 * x.numel() * 4 / do_bench(lambda: y.copy_(x)) / 1e9       # TB/s, 1 GiB copy
+    meta["copy_tbs"] = round(bw, 3)
+    print(json.dumps(meta), flush=True)
+    del x, y
+    rows = []
+    for B, T, N in (tuple(int(x) for x in s.split("x")) for s in a.shapes):
+        for m in a.m:
+            H = N // m
+            A = torch.rand(B, T, H, m, m, device="cuda")
+            A = A / A.sum(-1, keepdim=True) * 0.99
+            b = torch.randn(B, T, H, m, device="cuda")
+            nbytes = (A.numel() + 2 * b.numel()) * 4
+            src = torch.empty(nbytes // 8, device="cuda")
+            dst = torch.empty_like(src)
+            cp = do_bench_cudagraph(lambda: dst.copy_(src), rep=40)
+            ref = S.block_diagonal_scan(A, b)[0]
+            for name, tune in _configs(m, T).items():
+                saved = dict(S.TUNE)
+                S.TUNE.update(tune)
+                try:
+                    f = lambda: S.block_diagonal_scan(A, b)  # noqa: E731
+                    h = f()[0]
+                    err = ((h - ref).norm() / ref.norm()).item()
+                    ms = do_bench(f, warmup=10, rep=40)
+                    gms = do_bench_cudagraph(f, rep=40)
+                except Exception as e:  # keep the other rows
+                    print(f"B{B} T{T} N{N} m{m} {name}: {e!r}"[:300], flush=True)
+                    continue
+                finally:
+                    S.TUNE.clear()
+                    S.TUNE.update(saved)
+                row = dict(B=B, T=T, N=N, m=m, config=name, tune=tune, ms=round(ms, 4),
+                           graph_ms=round(gms, 4), same_size_copy_ms=round(cp, 4),
+                           pct_of_copy_bw=round(100 * nbytes / gms / 1e9 / bw, 1),
+                           pct_of_same_size_copy=round(100 * cp / gms, 1), rel_diff=err)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                (Path(a.out) / "fwd_bh_sweep.json").write_text(json.dumps(dict(meta, rows=rows), indent=1))
+            del A, b, src, dst
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -9,6 +9,7 @@ it should be ~0), and times a device copy of the same byte count (the roofline o
 small, launch and tail included).
 
     python tools/fwd_bh_sweep.py [--m 2 4 8] [--shapes 8x2048x768 1x16384x768] [--out DIR]
+    python tools/fwd_bh_sweep.py --render DIR/fwd_bh_sweep.json --results benchmarks/RESULTS.md
 """
 from __future__ import annotations
 
@@ -27,25 +28,51 @@ from lrnn_scan.kernels.block_diagonal import scan as S
 def _configs(m, T):
     mp = triton.next_power_of_2(m)
     base = max(1, 128 // (mp * mp))
+    half = base // 2 if (base // 2) * mp * mp >= 32 else None   # >= one element per lane
     out = {"default": {}}
-    for bh in (base // 2, base // 4):
-        if bh >= 1 and bh * mp * mp >= 32:          # at least one element per lane of a warp
-            for var in ("ring8", "ring4"):
-                out[f"bh{bh}_{var}"] = dict(bh=bh, num_warps=1, variant=var)
-    if T > 4096:                                     # chunked forward (few programs)
+    if T <= 4096:                                    # one pass
+        for bh in (base // 2, base // 4):
+            if bh >= 1 and bh * mp * mp >= 32:
+                for var in ("ring8", "ring4"):
+                    out[f"bh{bh}_{var}"] = dict(bh=bh, num_warps=1, variant=var)
+    else:                                            # chunked forward (few programs)
+        if half:
+            out[f"bh{half}"] = dict(bh=half, num_warps=1)
         for cl in (512, 1024):
             out[f"chunk{cl}"] = dict(chunk_len=cl)
-            if base // 2 >= 1 and (base // 2) * mp * mp >= 32:
-                out[f"chunk{cl}_bh{base // 2}"] = dict(chunk_len=cl, bh=base // 2, num_warps=1)
+        if half:
+            out[f"chunk512_bh{half}"] = dict(chunk_len=512, bh=half, num_warps=1)
     return out
+
+
+def render(path, results, note=""):
+    """Append a sweep JSON's rows to a RESULTS markdown file (no GPU needed)."""
+    d = json.loads(Path(path).read_text())
+    with open(results, "a") as f:
+        f.write(f"\n## tools/fwd_bh_sweep.py, {d['date']}\n\n{d['device']}, torch {d['torch']}, Triton "
+                f"{d['triton']}; copy {d['copy_tbs']} TB/s (1 GiB); fp32, forward only. graph = "
+                f"do_bench_cudagraph median; same-size copy = a device copy of the scan's bytes (A, b read, "
+                f"h written), CUDA graph; rel. diff = against the default's output. {note}\n\n"
+                "| B | T | N | m | config | TUNE | ms | graph ms | % copy (graph) | same-size copy ms | "
+                "% of same-size copy | rel. diff |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        for r in d["rows"]:
+            f.write(f"| {r['B']} | {r['T']} | {r['N']} | {r['m']} | {r['config']} | {r['tune'] or '—'} | "
+                    f"{r['ms']} | {r['graph_ms']} | {r['pct_of_copy_bw']} | {r['same_size_copy_ms']} | "
+                    f"{r['pct_of_same_size_copy']} | {r['rel_diff']:.1e} |\n")
+    print(f"appended {len(d['rows'])} rows to {results}")
 
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--render", default=None, help="a sweep JSON to append to --results (no GPU)")
+    ap.add_argument("--results", default="benchmarks/RESULTS.md")
+    ap.add_argument("--note", default="")
     ap.add_argument("--m", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--shapes", nargs="+", default=["8x2048x768", "1x16384x768"], help="BxTxN")
     ap.add_argument("--out", default="benchmarks/out")
     a = ap.parse_args()
+    if a.render:
+        return render(a.render, a.results, a.note)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     meta = dict(date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)

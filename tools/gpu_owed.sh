@@ -13,17 +13,20 @@
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
 #        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients)
-#        train    — issue 6: S5 / S4 runs (mad_tasks/configs/gpu_tables_next3.json: 6 processes; after the
-#                   no-sync training step, tools/train_step_time.py on an H100 gave 4.6 ms/step alone,
-#                   5.0 with 4 processes, 10.1 with 9); gpu_tables_next2.json is the 9-process set with
-#                   Chomsky LRs; TRAIN_CONFIG=... for another; gpu_tables_next.json ran on 2026-11-24,
-#                   mad_tasks/RESULTS.md section 5
+#        train    — issue 6: mad_tasks/configs/gpu_tables_next5.json (8 processes): S5 BD-LRU m4 seeds 1-2
+#                   at LR 5e-4 and 1e-3, m5 seed 1 (is 2026-11-25's m5 solve repeatable?), modular
+#                   arithmetic m1/m5, S3 (250) m3. next3 (H200) and next4 (H100) ran on 2026-11-25,
+#                   mad_tasks/RESULTS.md section 6; TRAIN_CONFIG=... for another. Steps no longer wait
+#                   for the GPU: 4.6 ms/step alone, 5.0 with 4 processes, 10.1 with 9 (H100,
+#                   tools/train_step_time.py)
+#        bhsweep  — issue 3: tools/fwd_bh_sweep.py for m = 4 and the B1 T16384 chunk rows (2026-11-25 ran
+#                   m = 2 at B8 T2048 only: the default block group won)
 # Logs and result files go to $OUT (or ./gpu_out); rows are appended to $OUT/RESULTS_<stage>.md
 # so they can be reviewed before they are merged into benchmarks/RESULTS.md.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh tests|lookback|delta|layers|scan|sweep|train}
+stage=${1:?usage: gpu_owed.sh tests|lookback|delta|layers|scan|sweep|bhsweep|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -45,11 +48,15 @@ case "$stage" in
   layers)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/layer_targets.py --precisions bf16-autocast --out "$OUT" \
       --results "$OUT/RESULTS_layers.md" 2>&1 | tee "$OUT/layers.log" | tail -40 ;;
+  bhsweep)
+    timeout ${STAGE_TIMEOUT:-560} python3 tools/fwd_bh_sweep.py --m 4 2 --out "$OUT" 2>&1 | tee "$OUT/bhsweep.log" | tail -40 ;;
   scan)
-    timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --out "$OUT" \
+    # --skip-variants: the forward-variant and m = 1 tile rows (36 compilations) did not let the
+    # 2026-11-25 run finish in 390 s; they are in RESULTS.md (2026-11-24, 2026-11-25)
+    timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --skip-variants --out "$OUT" \
       --results "$OUT/RESULTS_scan.md" 2>&1 | tee "$OUT/scan.log" | tail -40 ;;
   train)
-    cfg=${TRAIN_CONFIG:-mad_tasks/configs/gpu_tables_next3.json}
+    cfg=${TRAIN_CONFIG:-mad_tasks/configs/gpu_tables_next5.json}
     python3 -m lrnn_scan.mad_tasks launch --config "$cfg" \
       --out "$OUT/$(basename "$cfg" .json)" --deadline-s ${STAGE_TIMEOUT:-560} 2>&1 | tee "$OUT/train.log" | tail -40 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;

@@ -1,0 +1,52 @@
+"""The RESULTS renderers in tools/ read what the GPU scripts print and write (no GPU needed)."""
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_scan_log_rows_parse_in_the_printed_format(tmp_path, monkeypatch):
+    # the exact line format of scan_throughput.py's record()
+    bw = 3.0
+    lines = ["env: {'device': 'GPU X', 'sms': 132, 'torch': 't', 'triton': 'tr', 'date': 'd'}",
+             f"copy bandwidth: {bw:.3f} TB/s"]
+    for kind, impl, B, T, N, m, ms, tbs, extra in (
+            ("fwd", "ours", 8, 2048, 768, 2, 0.1158, 1.738, {"graph_ms": 0.10838, "graph_pct_copy": 61.9}),
+            ("fwdbwd", "ours", 8, 2048, 768, 2, 0.4192, 0.96, {"graph_ms": 0.30866, "graph_pct_copy": 43.4,
+                                                               "pct_of_passes": 44.0}),
+            ("fwd", "variant_ring4", 8, 2048, 768, 2, 0.1455, 1.383, {})):
+        lines.append(f"{kind:8s} {impl:22s} B{B} T{T} N{N} m{m}: {ms:8.4f} ms {tbs:6.3f} TB/s "
+                     f"{100 * tbs / bw:5.1f}% {extra if extra else ''}")
+    lines.append("fastest diag forward config: bt=16 bn=64 num_warps=2 (not applied)")
+    log = tmp_path / "scan.log"
+    log.write_text("\n".join(lines) + "\n")
+    mod = _tool("scan_log_to_results")
+    env, copy, rows = mod.parse(log)
+    assert env["device"] == "GPU X" and copy == 3.0 and len(rows) == 3
+    assert rows[1]["kind"] == "fwdbwd" and rows[1]["extra"]["graph_ms"] == 0.30866
+    assert rows[2]["extra"] == {} and rows[2]["ms"] == 0.1455
+    res = tmp_path / "R.md"
+    monkeypatch.setattr("sys.argv", ["x", str(log), "--results", str(res)])
+    mod.main()
+    text = res.read_text()
+    assert "| fwdbwd | ours | 8 | 2048 | 768 | 2 | 0.4192 | 0.960 | 32.0 | 0.30866 | 43.4 | {'pct_of_passes': 44.0} |" in text
+
+
+def test_fwd_bh_sweep_render(tmp_path):
+    d = dict(date="d", device="GPU X", torch="t", triton="tr", copy_tbs=3.0,
+             rows=[dict(B=8, T=2048, N=768, m=2, config="default", tune={}, ms=0.1164, graph_ms=0.1086,
+                        same_size_copy_ms=0.0681, pct_of_copy_bw=61.7, pct_of_same_size_copy=62.7,
+                        rel_diff=0.0)])
+    js = tmp_path / "s.json"
+    js.write_text(json.dumps(d))
+    res = tmp_path / "R.md"
+    _tool("fwd_bh_sweep").render(js, res)
+    assert "| 8 | 2048 | 768 | 2 | default | — | 0.1164 | 0.1086 | 61.7 | 0.0681 | 62.7 | 0.0e+00 |" in res.read_text()

@@ -62,8 +62,11 @@ VARIANTS = {
     "a_16bit": {"a_16bit": True},
     "fuse_wu+a_16bit": {"fuse_wu": "wu", "a_16bit": True},
     "fuse_assoc+a_16bit": {"fuse_wu": "assoc", "a_16bit": True},
+    # the backward reuses the forward's chunk-start states and Vn (no state recompute; more memory)
+    "save_states": {"save_states": True},
+    "save_states+a_16bit": {"save_states": True, "a_16bit": True},
 }
-DEFAULT_VARIANTS = ["default", "stored_wu", "fuse_assoc_8w", "a_16bit"]
+DEFAULT_VARIANTS = ["default", "save_states", "fuse_assoc_8w", "a_16bit"]
 ERR_BOUND = 5e-3
 DEVICE = "cuda"         # a CPU smoke test of the script's logic sets "cpu" (interpreter)
 

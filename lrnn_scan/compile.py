@@ -400,7 +400,7 @@ def _register_delta():
                           form: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         ctx = _Ctx(form_request=form)
         o, hT = Fn.forward(ctx, q, k, v, beta, g, h0, scale, True, cu, chunk_size)
-        gcum, Ainv, W, U = ctx.saved_tensors[6:]
+        gcum, Ainv, W, U = ctx.saved_tensors[6:10]   # [10:]: states kept (save_states), None here
         if g is None:                    # gcum is then beta itself: outputs must not alias inputs
             gcum = _empty0(q)
         return o, hT, gcum, Ainv, (W if form == 0 else _empty0(q)), (U if form == 0 else _empty0(q))
@@ -432,7 +432,8 @@ def _register_delta():
                  v.reshape(Ls, H, V).contiguous(), bf,
                  g.reshape(B * T, H).contiguous() if g is not None else None,
                  h0.float().contiguous() if h0 is not None else None,
-                 gcum if g is not None else bf, Ainv, (W if form == 0 else None), (U if form == 0 else None))
+                 gcum if g is not None else bf, Ainv, (W if form == 0 else None), (U if form == 0 else None),
+                 None, None)                  # states: the backward recomputes them
         dq, dk, dv, db, dg, dh0 = Fn.backward(_Ctx(saved_tensors=saved, meta=meta, form=form), do, dhT)[:6]
         return (dq, dk, dv, db, dg if dg is not None else _empty0(q),
                 dh0 if dh0 is not None else _empty0(q))

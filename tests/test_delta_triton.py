@@ -30,6 +30,7 @@ VARIANTS = {
     "stored_wu_inv_batched": ({"fuse_wu": False}, _C64),
     "assoc_inv_serial": ({"fuse_wu": "assoc", "inv_batched": False}, _C64),
     "wu_no_split": ({"fuse_wu": "wu", "wy_split": False}, _C64),     # wy_fwd with STORE_WU off
+    "save_states": ({"save_states": True}, _ALL),                     # backward reuses hs, Vn
 }
 
 
@@ -152,7 +153,7 @@ def test_fused_variant_skips_wu_and_backward_follows_forward(monkeypatch):
     xs = [x.requires_grad_() for x in (q, k, v, beta, g, h0)]
     o, f = chunk_delta_product(*xs[:5], initial_state=xs[5], output_final_state=True, chunk_size=64,
                                backend="triton")
-    assert o.grad_fn.saved_tensors[-2:] == (None, None)  # W, U not saved
+    assert o.grad_fn.saved_tensors[8:10] == (None, None)  # W, U not saved
     monkeypatch.setitem(fn.TUNE, "fuse_wu", False)       # and the backward must not look for them
     grads = torch.autograd.grad(o.sum() + f.sum(), xs)
     xd = [x.detach().double().requires_grad_() for x in xs]
@@ -163,6 +164,44 @@ def test_fused_variant_skips_wu_and_backward_follows_forward(monkeypatch):
     monkeypatch.setitem(fn.TUNE, "fuse_wu", "yes")
     with pytest.raises(ValueError, match="fuse_wu"):
         chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")
+
+
+class _Counting:
+    """Wraps a kernel: counts launches, then launches it."""
+    def __init__(self, kern):
+        self.kern, self.n = kern, 0
+
+    def __getitem__(self, grid):
+        self.n += 1
+        return self.kern[grid]
+
+
+@pytest.mark.parametrize("fuse", ["assoc", False])
+def test_save_states_skips_the_recompute_with_identical_gradients(fuse, monkeypatch):
+    """``save_states``: the backward reuses the forward's chunk-start states and Vn (one state-kernel
+    launch per forward+backward instead of two; varlen, gated, h0) and every output and gradient
+    is bit-identical to the recomputing default."""
+    from lrnn_scan.kernels.delta_product import function as fn
+    monkeypatch.setitem(fn.TUNE, "fuse_wu", fuse)
+    name = "state_fwd_fused_kernel" if fuse else "state_fwd_kernel"
+    cnt = _Counting(getattr(fn, name))
+    monkeypatch.setattr(fn, name, cnt)
+    q, k, v, beta, g, h0 = make_inputs(1, 45, 2, 2, 16, 16, True, 2.0, N=3, seed=11, dtype=torch.float32)
+    cu = torch.tensor([0, 10, 10, 45])
+    runs = {}
+    for keep in (False, True):
+        monkeypatch.setitem(fn.TUNE, "save_states", keep)
+        cnt.n = 0
+        xs = [x.detach().clone().requires_grad_() for x in (q, k, v, beta, g, h0)]
+        o, f = chunk_delta_product(*xs[:5], initial_state=xs[5], output_final_state=True,
+                                   cu_seqlens=cu, chunk_size=16, backend="triton")
+        kept = o.grad_fn.saved_tensors[10:]
+        assert all((x is not None) == keep for x in kept), keep
+        grads = torch.autograd.grad((o * 1.5).sum() + (f * 0.5).sum(), xs)
+        runs[keep] = (cnt.n, [o, f, *grads])
+    assert (runs[False][0], runs[True][0]) == (2, 1)
+    for a, b in zip(runs[False][1], runs[True][1]):
+        assert torch.equal(a, b)
 
 
 def _bf16_errors(n_h, gated):

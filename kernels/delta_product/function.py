@@ -45,6 +45,11 @@ TUNE = dict(
     state_bwd_fused=(4, 3, 64),  # state_bwd_fused_kernel (fuse_wu on)
     inv_batched=True,      # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
                            # (H100: 0.95x the time of four separate ones, n_h=1 fwd)
+    # keep the forward's chunk-start states and Vn for the backward instead of recomputing them
+    # there (one state-kernel launch fewer per backward, the same values bit for bit); memory:
+    # NC·H·K·V 16-bit states + Ls·H·V float32 Vn alive between forward and backward. Not yet
+    # timed on a GPU (delta_throughput.py --variants save_states), hence opt-in.
+    save_states=False,
     a_16bit=False,         # A stored in float16 for 16-bit inputs (fp32 in registers; the dots read it as
                            # tf32, 10 mantissa bits like fp16). bf16 A: error +9 %, fails; fp16 overflows
                            # past 65504 (adversarial keys), so opt-in only (README "Fused W/U")
@@ -189,7 +194,9 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                 qf, kf, gcum, hs, vn, o, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
                 BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw,
                 num_warps=TUNE["output"][0], num_stages=TUNE["output"][1])
-        ctx.save_for_backward(qf, kf, vf, bf, gf, h0c, gcum, Ainv, W, U)
+        keep = own and TUNE["save_states"] and NC > 0
+        ctx.save_for_backward(qf, kf, vf, bf, gf, h0c, gcum, Ainv, W, U,
+                              hs if keep else None, vn if keep else None)
         ctx.form = form             # the backward follows the forward's choice, whatever TUNE says then
         ctx.meta = (B, T, H, K, V, n_h, BC, BK, BVf, BV, dot, scale, use_g, ch,
                     h0 is not None, q.dtype, k.dtype, v.dtype, beta.dtype,
@@ -198,7 +205,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dhT):
-        qf, kf, vf, bf, gf, h0c, gcum, Ainv, W, U = ctx.saved_tensors
+        qf, kf, vf, bf, gf, h0c, gcum, Ainv, W, U, hs, vn = ctx.saved_tensors
         (B, T, H, K, V, n_h, BC, BK, BVf, _, dot, scale, use_g, ch, has_h0,
          qdt, kdt, vdt, bdt, gdt, h0dt) = ctx.meta
         raw = _raw(kf) and qf.dtype == kf.dtype
@@ -208,7 +215,8 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         do = do.reshape(B * T, H, V).contiguous()
         form = getattr(ctx, "form", 0)   # the forward's choice (lrnn_scan.compile's ctx passes it)
         fused = (form, vf, bf, Ainv) if form else None
-        hs, vn, _ = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BVf, use_g, False, dot, fused)
+        if hs is None:              # recompute (default): the forward did not keep them
+            hs, vn, _ = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BVf, use_g, False, dot, fused)
         dhs = _empty((NC, H, K, V), dev, torch.float32)
         dvn = _empty((Ls, H, V), dev, torch.float32)
         dh0 = _empty((N, H, K, V), dev, torch.float32)

@@ -1,10 +1,13 @@
 # Source at the start of a command on the lent GPU machine (device tool), from the repo root:
-#   source tools/device_setup.sh   (carry .whl for the optional peers: bash tools/fetch_peer_wheels.sh)
+#   source tools/device_setup.sh   (carry .whl for the optional peers: bash tools/fetch_peer_wheels.sh,
+#   and .triton_cache for the kernels an earlier call compiled: tools/triton_cache.sh)
 # Installs lrnn_scan editable with the image's torch python (plain 'pip' there is another Python),
 # keeps NVLink multicast off, prints GPU / torch / Triton versions.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 python3 -m pip install -e . --no-deps --no-build-isolation -q 2>&1 | grep -v WARNING | tail -2
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+bash tools/triton_cache.sh restore      # a carried .triton_cache/ (tools/triton_cache.sh) skips recompiles
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__,'gpus',torch.cuda.device_count())"
 if ! python3 -c "import lrnn_scan.models, lrnn_scan.kernels, lrnn_scan.mad_tasks" 2>/dev/null; then

@@ -24,7 +24,9 @@
 #        bhsweep  — issue 3: tools/fwd_bh_sweep.py for m = 4 and the B1 T16384 chunk rows (2026-11-25 ran
 #                   m = 2 at B8 T2048 only: the default block group won)
 # Logs and result files go to $OUT (or ./gpu_out); rows are appended to $OUT/RESULTS_<stage>.md
-# so they can be reviewed before they are merged into benchmarks/RESULTS.md.
+# so they can be reviewed before they are merged into benchmarks/RESULTS.md. Every stage ends by
+# writing $OUT/triton_cache.tar.gz: copy it to .triton_cache/ here and carry ".triton_cache" in the
+# next call, which then skips recompiling unchanged kernels (tools/triton_cache.sh).
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
@@ -66,3 +68,5 @@ case "$stage" in
       --out "$OUT/$(basename "$cfg" .json)" --deadline-s ${STAGE_TIMEOUT:-560} 2>&1 | tee "$OUT/train.log" | tail -40 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
+# the compiled kernels go back with the results (one file), for the next call to carry
+OUT="$OUT" bash tools/triton_cache.sh save

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Carry Triton's kernel cache from one device call to the next, so a later call does not spend its
+# minutes recompiling kernels whose source did not change (2026-11-25: most of a 390 s
+# scan_throughput.py run was compilation). Each call starts a fresh machine with an empty cache.
+#
+#   bash tools/triton_cache.sh save      # on the device, at the end of a command: $OUT/triton_cache.tar.gz
+#   mkdir -p .triton_cache && cp <files_at>/triton_cache.tar.gz .triton_cache/    # here, afterwards
+#   run(..., carry=[".whl", ".triton_cache"])   # next call: tools/device_setup.sh restores it
+#
+# Triton keys each entry by its source, options, Triton version and GPU arch (sm_90 on both the
+# H100 and the H200), so a stale entry is a miss, never a wrong kernel. Files back from $OUT are
+# capped at 16 MiB: a larger archive is not written (the message says so).
+set -uo pipefail
+dir=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+archive=.triton_cache/triton_cache.tar.gz
+case "${1:-}" in
+  restore)
+    if [ -f "$archive" ]; then
+      mkdir -p "$dir" && tar xzf "$archive" -C "$dir" \
+        && echo "triton cache: restored $(find "$dir" -name '__grp__*' | wc -l) kernels into $dir"
+    else
+      echo "triton cache: no $archive (cold compile)"
+    fi ;;
+  save)
+    out=${OUT:?OUT is not set}
+    [ -d "$dir" ] || { echo "triton cache: $dir does not exist"; exit 0; }
+    tar czf "$out/triton_cache.tar.gz" -C "$dir" . || exit 0
+    size=$(stat -c %s "$out/triton_cache.tar.gz")
+    if [ "$size" -gt $((15 * 1024 * 1024)) ]; then
+      rm -f "$out/triton_cache.tar.gz"
+      echo "triton cache: $((size / 1048576)) MiB compressed, over the 16 MiB a file may have; not saved"
+    else
+      echo "triton cache: saved $(find "$dir" -name '__grp__*' | wc -l) kernels, $((size / 1024)) KiB"
+    fi ;;
+  *) echo "usage: triton_cache.sh restore|save" >&2; exit 2 ;;
+esac

@@ -50,3 +50,17 @@ def test_fwd_bh_sweep_render(tmp_path):
     res = tmp_path / "R.md"
     _tool("fwd_bh_sweep").render(js, res)
     assert "| 8 | 2048 | 768 | 2 | default | — | 0.1164 | 0.1086 | 61.7 | 0.0681 | 62.7 | 0.0e+00 |" in res.read_text()
+
+
+def test_block_diagonal_tuned_restores_tune():
+    """``scan.tuned`` (the sweeps' TUNE overrides) restores TUNE exactly, also after an error."""
+    import pytest
+    from lrnn_scan.kernels.block_diagonal import scan as S
+    before = dict(S.TUNE)
+    with S.tuned({"bh": 16, "variant": "ring8"}):
+        assert S.TUNE["bh"] == 16 and S.TUNE["variant"] == "ring8"
+    assert S.TUNE == before
+    with pytest.raises(RuntimeError):
+        with S.tuned({"chunk": 0}):
+            raise RuntimeError("a failing configuration")
+    assert S.TUNE == before

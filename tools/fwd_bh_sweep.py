@@ -95,20 +95,16 @@ def main():
             cp = do_bench_cudagraph(lambda: dst.copy_(src), rep=40)
             ref = S.block_diagonal_scan(A, b)[0]
             for name, tune in _configs(m, T).items():
-                saved = dict(S.TUNE)
-                S.TUNE.update(tune)
                 try:
-                    f = lambda: S.block_diagonal_scan(A, b)  # noqa: E731
-                    h = f()[0]
-                    err = ((h - ref).norm() / ref.norm()).item()
-                    ms = do_bench(f, warmup=10, rep=40)
-                    gms = do_bench_cudagraph(f, rep=40)
+                    with S.tuned(tune):
+                        f = lambda: S.block_diagonal_scan(A, b)  # noqa: E731
+                        h = f()[0]
+                        err = ((h - ref).norm() / ref.norm()).item()
+                        ms = do_bench(f, warmup=10, rep=40)
+                        gms = do_bench_cudagraph(f, rep=40)
                 except Exception as e:  # keep the other rows
                     print(f"B{B} T{T} N{N} m{m} {name}: {e!r}"[:300], flush=True)
                     continue
-                finally:
-                    S.TUNE.clear()
-                    S.TUNE.update(saved)
                 row = dict(B=B, T=T, N=N, m=m, config=name, tune=tune, ms=round(ms, 4),
                            graph_ms=round(gms, 4), same_size_copy_ms=round(cp, 4),
                            pct_of_copy_bw=round(100 * nbytes / gms / 1e9 / bw, 1),

@@ -69,18 +69,14 @@ def main():
             floor = (2 * A.numel() + 4 * b.numel()) * 4  # A, b, dh read; h read; dA, db written
             base = None
             for name, tune in (CHOICES if a.set == "chunk" else BWD_CHOICES).items():
-                saved = dict(S.TUNE)
-                S.TUNE.update(tune)
                 try:
-                    f = lambda: torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), g)  # noqa: E731
-                    ms = triton.testing.do_bench(f, warmup=10, rep=40)
-                    gms = triton.testing.do_bench_cudagraph(f, rep=40) if a.graph else None
+                    with S.tuned(tune):
+                        f = lambda: torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), g)  # noqa: E731
+                        ms = triton.testing.do_bench(f, warmup=10, rep=40)
+                        gms = triton.testing.do_bench_cudagraph(f, rep=40) if a.graph else None
                 except Exception as e:  # keep the other rows
                     print(f"B{B} T{T} N{N} m{m} {name}: {e!r}"[:200], flush=True)
                     continue
-                finally:
-                    S.TUNE.clear()
-                    S.TUNE.update(saved)
                 base = base or ms
                 row = dict(B=B, T=T, N=N, m=m, choice=name, tune=tune, ms=round(ms, 4),
                            tbps=round(floor / ms / 1e9, 3), vs_default=round(ms / base, 3),

@@ -10,6 +10,7 @@ forward).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -38,6 +39,19 @@ def _tune_from_env():
 
 
 _tune_from_env()
+
+
+@contextlib.contextmanager
+def tuned(overrides: dict):
+    """``with tuned({"bh": 16}): ...``: ``TUNE`` with these overrides inside the block and exactly
+    as before after it, also when the block raises (benchmark sweeps)."""
+    saved = dict(TUNE)
+    TUNE.update(overrides)
+    try:
+        yield
+    finally:
+        TUNE.clear()
+        TUNE.update(saved)
 
 
 def _poison() -> bool:

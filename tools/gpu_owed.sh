@@ -7,6 +7,9 @@
 #                   tests (long_chunked_varlen, 2^31) one process at a time: their fp64 references
 #                   take tens of GB; under pytest-xdist (-n 3/4) tests failed with OutOfMemoryError
 #                   (2026-11-25: a delta test process held 32 GB) and passed one at a time
+#        tests2   — the GPU files the tests stage leaves out: test_gpu_models (all of it), test_gpu_compile,
+#                   test_gpu_fused_companion (2026-11-25: models + compile ran 67 tests, no failure, before
+#                   a 110 s timeout; not a full pass)
 #        lookback — issue 3: m = 1 look-back forward and backward (both "auto" defaults) vs the
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
@@ -30,7 +33,7 @@
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh tests|lookback|delta|deltavar|layers|scan|sweep|bhsweep|train}
+stage=${1:?usage: gpu_owed.sh tests|tests2|lookback|delta|deltavar|layers|scan|sweep|bhsweep|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -40,6 +43,11 @@ case "$stage" in
         tests/gpu/test_gpu_block_diagonal.py; do
       echo "=== pytest $t" | tee -a "$OUT/tests.log"
       eval timeout ${STAGE_TIMEOUT:-560} python3 -m pytest -q -rfEs -p no:cacheprovider "$t" 2>&1 | tee -a "$OUT/tests.log" | tail -15
+    done ;;
+  tests2)
+    for t in tests/gpu/test_gpu_models.py tests/gpu/test_gpu_compile.py tests/gpu/test_gpu_fused_companion.py; do
+      echo "=== pytest $t" | tee -a "$OUT/tests2.log"
+      timeout ${STAGE_TIMEOUT:-180} python3 -m pytest -q -rfEs -p no:cacheprovider "$t" 2>&1 | tee -a "$OUT/tests2.log" | tail -15
     done ;;
   lookback)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --lookback-compare --out "$OUT" \

@@ -26,7 +26,7 @@ Config (JSON): sweep-style groups, run in order (``priority`` first, then file o
 ``lrnn-scan launch --config cfg.json [--workers N] [--deadline-s S | --stop-at T]`` runs it and
 writes ``results.jsonl`` and ``summary.md`` (best over LR x seeds per group/task/model, beside the
 paper's number; :func:`summary_markdown`). ``lrnn-scan launch --summarize results.jsonl``
-rebuilds the summary from a JSONL file.
+rebuilds the summary from JSONL files (``--merge-groups``: best per task x model over all of them).
 """
 from __future__ import annotations
 
@@ -196,14 +196,16 @@ def load_records(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def best_records(records: list[dict], metric: str = "micro") -> dict:
+def best_records(records: list[dict], metric: str = "micro", merge_groups: bool = False) -> dict:
     """``{(group, task, model, block_size): (best record, [all ok records])}``; best = highest
-    best-epoch ``metric`` over LR x seeds."""
+    best-epoch ``metric`` over LR x seeds. ``merge_groups``: one entry per (task, model,
+    block_size) over every group (and every results file passed in), group ``"all"``: the
+    paper's "best over the LR grid x seeds" when the runs came from several launches."""
     out: dict = {}
     for r in records:
         if r.get("status") != "ok":
             continue
-        key = (r["group"], r["task"], r["model"], r.get("block_size"))
+        key = ("all" if merge_groups else r["group"], r["task"], r["model"], r.get("block_size"))
         best, allr = out.get(key, (None, []))
         allr.append(r)
         if best is None or r.get(f"best_{metric}", -1) > best.get(f"best_{metric}", -1):
@@ -219,12 +221,16 @@ def _model_name(model, m):
             "deltanet": "DeltaNet[-1,1]", "lstm": "LSTM", "mamba2": "Mamba2"}.get(model, model)
 
 
-def summary_markdown(records: list[dict], metric: str = "micro") -> str:
-    """One row per (group, task, model): ours (best over the runs) beside the paper's number."""
+def summary_markdown(records: list[dict], metric: str = "micro", merge_groups: bool = False) -> str:
+    """One row per (group, task, model): ours (best over the runs) beside the paper's number
+    (``merge_groups``: one row per (task, model) over all groups, see :func:`best_records`)."""
     lines = ["| group | task | model | runs (lr:seed) | ours: best micro | macro | scaled | "
              "best epoch / run / planned | stop | steps | wall s | paper | diff |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (group, task, model, m), (r, allr) in best_records(records, metric).items():
+    rows = best_records(records, metric, merge_groups).items()
+    if merge_groups:            # the paper's table order: task, then model, then block size
+        rows = sorted(rows, key=lambda kv: (kv[0][1], kv[0][2], kv[0][3] or 0))
+    for (group, task, model, m), (r, allr) in rows:
         paper = paper_value(task, model, m)
         runs = ", ".join(f"{x['lr']:g}:{x['seed']}={x.get(f'best_{metric}', float('nan')):.3f}"
                          for x in allr)
@@ -251,7 +257,8 @@ def summary_markdown(records: list[dict], metric: str = "micro") -> str:
 def main_launch(a) -> int:
     """``lrnn-scan launch`` (see :mod:`.cli`)."""
     if a.summarize:
-        print(summary_markdown(load_records(a.summarize)), end="")
+        records = [r for path in a.summarize for r in load_records(path)]
+        print(summary_markdown(records, merge_groups=a.merge_groups), end="")
         return 0
     if not a.config:
         raise ValueError("launch needs --config (or --summarize results.jsonl)")
@@ -300,6 +307,8 @@ def add_launch_args(p):
     p.add_argument("--override", nargs=2, action="append", metavar=("FIELD", "JSON"),
                    help="set a TrainConfig field in every job (e.g. --override epochs 2)")
     p.add_argument("--dry-run", action="store_true", help="list the jobs and exit")
-    p.add_argument("--summarize", default=None, metavar="JSONL",
-                   help="print the summary table of a results.jsonl and exit")
+    p.add_argument("--summarize", nargs="+", default=None, metavar="JSONL",
+                   help="print the summary table of one or more results.jsonl files and exit")
+    p.add_argument("--merge-groups", action="store_true",
+                   help="with --summarize: one row per task x model, best over all groups and files")
 

@@ -185,3 +185,22 @@ def test_shipped_configs_expand(name):
     assert configs
     for c in configs:
         TrainConfig(**c)
+
+
+def test_summarize_merges_groups_and_files(tmp_path, capsys):
+    """``--summarize a.jsonl b.jsonl --merge-groups``: one row per task x model over every group and
+    file, the best run's number (here seed 1 of file b), every run listed."""
+    def rec(group, lr, seed, micro):
+        return {"status": "ok", "group": group, "task": "s5_100k", "model": "bdlru", "block_size": 5,
+                "lr": lr, "seed": seed, "best_micro": micro, "best_macro": micro, "best_epoch": 3,
+                "epochs_run": 3, "epochs_planned": 3, "steps": 30, "wall_time_s": 1.0}
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps(rec("g1", 1e-3, 0, 0.575)) + "\n")
+    b.write_text(json.dumps(rec("g2", 5e-4, 0, 0.9)) + "\n" + json.dumps(rec("g2", 5e-4, 1, 1.0)) + "\n")
+    assert cli_main(["launch", "--summarize", str(a), str(b)]) == 0
+    per_group = capsys.readouterr().out
+    assert "| g1 |" in per_group and "| g2 |" in per_group
+    assert cli_main(["launch", "--summarize", str(a), str(b), "--merge-groups"]) == 0
+    rows = [l for l in capsys.readouterr().out.splitlines() if "BD-LRU m5" in l]
+    assert len(rows) == 1
+    assert rows[0].startswith("| all | s5_100k | BD-LRU m5 | 0.001:0=0.575, 0.0005:0=0.900, 0.0005:1=1.000 | 1.000 |")

@@ -66,8 +66,8 @@ case "$stage" in
   bhsweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwd_bh_sweep.py --m 4 2 --out "$OUT" 2>&1 | tee "$OUT/bhsweep.log" | tail -40 ;;
   scan)
-    # --skip-variants: the forward-variant and m = 1 tile rows (36 compilations) did not let the
-    # 2026-11-25 run finish in 390 s; they are in RESULTS.md (2026-11-24, 2026-11-25)
+    # --skip-variants: the forward-variant and m = 1 tile rows (36 extra compilations; with them the
+    # 2026-11-25 run did not finish in 390 s) are in RESULTS.md (2026-11-24, 2026-11-25)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --skip-variants --out "$OUT" \
       --results "$OUT/RESULTS_scan.md" 2>&1 | tee "$OUT/scan.log" | tail -40 ;;
   train)

@@ -30,17 +30,6 @@ MAX_M = 32
 TUNE: dict = {}
 
 
-def _tune_from_env():
-    """``LRNN_SCAN_TUNE="key=value,key=value"`` seeds TUNE (ints where they parse)."""
-    for item in os.environ.get("LRNN_SCAN_TUNE", "").split(","):
-        if "=" in item:
-            k, v = item.split("=", 1)
-            TUNE[k.strip()] = int(v) if v.strip().lstrip("-").isdigit() else v.strip()
-
-
-_tune_from_env()
-
-
 @contextlib.contextmanager
 def tuned(overrides: dict):
     """``with tuned({"bh": 16}): ...``: ``TUNE`` with these overrides inside the block and exactly

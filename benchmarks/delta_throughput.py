@@ -47,7 +47,8 @@ PEERS_FLA_H200 = {  # (n_h, gated, mode) -> ms
 # settings of lrnn_scan.kernels.delta_product.function.TUNE (README "Fused W/U"), each a set
 # of overrides; the combinations compile nothing beyond their parts
 VARIANTS = {
-    "default": {},                                   # fuse_wu "assoc" + inv_batched (H100 2026-11-24)
+    "default": {},                                   # fuse_wu "assoc" + inv_batched (H100 2026-11-24),
+                                                     # save_states (H100 2026-11-25)
     "stored_wu": {"fuse_wu": False, "inv_batched": False},  # the default until 2026-11-24
     "fuse_wu": {"fuse_wu": "wu"},
     "fuse_assoc": {"fuse_wu": "assoc"},
@@ -62,11 +63,17 @@ VARIANTS = {
     "a_16bit": {"a_16bit": True},
     "fuse_wu+a_16bit": {"fuse_wu": "wu", "a_16bit": True},
     "fuse_assoc+a_16bit": {"fuse_wu": "assoc", "a_16bit": True},
-    # the backward reuses the forward's chunk-start states and Vn (no state recompute; more memory)
+    # the backward reuses the forward's chunk-start states and Vn (no state recompute; more memory;
+    # the default since 2026-11-25); recompute_states = the default before
     "save_states": {"save_states": True},
+    "recompute_states": {"save_states": False},
     "save_states+a_16bit": {"save_states": True, "a_16bit": True},
+    # dqkwg_bwd split over K (partial dG summed): fewer accumulators per program, dO Vn^T per slice
+    "dqkwg_k2": {"dqkwg_ksplit": 2},
+    "dqkwg_k2_4w": {"dqkwg_ksplit": 2, "dqkwg": (4, 3, 32)},
+    "dqkwg_4w": {"dqkwg": (4, 3, 32)},
 }
-DEFAULT_VARIANTS = ["default", "save_states", "fuse_assoc_8w", "a_16bit"]
+DEFAULT_VARIANTS = ["default", "dqkwg_k2", "dqkwg_k2_4w", "dqkwg_4w"]
 ERR_BOUND = 5e-3
 DEVICE = "cuda"         # a CPU smoke test of the script's logic sets "cpu" (interpreter)
 

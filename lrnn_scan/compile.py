@@ -152,7 +152,7 @@ def _register_block_diagonal():
             nc = 0 if chunk is None else -(-b.shape[1] // chunk)
         else:
             nc = _dyn()
-        return (torch.empty_like(b), b.new_empty(state, dtype=torch.float32),
+        return (_dense_like(b), b.new_empty(state, dtype=torch.float32),
                 b.new_empty(_p_shape(b, nseq, nc, diag), dtype=torch.float32))
 
     @torch.library.custom_op("lrnn_scan::bd_scan_bwd", mutates_args=())
@@ -168,7 +168,7 @@ def _register_block_diagonal():
     def _(A, h, h0, g, dhT, cu, P, diag):
         nseq = h.shape[0] if cu is None else cu.shape[0] - 1
         state = (nseq, h.shape[2]) if diag else (nseq, h.shape[2], h.shape[3])
-        return torch.empty_like(A), torch.empty_like(h), h.new_empty(state, dtype=torch.float32)
+        return _dense_like(A), _dense_like(h), h.new_empty(state, dtype=torch.float32)
 
     def setup_context(ctx, inputs, output):
         A, b, h0, cu, diag = inputs
@@ -186,6 +186,15 @@ def _register_block_diagonal():
 
     bd_scan_fwd.register_autograd(backward, setup_context=setup_context)
     _OPS.update(bd_scan_fwd=bd_scan_fwd, bd_scan_bwd=bd_scan_bwd, bd_module=mod)
+
+
+def _dense_like(x):
+    """The fake of a kernel output shaped like input ``x``: contiguous, whatever ``x``'s strides.
+    ``torch.empty_like`` would copy the strides of a non-contiguous input (e.g. ``v`` as a view of
+    a transposed convolution output), the launchers always return contiguous tensors, and
+    Inductor checks the real strides against the fake ones (the H100 run of 2026-11-25 failed
+    ``assert_size_stride`` on ``dv`` of ``delta_product_bwd`` that way)."""
+    return x.new_empty(x.shape)
 
 
 def _check_cu_eager(check, *args):
@@ -441,9 +450,8 @@ def _register_delta():
     @delta_product_bwd.register_fake
     def _(q, k, v, beta, g, h0, gcum, Ainv, W, U, do, dhT, scale, cu, chunk_size, form):
         e = q.new_empty((0,), dtype=torch.float32)
-        return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-                torch.empty_like(beta), torch.empty_like(g) if g is not None else e,
-                torch.empty_like(h0) if h0 is not None else e)
+        return (_dense_like(q), _dense_like(k), _dense_like(v), _dense_like(beta),
+                _dense_like(g) if g is not None else e, _dense_like(h0) if h0 is not None else e)
 
     def setup_context(ctx, inputs, output):
         q, k, v, beta, g, h0, scale, cu, chunk_size, form = inputs
@@ -501,7 +509,7 @@ def _register_l2norm():
 
     @l2norm_bwd.register_fake
     def _(x, rstd, dy, eps):
-        return x.new_empty(x.shape)
+        return torch.empty_like(x)
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(inputs[0], output[1])

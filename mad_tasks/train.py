@@ -400,9 +400,12 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
                            dist_info=dinfo if dinfo.active else None)
         t_eval = time.time() - t_eval
         state["epoch"] = epoch + 1
-        if cfg.time_budget_s and epoch == 0 and not resumed:
+        # epochs of 5 steps or fewer (e.g. S3 with 250 sequences: 2 steps) are timed in epoch 2:
+        # epoch 1's whole time is then compilation (2026-11-25: 1.5 s "per step" against 0.02 s)
+        fit_at = 0 if steps_per_epoch > 5 or cfg.epochs <= 2 else 1
+        if cfg.time_budget_s and epoch == fit_at and not resumed:
             _fit_epochs_to_budget(cfg, state, t_step, t_eval, time.time() - t0,
-                                  steps_per_epoch, total_steps)
+                                  steps_per_epoch, total_steps, epochs_done=epoch + 1)
         rec = {"epoch": epoch + 1, "step": state["step"], "lr": opt.param_groups[0]["lr"],
                "train_loss": float(loss_sum) / max(n_tok, 1),
                **{f"test_{k}": v for k, v in metrics.items()},
@@ -456,18 +459,21 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
 
 
 def _fit_epochs_to_budget(cfg, state, t_step, t_eval, elapsed, steps_per_epoch,
-                          total_steps):
-    """After epoch 1: the number of epochs that fit ``cfg.time_budget_s`` (wall time since the
-    start of :func:`train`), at most ``cfg.epochs``. ``t_step``: epoch 1's mean step time (s) after
-    its first 5 steps (those include Triton compilation), read on the host clock after the epoch's
-    one device sync, since the steps themselves do not wait for the device. The cosine schedule
-    is shortened to the new total (it has run ``steps_per_epoch`` of the old, longer one)."""
+                          total_steps, epochs_done=1):
+    """After epoch 1 (epoch 2 when epochs have 5 steps or fewer): the number of epochs that fit
+    ``cfg.time_budget_s`` (wall time since the start of :func:`train`), at least
+    ``epochs_done`` and at most ``cfg.epochs``. ``t_step``: that epoch's mean step time (s), in
+    epoch 1 after its first 5 steps (those include Triton compilation), read on the host clock
+    after the epoch's one device sync, since the steps themselves do not wait for the device.
+    The cosine schedule is shortened to the new total (it has run ``epochs_done`` epochs of the
+    old, longer one). ``budget_estimate["epoch1_s"]`` is the wall time up to the fit."""
     t_epoch = steps_per_epoch * t_step + t_eval
     left = cfg.time_budget_s - elapsed
-    fit = 1 + int(max(left, 0.0) // max(t_epoch, 1e-9))
-    n = max(1, min(cfg.epochs, fit))
+    fit = epochs_done + int(max(left, 0.0) // max(t_epoch, 1e-9))
+    n = max(epochs_done, min(cfg.epochs, fit))
     state["epochs_planned"] = n
-    state["budget_estimate"] = {"step_s": t_step, "eval_s": t_eval, "epoch1_s": elapsed}
+    state["budget_estimate"] = {"step_s": t_step, "eval_s": t_eval, "epoch1_s": elapsed,
+                                "fitted_after_epoch": epochs_done}
     total_steps[0] = steps_per_epoch * n
 
 

@@ -15,22 +15,24 @@ pytest.importorskip("triton")
 from lrnn_scan.delta import chunk_delta_product  # noqa: E402
 from test_delta_chunk import loop_fp64, make_inputs  # noqa: E402
 
-_ALL = lambda C, V: True                  # noqa: E731
-_C64 = lambda C, V: C == 64               # noqa: E731  tri_inv64 / wy_fwd's blocked inverse
-# name -> (TUNE overrides, which cases (chunk, V) it changes)
+_ALL = lambda C, K, V: True                  # noqa: E731
+_C64 = lambda C, K, V: C == 64               # noqa: E731  tri_inv64 / wy_fwd's blocked inverse
+# name -> (TUNE overrides, which cases (chunk, K, V) it changes)
 VARIANTS = {
     "default": ({}, _ALL),                                            # fuse_wu "assoc", inv_batched
     "stored_wu": ({"fuse_wu": False, "inv_batched": False}, _ALL),    # wu_fwd stores W, U
     "fuse_wu": ({"fuse_wu": "wu"}, _ALL),
     # several V tiles per fused state program (W recomputed by each)
     "fuse_wu_bv16": ({"fuse_wu": "wu", "state_fused": (4, 3, 16), "state_bwd_fused": (4, 3, 16)},
-                     lambda C, V: V > 16),
+                     lambda C, K, V: V > 16),
     "fuse_assoc_bv16": ({"fuse_wu": "assoc", "state_fused": (4, 3, 16), "state_bwd_fused": (4, 3, 16)},
-                        lambda C, V: V > 16),
+                        lambda C, K, V: V > 16),
     "stored_wu_inv_batched": ({"fuse_wu": False}, _C64),
     "assoc_inv_serial": ({"fuse_wu": "assoc", "inv_batched": False}, _C64),
     "wu_no_split": ({"fuse_wu": "wu", "wy_split": False}, _C64),     # wy_fwd with STORE_WU off
-    "save_states": ({"save_states": True}, _ALL),                     # backward reuses hs, Vn
+    "recompute_states": ({"save_states": False}, _ALL),               # backward recomputes hs, Vn
+    # dqkwg_bwd over two K slices, partial dG summed (needs K padded to >= 32)
+    "dqkwg_k2": ({"dqkwg_ksplit": 2}, lambda C, K, V: K > 16),
 }
 
 
@@ -59,7 +61,7 @@ CASES = [  # (T, chunk, n_h, gated, beta_max, cu, K, V)
 
 
 @pytest.mark.parametrize("T,C,n_h,gated,bmax,cu,K,V,variant",
-                         [c + (v,) for c in CASES for v in VARIANTS if VARIANTS[v][1](c[1], c[7])])
+                         [c + (v,) for c in CASES for v in VARIANTS if VARIANTS[v][1](c[1], c[6], c[7])])
 def test_triton_interpreter_matches_loop(T, C, n_h, gated, bmax, cu, K, V, variant, monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("triton was imported without the interpreter")
@@ -164,6 +166,17 @@ def test_fused_variant_skips_wu_and_backward_follows_forward(monkeypatch):
     monkeypatch.setitem(fn.TUNE, "fuse_wu", "yes")
     with pytest.raises(ValueError, match="fuse_wu"):
         chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")
+
+
+def test_dqkwg_ksplit_bad_value_is_refused(monkeypatch):
+    from lrnn_scan.kernels.delta_product import function as fn
+
+    q, k, v, beta, g, _ = make_inputs(1, 5, 1, 1, 32, 16, True, 2.0, dtype=torch.float32)
+    xs = [x.requires_grad_() for x in (q, k, v, beta, g)]
+    o, _ = chunk_delta_product(*xs, chunk_size=16, backend="triton")
+    monkeypatch.setitem(fn.TUNE, "dqkwg_ksplit", 3)
+    with pytest.raises(ValueError, match="dqkwg_ksplit"):
+        o.sum().backward()
 
 
 class _Counting:

@@ -296,6 +296,22 @@ def test_custom_ops_opcheck():
     for form in (0, 2):  # W, U stored / formed in the state kernels ("assoc", the default)
         torch.library.opcheck(ops["delta_product_fwd"], (*req(q, k, vd, beta, gd, hd), 0.25, None, 16, form),
                               test_utils=fast)
+    # backward ops with non-contiguous inputs (here v, as a view of a transposed buffer, the
+    # DeltaNet layer's case after its short convolution): the fakes must give the contiguous
+    # strides the kernels return (Inductor asserts them; failed on an H100 on 2026-11-25)
+    v_nc = vd.permute(0, 2, 3, 4, 1).contiguous().permute(0, 4, 1, 2, 3)
+    q_nc = q.transpose(1, 3).contiguous().transpose(1, 3)
+    assert not v_nc.is_contiguous() and not q_nc.is_contiguous()
+    for form in (0, 2):
+        fwd = ops["delta_product_fwd"](q_nc, k, v_nc, beta, gd, hd, 0.25, None, 16, form)
+        do = torch.randn_like(fwd[0])
+        torch.library.opcheck(ops["delta_product_bwd"], (q_nc, k, v_nc, beta, gd, hd, *fwd[2:], do,
+                                                         torch.randn_like(fwd[1]), 0.25, None, 16, form),
+                              test_utils=("test_schema", "test_faketensor"))
+    h = ops["bd_scan_fwd"](A, b, h0, None, False)[0]
+    torch.library.opcheck(ops["bd_scan_bwd"], (A, h, h0, torch.randn_like(h), None, None,
+                                                ops["bd_scan_fwd"](A, b, h0, None, False)[2], False),
+                          test_utils=("test_schema", "test_faketensor"))
 
 
 @needs_kernels

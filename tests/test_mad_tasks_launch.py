@@ -34,19 +34,43 @@ def test_fit_epochs_to_budget_rule():
 def test_time_budget_shortens_run_and_cosine_ends_at_min_lr(monkeypatch):
     real = train_mod._fit_epochs_to_budget
 
-    def fit3(cfg, state, *a):           # as if 3 epochs fitted the budget
-        real(cfg, state, *a)
+    def fit3(cfg, state, *a, **kw):     # as if 3 epochs fitted the budget
+        real(cfg, state, *a, **kw)
         state["epochs_planned"] = 3
         a[-1][0] = a[-2] * 3
     monkeypatch.setattr(train_mod, "_fit_epochs_to_budget", fit3)
     r = train(TrainConfig(**TINY, epochs=20, lr=1e-2, time_budget_s=100.0))
     assert (r["epochs_run"], r["epochs_planned"], r["complete"]) == (3, 3, True)
     assert r["final_lr"] == pytest.approx(1e-5)
-    assert set(r["budget_estimate"]) == {"step_s", "eval_s", "epoch1_s"}
+    assert set(r["budget_estimate"]) == {"step_s", "eval_s", "epoch1_s", "fitted_after_epoch"}
+    assert r["budget_estimate"]["fitted_after_epoch"] == 2      # 4 steps per epoch: timed in epoch 2
+
+
+def test_short_epochs_are_timed_in_epoch_2(monkeypatch):
+    """Epochs of <= 5 steps: epoch 1 is mostly compilation, so the budget fit waits for epoch 2
+    and uses its whole mean step time; longer epochs fit after epoch 1."""
+    seen = []
+    real = train_mod._fit_epochs_to_budget
+
+    def spy(cfg, state, t_step, t_eval, elapsed, spe, total, epochs_done=1):
+        seen.append((epochs_done, spe, len(state["history"])))
+        real(cfg, state, t_step, t_eval, elapsed, spe, total, epochs_done=epochs_done)
+    monkeypatch.setattr(train_mod, "_fit_epochs_to_budget", spy)
+    train(TrainConfig(**TINY, epochs=3, time_budget_s=1e-3))     # 4 steps/epoch
+    assert seen == [(2, 4, 1)]                                   # after epoch 2's evaluation
+    seen.clear()
+    r = train(TrainConfig(**{**TINY, "task_kwargs": {"n_train": 512, "n_test": 128}}, epochs=3,
+                          time_budget_s=1e-3))                  # 8 steps/epoch
+    assert seen == [(1, 8, 0)] and (r["epochs_run"], r["epochs_planned"]) == (1, 1)
+    # a tiny budget never plans fewer epochs than have run
+    cfg, state, total = TrainConfig(epochs=50, time_budget_s=1.0), {}, [0]
+    real(cfg, state, 0.1, 0.2, 5.0, 4, total, epochs_done=2)
+    assert (state["epochs_planned"], total) == (2, [8])
 
 
 def test_tiny_budget_gives_one_epoch_and_no_budget_keeps_epochs():
-    r = train(TrainConfig(**TINY, epochs=4, time_budget_s=1e-3))
+    r = train(TrainConfig(**{**TINY, "task_kwargs": {"n_train": 512, "n_test": 128}}, epochs=4,
+                          time_budget_s=1e-3))
     assert (r["epochs_run"], r["epochs_planned"]) == (1, 1)
     r = train(TrainConfig(**TINY, epochs=2))
     assert (r["epochs_run"], r["epochs_planned"], r["budget_estimate"]) == (2, 2, None)

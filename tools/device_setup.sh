@@ -7,6 +7,9 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 python3 -m pip install -e . --no-deps --no-build-isolation -q 2>&1 | grep -v WARNING | tail -2
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+# cache only cubin + metadata (no TTIR/TTGIR/LLIR/PTX text): the saved cache of 2026-11-25's first call
+# was 21 MiB compressed with the IR, over the 16 MiB a returned file may have
+export TRITON_STORE_BINARY_ONLY=${TRITON_STORE_BINARY_ONLY:-1}
 bash tools/triton_cache.sh restore      # a carried .triton_cache/ (tools/triton_cache.sh) skips recompiles
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__,'gpus',torch.cuda.device_count())"

@@ -13,8 +13,9 @@
 #        lookback — issue 3: m = 1 look-back forward and backward (both "auto" defaults) vs the
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
-#        deltavar — issue 4: TUNE["save_states"] (backward without the state recompute) vs the default,
-#                   fwd+bwd, n_h 1-2, gated/ungated, with the bf16 error check
+#        deltavar — issue 4: delta_throughput.py's DEFAULT_VARIANTS (dqkwg_bwd split over K, 4 warps) vs
+#                   the default, n_h 1-2, gated/ungated, with the bf16 error check (2026-11-25 timed
+#                   save_states: 0.90x fwd+bwd, now the default)
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
 #        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients)
@@ -56,7 +57,7 @@ case "$stage" in
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --modes fwd --out "$OUT" \
       --results "$OUT/RESULTS_delta.md" 2>&1 | tee "$OUT/delta.log" | tail -40 ;;
   deltavar)
-    timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --variants default save_states --out "$OUT" \
+    timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --variants --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

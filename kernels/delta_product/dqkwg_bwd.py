@@ -4,6 +4,13 @@
 Produces ``dq`` (final), the read-out/state part of ``dk``, ``dW = −dVn H^T`` and the part of the
 gradient of the chunk-local cumulative log-gate ``G`` that comes from these two equations
 (``dGp``, the ``γ_C`` term included at the chunk's last row). README.md has the derivation.
+
+A third grid axis of ``KS`` programs can split K (``function.TUNE["dqkwg_ksplit"]``): program
+``ks`` owns K columns ``[ks BK, (ks + 1) BK)`` (the launcher passes the slice width as ``BK``) and recomputes ``dP = dO Vn^T``, which
+does not depend on K. Every ``dG`` term is a sum over K (``Q H``, ``Q K^T``, ``<K~, dK~>``,
+``<H, dH'>``), so each slice writes its partial ``dG`` to ``dGp + ks * GSTRIDE`` and the launcher
+adds the slices. Fewer fp32 accumulators per program (three ``[BC, BK]`` tiles and ``dP``) at the
+cost of reading ``Vn``, ``dVn`` and ``dO`` once per slice.
 """
 import triton
 import triton.language as tl
@@ -13,17 +20,18 @@ from .mm import dot_abt
 
 @triton.jit
 def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_ptr, len_ptr, scale,
-                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
+                     GSTRIDE, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                      BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
+    ks = tl.program_id(2)            # K slice (0 unless the grid splits K)
     start = tl.load(start_ptr + c)
     ln = tl.load(len_ptr + c)
     r = tl.arange(0, BC)
     rm = r < ln
     s = start + r
-    ck = tl.arange(0, BK)
+    ck = ks * BK + tl.arange(0, BK)
     mk = rm[:, None] & (ck < K)[None, :]
     qm = rm & (s % NH == NH - 1)
     tok = s // NH
@@ -78,4 +86,4 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
         dG = eg * o1 + tl.sum(Z, 1) - tl.sum(Z, 0) - zt
         dgC = tl.sum(sdh, 0) * tl.exp(gC) + tl.sum(zt, 0)
         dG += tl.where(r == ln - 1, dgC, 0.)
-        tl.store(dGp + s * H + h, dG, mask=rm)
+        tl.store(dGp + ks.to(tl.int64) * GSTRIDE + s * H + h, dG, mask=rm)

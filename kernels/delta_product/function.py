@@ -29,6 +29,8 @@ TUNE = dict(
     dv_local=(4, 2, 128),  # was (4, 3, 64)
     state_bwd=(4, 3, 64),  # (4, 1, 32): faster at n_h=2 gated, slower at n_h=1 ungated
     dqkwg=(8, 3, 32),      # (8, 1, 32): same split as state_bwd
+    dqkwg_ksplit=1,        # K slices of dqkwg_bwd (a third grid axis; 16 columns at least per slice):
+                           # fewer fp32 accumulators per program, dO Vn^T recomputed per slice. Untimed
     wy_bwd=(8, 1, 64),     # was (8, 3, 32)
     inter_16bit=False,     # W, U stored in the inputs' dtype: error ratio 5.5e-3 > 5e-3 bound, off
     vn_16bit=False,        # Vn stored in the inputs' dtype (the state update keeps fp32 registers)
@@ -47,9 +49,12 @@ TUNE = dict(
                            # (H100: 0.95x the time of four separate ones, n_h=1 fwd)
     # keep the forward's chunk-start states and Vn for the backward instead of recomputing them
     # there (one state-kernel launch fewer per backward, the same values bit for bit); memory:
-    # NC·H·K·V 16-bit states + Ls·H·V float32 Vn alive between forward and backward. Not yet
-    # timed on a GPU (delta_throughput.py --variants save_states), hence opt-in.
-    save_states=False,
+    # NC·H·K·V 16-bit states + Ls·H·V float32 Vn alive between forward and backward (B8 T4096 H16
+    # K=V=128, n_h=1: 268 + 268 MB). H100, 2026-11-25 (delta_throughput.py --variants, bf16,
+    # README "Saved states"): fwd+bwd 0.903-0.909x the recomputing time at n_h 1-2, gated or not
+    # (n_h=1 ungated 5.896 -> 5.337 ms). False: recompute (less memory). The torch.compile custom
+    # op always recomputes.
+    save_states=True,
     a_16bit=False,         # A stored in float16 for 16-bit inputs (fp32 in registers; the dots read it as
                            # tf32, 10 mantissa bits like fp16). bf16 A: error +9 %, fails; fp16 overflows
                            # past 65504 (adversarial keys), so opt-in only (README "Fused W/U")
@@ -106,6 +111,15 @@ def _raw(x):
 def _bv(name, BVf):
     """The V tile of kernel ``name`` from TUNE, capped by the padded V."""
     return min(BVf, TUNE[name][2])
+
+
+def _ksplit(BK):
+    """K slices of ``dqkwg_bwd`` (``TUNE["dqkwg_ksplit"]``): a power of two, at most ``BK // 16``
+    (``tl.dot`` needs 16 columns)."""
+    ks = TUNE["dqkwg_ksplit"]
+    if not isinstance(ks, int) or ks < 1 or ks & (ks - 1):
+        raise ValueError(f'TUNE["dqkwg_ksplit"] must be a power of two >= 1, got {ks!r}')
+    return max(1, min(ks, BK // 16))
 
 
 def _store_dtype(x_dtype, key):
@@ -251,11 +265,15 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         dg = _empty((B * T, H), dev, gdt) if use_g else db
         if NC > 0:
             dW = _empty((Ls, H, K), dev, torch.float32)
-            dGp = _empty((Ls, H), dev, torch.float32) if use_g else dk_part
-            dqkwg_bwd_kernel[(NC, H)](qf, kf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
-                                      ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
-                                      BC=BC, BK=BK, BV=_bv("dqkwg", BVf), USE_G=use_g, DOT=dot, RAW=raw,
-                                      num_warps=TUNE["dqkwg"][0], num_stages=TUNE["dqkwg"][1])
+            ks = _ksplit(BK)
+            dGp = _empty((ks, Ls, H), dev, torch.float32) if use_g else dk_part
+            dqkwg_bwd_kernel[(NC, H, ks)](qf, kf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
+                                          ch["start"], ch["length"], scale, Ls * H, H=H, K=K, V=V,
+                                          NH=n_h, BC=BC, BK=BK // ks, BV=_bv("dqkwg", BVf), USE_G=use_g,
+                                          DOT=dot, RAW=raw, num_warps=TUNE["dqkwg"][0],
+                                          num_stages=TUNE["dqkwg"][1])
+            if use_g:
+                dGp = dGp[0] if ks == 1 else dGp.sum(0)   # the K slices' partial dG
             wy_bwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
                                    ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK,
                                    BV=_bv("wy_bwd", BVf), USE_G=use_g, DOT=dot, RAW=raw,

@@ -509,7 +509,7 @@ def _register_l2norm():
 
     @l2norm_bwd.register_fake
     def _(x, rstd, dy, eps):
-        return torch.empty_like(x)
+        return _dense_like(x)
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(inputs[0], output[1])

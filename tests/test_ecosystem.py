@@ -308,6 +308,9 @@ def test_custom_ops_opcheck():
         torch.library.opcheck(ops["delta_product_bwd"], (q_nc, k, v_nc, beta, gd, hd, *fwd[2:], do,
                                                          torch.randn_like(fwd[1]), 0.25, None, 16, form),
                               test_utils=("test_schema", "test_faketensor"))
+    y, rstd = ops["l2norm_fwd"](v_nc, 1e-12)
+    torch.library.opcheck(ops["l2norm_bwd"], (v_nc, rstd, torch.randn_like(v_nc), 1e-12),
+                          test_utils=("test_schema", "test_faketensor"))
     h = ops["bd_scan_fwd"](A, b, h0, None, False)[0]
     torch.library.opcheck(ops["bd_scan_bwd"], (A, h, h0, torch.randn_like(h), None, None,
                                                 ops["bd_scan_fwd"](A, b, h0, None, False)[2], False),
@@ -401,6 +404,37 @@ def test_compile_fullgraph_layers_through_kernel_ops(name, monkeypatch):
     try:
         compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
         yc, sc, gc = _grads(layer, x, compiled)
+        ye, se, ge = _grads(layer, x)
+    finally:
+        lc.disable()
+        torch._dynamo.reset()
+    torch.testing.assert_close(yc, ye, rtol=1e-5, atol=1e-6)
+    for k in ge:
+        torch.testing.assert_close(gc[k], ge[k], rtol=1e-4, atol=1e-6, msg=lambda m: f"{k}: {m}")
+
+
+@needs_kernels
+def test_compile_inductor_deltanet_through_kernel_ops(monkeypatch):
+    """Inductor (not only aot_eager) checks each custom op's real output strides against its fake
+    implementation. DeltaNet's ``q``, ``k``, ``v`` are views of a transposed convolution output
+    (not contiguous); fakes built with ``torch.empty_like`` copied those strides while the kernels
+    return contiguous gradients, and every delta layer's compiled backward failed
+    ``assert_size_stride`` on an H100 (2026-11-25). Caches off: a cached graph would not see a
+    changed fake."""
+    import torch._functorch.config as fconf
+    import torch._inductor.config as iconf
+
+    import lrnn_scan._kernel_modules as km
+    monkeypatch.setattr(km, "kernel_device", lambda device: True)
+    monkeypatch.setattr(iconf, "fx_graph_cache", False)
+    monkeypatch.setattr(fconf, "enable_autograd_cache", False)
+    torch.manual_seed(0)
+    layer = DeltaNet(D, 2).to(DEV)
+    x = torch.randn(2, 20, D, device=DEV)
+    torch._dynamo.reset()
+    lc.enable()
+    try:
+        yc, sc, gc = _grads(layer, x, torch.compile(layer, fullgraph=True, backend="inductor"))
         ye, se, ge = _grads(layer, x)
     finally:
         lc.disable()

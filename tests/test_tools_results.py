@@ -64,3 +64,19 @@ def test_block_diagonal_tuned_restores_tune():
         with S.tuned({"chunk": 0}):
             raise RuntimeError("a failing configuration")
     assert S.TUNE == before
+
+
+def test_diag_tile_vs_accel_smoke_on_the_interpreter(tmp_path, monkeypatch):
+    """tools/diag_tile_vs_accel.py's logic at a tiny shape on the CPU interpreter (timer stubbed,
+    no accelerated-scan): every config is checked against fp64 and the rows are written."""
+    mod = _tool("diag_tile_vs_accel")
+    monkeypatch.setattr(mod, "DEVICE", "cpu")
+    monkeypatch.setattr(mod, "BENCH", lambda f, rep, return_mode: (f(), 1.0)[1])
+    monkeypatch.setattr(mod, "try_accelerated_scan", lambda: None)
+    mod.main(["--shapes", "2x37x20", "--rounds", "2", "--out", str(tmp_path)])
+    d = json.loads((tmp_path / "diag_tile_vs_accel.json").read_text())
+    assert len(d["rows"]) == 2 * len(mod.CONFIGS)
+    for r in d["rows"]:
+        assert r["h_vs_fp64"] < 1e-6 and r["grad_vs_default"] < 1e-6, r
+        assert r["rounds"] == [1.0, 1.0]
+    assert (tmp_path / "RESULTS_diagtile.md").read_text().count("| 2 | 37 | 20 |") == 2 * len(mod.CONFIGS)

@@ -13,18 +13,20 @@
 #        lookback — issue 3: m = 1 look-back forward and backward (both "auto" defaults) vs the
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
-#        deltavar — issue 4: delta_throughput.py's DEFAULT_VARIANTS (dqkwg_bwd split over K, 4 warps) vs
-#                   the default, n_h 1-2, gated/ungated, with the bf16 error check (2026-11-25 timed
-#                   save_states: 0.90x fwd+bwd, now the default)
+#        deltavar — issue 4: delta_throughput.py's DEFAULT_VARIANTS vs the default, n_h 1-2, gated/ungated,
+#                   with the bf16 error check (2026-11-25: save_states 0.90x fwd+bwd, now the default;
+#                   dqkwg K split and 4 warps slower; add the next candidates to DEFAULT_VARIANTS)
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
 #        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients)
-#        train    — issue 6: mad_tasks/configs/gpu_tables_next5.json (8 processes): S5 BD-LRU m4 seeds 1-2
-#                   at LR 5e-4 and 1e-3, m5 seed 1 (is 2026-11-25's m5 solve repeatable?), modular
-#                   arithmetic m1/m5, S3 (250) m3. next3 (H200) and next4 (H100) ran on 2026-11-25,
-#                   mad_tasks/RESULTS.md section 6; TRAIN_CONFIG=... for another. Steps no longer wait
-#                   for the GPU: 4.6 ms/step alone, 5.0 with 4 processes, 10.1 with 9 (H100,
-#                   tools/train_step_time.py)
+#        train    — issue 6: mad_tasks/configs/gpu_tables_next6.json (5 processes): S5 BD-LRU m4 seed 1
+#                   again (0.758 on 2026-11-25 with 8 processes, still rising at the end) and seed 3,
+#                   m3 seeds 1-2 (LR 5e-4), S3 (250) m3 with a 1,500-epoch cap. next5 ran on
+#                   2026-11-25 (mad_tasks/RESULTS.md section 8); TRAIN_CONFIG=... for another. Steps no
+#                   longer wait for the GPU: 4.6 ms/step alone, 5.0 with 4 processes, 10.1 with 9
+#                   (H100, tools/train_step_time.py)
+#        diagtile — issue 3: m = 1 forward tiles (the H100 default (16, 64, 2) since 2026-11-25) against
+#                   accelerated-scan in one run, tools/diag_tile_vs_accel.py, after the GPU tile tests
 #        bhsweep  — issue 3: tools/fwd_bh_sweep.py for m = 4 and the B1 T16384 chunk rows (2026-11-25 ran
 #                   m = 2 at B8 T2048 only: the default block group won)
 # Logs and result files go to $OUT (or ./gpu_out); rows are appended to $OUT/RESULTS_<stage>.md
@@ -34,7 +36,7 @@
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh tests|tests2|lookback|delta|deltavar|layers|scan|sweep|bhsweep|train}
+stage=${1:?usage: gpu_owed.sh tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -64,6 +66,10 @@ case "$stage" in
   layers)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/layer_targets.py --precisions bf16-autocast --out "$OUT" \
       --results "$OUT/RESULTS_layers.md" 2>&1 | tee "$OUT/layers.log" | tail -40 ;;
+  diagtile)
+    timeout ${STAGE_TIMEOUT:-560} python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_gpu_block_diagonal.py \
+      -k "diag_tiles or diagonal_api" 2>&1 | tee "$OUT/diagtile_tests.log" | tail -5
+    timeout ${STAGE_TIMEOUT:-560} python3 tools/diag_tile_vs_accel.py --out "$OUT" 2>&1 | tee "$OUT/diagtile.log" | tail -40 ;;
   bhsweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwd_bh_sweep.py --m 4 2 --out "$OUT" 2>&1 | tee "$OUT/bhsweep.log" | tail -40 ;;
   scan)
@@ -72,7 +78,7 @@ case "$stage" in
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --skip-variants --out "$OUT" \
       --results "$OUT/RESULTS_scan.md" 2>&1 | tee "$OUT/scan.log" | tail -40 ;;
   train)
-    cfg=${TRAIN_CONFIG:-mad_tasks/configs/gpu_tables_next5.json}
+    cfg=${TRAIN_CONFIG:-mad_tasks/configs/gpu_tables_next6.json}
     python3 -m lrnn_scan.mad_tasks launch --config "$cfg" \
       --out "$OUT/$(basename "$cfg" .json)" --deadline-s ${STAGE_TIMEOUT:-560} 2>&1 | tee "$OUT/train.log" | tail -40 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;

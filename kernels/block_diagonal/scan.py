@@ -314,17 +314,36 @@ def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
 
 # ----------------------------------------------------------------------------- m == 1 kernels
 _DIAG_FEW = (64, 32, 2)  # (BT, BN, num_warps) when the default tiles give few programs
+# (BT, BN, num_warps) of the m = 1 forward by GPU (a substring of the device name). The 12-config
+# sweep at B8 T2048 N4096 ranks the tiles differently on the two Hopper cards (RESULTS.md): H200
+# (64, 32, 2) 0.2022 ms, (16, 64, 2) 0.2105; H100 (16, 64, 2) 0.2802 / 0.2803 ms against
+# (64, 32, 2) 0.2923 / 0.2932 in two runs (2026-11-24, 2026-11-25).
+_DIAG_BY_DEVICE = {"H100": (16, 64, 2)}
+_DIAG_DEFAULT = (64, 32, 2)
+_DEVICE_NAMES: dict = {}
+
+
+def _diag_default(device):
+    """The m = 1 forward tile for ``device`` (``_DIAG_BY_DEVICE``; CPU: the H200 default)."""
+    if device.type != "cuda":
+        return _DIAG_DEFAULT
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    name = _DEVICE_NAMES.get(idx)
+    if name is None:             # cached: the name query costs microseconds per call
+        name = _DEVICE_NAMES[idx] = torch.cuda.get_device_name(idx)
+    return next((cfg for key, cfg in _DIAG_BY_DEVICE.items() if key in name), _DIAG_DEFAULT)
 
 
 def _diag_cfg(N, nseq, device, bwd=False):
-    """(BT, BN, num_warps, num_stages) of the m = 1 tiles. Forward (64, 32, 2): fastest of a
-    12-config sweep on an H200 at B8 T2048 N4096 (RESULTS.md). With fewer than 4 programs per SM
+    """(BT, BN, num_warps, num_stages) of the m = 1 tiles. Forward: ``_diag_default`` (per GPU,
+    measured at B8 T2048 N4096; RESULTS.md). With fewer than 4 programs per SM
     at BN = 32, ``_DIAG_FEW`` (keys ``bt_few``/``bn_few``/``nw_few``). The backward has its own
     keys (``bt_bwd``, ``bn_bwd``, ``nw_bwd``; default: the forward's), so that one can be tuned
     without the other; its tiles need not match the forward's (chunks are any length)."""
     few = nseq * cdiv(N, 32) < 4 * _num_sms(device)
     d = (TUNE.get("bt_few", _DIAG_FEW[0]), TUNE.get("bn_few", _DIAG_FEW[1]),
-         TUNE.get("nw_few", _DIAG_FEW[2])) if few else (64, 32, 2)
+         TUNE.get("nw_few", _DIAG_FEW[2])) if few else (
+        _DIAG_DEFAULT if bwd else _diag_default(device))  # backward tiles: measured at (64, 32) only
     bt, bn, nw = TUNE.get("bt", d[0]), TUNE.get("bn", d[1]), TUNE.get("num_warps_diag", d[2])
     if bwd:  # 4 warps: B8 T2048 N4096 fwd+bwd 0.5629 ms against 0.7796 with 2 (same run)
         nw = nw if few or "num_warps_diag" in TUNE else 4

@@ -1,0 +1,142 @@
+"""The m = 1 scan (``diagonal_scan``) against accelerated-scan, same run, per forward tile.
+
+Issue 3 asks the m = 1 scan to be at least as fast as accelerated-scan's Triton scan. The full
+``scan_throughput.py`` run of 2026-11-25 (H100) had ours at 0.932x (fwd) and 0.934x (fwd+bwd) of
+its speed at B8 T2048 N4096. The forward tile is chosen per GPU (``scan._DIAG_BY_DEVICE``); this
+times the default, the other tiles and accelerated-scan in interleaved rounds (CUDA-graph
+medians, GPU time only) and checks every forward against a float64 loop and every gradient
+against the default's.
+
+    python tools/diag_tile_vs_accel.py [--shapes 8x2048x4096 8x16384x4096] [--rounds 3] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench_cudagraph
+
+from lrnn_scan.kernels.block_diagonal import diagonal_scan
+from lrnn_scan.kernels.block_diagonal import scan as S
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from scan_peers import try_accelerated_scan  # noqa: E402
+
+DEVICE = "cuda"       # the CPU smoke test (tests/test_tools_results.py) sets "cpu" (interpreter)
+BENCH = do_bench_cudagraph
+
+CONFIGS = {   # name -> scan.TUNE overrides
+    "default": {},
+    "fwd_64x32": dict(bt=64, bn=32, num_warps_diag=2),   # the pre-2026-11-25 forward everywhere
+    "fwd_32x64": dict(bt=32, bn=64, num_warps_diag=2),
+    "bwd_16x64": dict(bt_bwd=16, bn_bwd=64),              # backward tiles like the H100 forward's
+}
+
+
+def _ref64(a, b):
+    h = torch.zeros_like(b[:, 0], dtype=torch.float64)
+    out = torch.empty(b.shape, dtype=torch.float64, device=b.device)
+    a64, b64 = a.double(), b.double()
+    for t in range(b.shape[1]):
+        h = a64[:, t] * h + b64[:, t]
+        out[:, t] = h
+    return out
+
+
+def _rel(x, y):
+    x, y = x.double(), y.double()
+    return ((x - y).square().mean().sqrt() / y.square().mean().sqrt()).item()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", nargs="+", default=["8x2048x4096", "8x16384x4096"])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="gpu_out")
+    a_ = ap.parse_args(argv)
+    out = Path(a_.out)
+    out.mkdir(parents=True, exist_ok=True)
+    as_scan = try_accelerated_scan()
+    dev = torch.device(DEVICE)
+    env = dict(device=torch.cuda.get_device_name() if dev.type == "cuda" else "CPU interpreter",
+               torch=torch.__version__, triton=triton.__version__,
+               date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               default_fwd_tile=S._diag_default(dev))
+    print(env, flush=True)
+    rows = []
+    for shape in a_.shapes:
+        B, T, N = map(int, shape.split("x"))
+        g = torch.Generator(device=dev).manual_seed(0)
+        a = torch.rand(B, T, N, device=dev, generator=g) * 0.5 + 0.5
+        x = torch.randn(B, T, N, device=dev, generator=g)
+        dh = torch.randn(B, T, N, device=dev, generator=g)
+        ref = _ref64(a[:1], x[:1])
+        fns, checks, grads0 = {}, {}, None
+        ag, xg = a.clone().requires_grad_(), x.clone().requires_grad_()    # shared by the configs
+        for name, tune in CONFIGS.items():
+            with S.tuned(tune):
+                h, _ = diagonal_scan(a, x)
+                grads = torch.autograd.grad(diagonal_scan(ag, xg)[0], (ag, xg), dh)
+            grads0 = grads0 or grads
+            checks[name] = dict(h_vs_fp64=_rel(h[:1], ref),
+                                grad_vs_default=max(_rel(u, v) for u, v in zip(grads, grads0)))
+            del h, grads
+
+            def fwd(tune=tune):
+                with S.tuned(tune):
+                    return diagonal_scan(a, x)
+
+            def fwdbwd(tune=tune):
+                with S.tuned(tune):
+                    return torch.autograd.grad(diagonal_scan(ag, xg)[0], (ag, xg), dh)
+            fns[name] = (fwd, fwdbwd)
+        if as_scan is not None:   # its layout is (B, N, T): transposed once, outside the timing
+            at, xt = a.transpose(1, 2).contiguous(), x.transpose(1, 2).contiguous()
+            atg, xtg = at.clone().requires_grad_(), xt.clone().requires_grad_()
+            dht = dh.transpose(1, 2).contiguous()
+            checks["accelerated-scan"] = dict(h_vs_fp64=_rel(as_scan(at[:1], xt[:1]).transpose(1, 2), ref))
+            fns["accelerated-scan"] = (lambda: as_scan(at, xt),
+                                       lambda: torch.autograd.grad(as_scan(atg, xtg), (atg, xtg), dht))
+        times = {(n, k): [] for n in fns for k in ("fwd", "fwdbwd")}
+        for _ in range(a_.rounds):        # interleaved: drift hits every config alike
+            for n, (f, fb) in fns.items():
+                times[(n, "fwd")].append(BENCH(f, rep=40, return_mode="median"))
+                times[(n, "fwdbwd")].append(BENCH(fb, rep=40, return_mode="median"))
+        for kind in ("fwd", "fwdbwd"):
+            peer = statistics.median(times[("accelerated-scan", kind)]) if as_scan else None
+            for n in fns:
+                ms = statistics.median(times[(n, kind)])
+                nbytes = B * T * N * 4 * (3 if kind == "fwd" else 6)
+                rows.append(dict(B=B, T=T, N=N, kind=kind, config=n, tune=CONFIGS.get(n, "peer"),
+                                 graph_ms=round(ms, 5), rounds=[round(v, 5) for v in times[(n, kind)]],
+                                 tbs=round(nbytes / ms / 1e9, 3),
+                                 peer_over_this=round(peer / ms, 3) if peer else None, **checks[n]))
+                print(f"B{B} T{T} N{N} {kind:6s} {n:18s} {ms:8.4f} ms  {nbytes / ms / 1e9:6.3f} TB/s  "
+                      f"accelerated-scan/this {rows[-1]['peer_over_this']}  checks {checks[n]}", flush=True)
+        del a, x, dh, ag, xg, fns, grads0
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    path = out / "diag_tile_vs_accel.json"
+    path.write_text(json.dumps(dict(**env, rows=rows), indent=1, default=str))
+    with open(out / "RESULTS_diagtile.md", "a") as f:
+        f.write(f"\n## tools/diag_tile_vs_accel.py, {env['date']}\n\n{env['device']}, torch {env['torch']}, "
+                f"Triton {env['triton']}; fp32; default forward tile here {env['default_fwd_tile']}; "
+                f"graph ms = median over {a_.rounds} interleaved rounds of do_bench_cudagraph medians; "
+                "TB/s = inputs once + outputs once; accelerated-scan/this > 1: ours faster.\n\n"
+                "| B | T | N | kind | config | TUNE | graph ms | TB/s | accelerated-scan / this | "
+                "h vs fp64 | grads vs default |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+        for r in rows:
+            f.write(f"| {r['B']} | {r['T']} | {r['N']} | {r['kind']} | {r['config']} | {r['tune'] or '—'} | "
+                    f"{r['graph_ms']} | {r['tbs']} | {r['peer_over_this']} | {r['h_vs_fp64']:.1e} | "
+                    f"{r.get('grad_vs_default', float('nan')):.1e} |\n")
+    print(f"wrote {path} and {out}/RESULTS_diagtile.md", flush=True)
+
+
+if __name__ == "__main__":
+    main()

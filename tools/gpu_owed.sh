@@ -19,11 +19,10 @@
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
 #        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients)
-#        train    — issue 6: mad_tasks/configs/gpu_tables_next6.json (5 processes): S5 BD-LRU m4 seed 1
-#                   again (0.758 on 2026-11-25 with 8 processes, still rising at the end) and seed 3,
-#                   m3 seeds 1-2 (LR 5e-4), S3 (250) m3 with a 1,500-epoch cap. next5 ran on
-#                   2026-11-25 (mad_tasks/RESULTS.md section 8); TRAIN_CONFIG=... for another. Steps no
-#                   longer wait for the GPU: 4.6 ms/step alone, 5.0 with 4 processes, 10.1 with 9
+#        train    — issue 6: TRAIN_CONFIG=mad_tasks/configs/<name>.json (default gpu_tables_next6.json, which ran
+#                   on 2026-11-25: mad_tasks/RESULTS.md section 8). Still owed: S4 (3k), the Table 4 baselines
+#                   (DeltaProduct, DeltaNet, LSTM) at S4/S5 over seeds, the MAD configurations beyond the
+#                   baseline. Steps do not wait for the GPU: 4.6 ms/step alone, 5.0 with 4 processes
 #                   (H100, tools/train_step_time.py)
 #        diagtile — issue 3: m = 1 forward tiles (the H100 default (16, 64, 2) since 2026-11-25) against
 #                   accelerated-scan in one run, tools/diag_tile_vs_accel.py, after the GPU tile tests

@@ -165,16 +165,17 @@ def test_diagonal_tile_configs(fwd_cfg, bwd_cfg):
 
 
 def test_diagonal_forward_tile_by_gpu_name(monkeypatch):
-    """The m = 1 forward tile is picked by GPU name (H100: (16, 64, 2), measured there; others
-    (64, 32, 2)); the backward keeps (64, 32) and the few-programs tile and TUNE overrides win."""
+    """The m = 1 tiles are picked by GPU name (H100: 16 x 64 forward and backward, measured there;
+    others 64 x 32); the backward has 4 warps; the few-programs tile and TUNE overrides win."""
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
     scanmod.TUNE.clear()                       # no interpreter tiles (the autouse fixture's)
     dev = torch.device("cuda", 0)
     many, few = (8, 4096), (1, 768)            # (nseq, N): 1024 and 24 programs at BN = 32
-    for name, fwd in (("NVIDIA H100 80GB HBM3", (16, 64, 2)), ("NVIDIA H200", (64, 32, 2))):
+    for name, fwd, bwd in (("NVIDIA H100 80GB HBM3", (16, 64, 2), (16, 64, 4)),
+                           ("NVIDIA H200", (64, 32, 2), (64, 32, 4))):
         monkeypatch.setitem(scanmod._DEVICE_NAMES, 0, name)
         assert scanmod._diag_cfg(many[1], many[0], dev)[:3] == fwd, name
-        assert scanmod._diag_cfg(many[1], many[0], dev, bwd=True)[:3] == (64, 32, 4), name
+        assert scanmod._diag_cfg(many[1], many[0], dev, bwd=True)[:3] == bwd, name
         assert scanmod._diag_cfg(few[1], few[0], dev)[:3] == scanmod._DIAG_FEW, name
     monkeypatch.setitem(scanmod.TUNE, "bt", 32)
     assert scanmod._diag_cfg(many[1], many[0], dev)[:3] == (32, 32, 2)   # H200 name still set

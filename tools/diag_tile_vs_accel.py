@@ -31,11 +31,14 @@ from scan_peers import try_accelerated_scan  # noqa: E402
 DEVICE = "cuda"       # the CPU smoke test (tests/test_tools_results.py) sets "cpu" (interpreter)
 BENCH = do_bench_cudagraph
 
-CONFIGS = {   # name -> scan.TUNE overrides
+CONFIGS = {   # name -> scan.TUNE overrides (bt / bn / num_warps_diag set the backward's tiles too)
     "default": {},
-    "fwd_64x32": dict(bt=64, bn=32, num_warps_diag=2),   # the pre-2026-11-25 forward everywhere
-    "fwd_32x64": dict(bt=32, bn=64, num_warps_diag=2),
-    "bwd_16x64": dict(bt_bwd=16, bn_bwd=64),              # backward tiles like the H100 forward's
+    "fwd_64x32": dict(bt=64, bn=32, num_warps_diag=2, bt_bwd=64, bn_bwd=32, nw_bwd=4),  # before
+    "bwd_64x32": dict(bt_bwd=64, bn_bwd=32),              # the backward's tiles before 2026-11-25
+    "tiles_16x64_nw4": dict(bt=16, bn=64, num_warps_diag=4),
+    "tiles_16x128_nw4": dict(bt=16, bn=128, num_warps_diag=4),
+    "tiles_32x128_nw4": dict(bt=32, bn=128, num_warps_diag=4),
+    "tiles_8x64_nw2": dict(bt=8, bn=64, num_warps_diag=2),
 }
 
 

@@ -314,24 +314,37 @@ def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
 
 # ----------------------------------------------------------------------------- m == 1 kernels
 _DIAG_FEW = (64, 32, 2)  # (BT, BN, num_warps) when the default tiles give few programs
-# (BT, BN, num_warps) of the m = 1 forward by GPU (a substring of the device name). The 12-config
-# sweep at B8 T2048 N4096 ranks the tiles differently on the two Hopper cards (RESULTS.md): H200
-# (64, 32, 2) 0.2022 ms, (16, 64, 2) 0.2105; H100 (16, 64, 2) 0.2802 / 0.2803 ms against
-# (64, 32, 2) 0.2923 / 0.2932 in two runs (2026-11-24, 2026-11-25).
+# (BT, BN, num_warps) of the m = 1 forward and (BT, BN) of its backward (4 warps) by GPU (a
+# substring of the device name). The 12-config forward sweep at B8 T2048 N4096 ranks the tiles
+# differently on the two Hopper cards (RESULTS.md): H200 (64, 32, 2) 0.2022 ms, (16, 64, 2) 0.2105;
+# H100 (16, 64, 2) 0.2802 / 0.2803 ms against (64, 32, 2) 0.2923 / 0.2932 in two runs. H100,
+# tools/diag_tile_vs_accel.py (2026-11-25, CUDA graphs): fwd 0.2738 vs 0.2937 ms; fwd+bwd with
+# 16 x 64 backward tiles 0.7460 vs 0.7646 (64 x 32) at T2048, 5.937 vs 6.171 ms at T16384.
 _DIAG_BY_DEVICE = {"H100": (16, 64, 2)}
+_DIAG_BWD_BY_DEVICE = {"H100": (16, 64)}
 _DIAG_DEFAULT = (64, 32, 2)
 _DEVICE_NAMES: dict = {}
 
 
-def _diag_default(device):
-    """The m = 1 forward tile for ``device`` (``_DIAG_BY_DEVICE``; CPU: the H200 default)."""
+def _device_name(device):
     if device.type != "cuda":
-        return _DIAG_DEFAULT
+        return ""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     name = _DEVICE_NAMES.get(idx)
     if name is None:             # cached: the name query costs microseconds per call
         name = _DEVICE_NAMES[idx] = torch.cuda.get_device_name(idx)
-    return next((cfg for key, cfg in _DIAG_BY_DEVICE.items() if key in name), _DIAG_DEFAULT)
+    return name
+
+
+def _diag_default(device, bwd=False):
+    """The m = 1 tile for ``device``: forward ``(BT, BN, num_warps)`` from ``_DIAG_BY_DEVICE``,
+    backward ``(BT, BN)`` from ``_DIAG_BWD_BY_DEVICE`` (CPU and other GPUs: the H200's 64 x 32)."""
+    name = _device_name(device)
+    table = _DIAG_BWD_BY_DEVICE if bwd else _DIAG_BY_DEVICE
+    cfg = next((c for key, c in table.items() if key in name), None)
+    if cfg is None:
+        return _DIAG_DEFAULT
+    return cfg + (_DIAG_DEFAULT[2],) if bwd else cfg
 
 
 def _diag_cfg(N, nseq, device, bwd=False):
@@ -342,8 +355,7 @@ def _diag_cfg(N, nseq, device, bwd=False):
     without the other; its tiles need not match the forward's (chunks are any length)."""
     few = nseq * cdiv(N, 32) < 4 * _num_sms(device)
     d = (TUNE.get("bt_few", _DIAG_FEW[0]), TUNE.get("bn_few", _DIAG_FEW[1]),
-         TUNE.get("nw_few", _DIAG_FEW[2])) if few else (
-        _DIAG_DEFAULT if bwd else _diag_default(device))  # backward tiles: measured at (64, 32) only
+         TUNE.get("nw_few", _DIAG_FEW[2])) if few else _diag_default(device, bwd)
     bt, bn, nw = TUNE.get("bt", d[0]), TUNE.get("bn", d[1]), TUNE.get("num_warps_diag", d[2])
     if bwd:  # 4 warps: B8 T2048 N4096 fwd+bwd 0.5629 ms against 0.7796 with 2 (same run)
         nw = nw if few or "num_warps_diag" in TUNE else 4

@@ -194,7 +194,7 @@ def test_backward_ring(m, bwd):
     strict=True, reason="known bug, opt-in tiles only: on an H100 (Triton 3.6, 2026-11-25) 128 x 16 tiles "
     "with 2 warps leave elements of dA unwritten (NaN-poisoned) in the one-pass T = 3001 case; the "
     "CPU interpreter computes them right, so a compiler/layout issue of the tile scan; not a default")),
-    (32, 64, 2), (16, 64, 2)])     # (16, 64, 2): the H100's default forward tile (scan._DIAG_BY_DEVICE)
+    (32, 64, 2), (16, 64, 2), (16, 64, 4), (16, 128, 4)])  # 16 x 64: the H100's tiles (scan._DIAG_BY_DEVICE)
 def test_diag_tiles(cfg):
     """m = 1 tile shapes (forward and backward keys), one pass with h0 and chunked varlen with
     chunk boundaries that are not multiples of the tile length."""

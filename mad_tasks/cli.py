@@ -228,22 +228,25 @@ def _cmd_tasks(_a) -> int:
 def main(argv=None) -> int:
     from .distributed import env_world_size, teardown
     a = build_parser().parse_args(argv)
+    ok = False
     try:
         if env_world_size() > 1 and a.cmd != "train":
             raise ValueError(f"only `train` runs under torchrun with several processes (WORLD_SIZE="
                              f"{env_world_size()}); run `{a.cmd}` as a single process")
         if a.cmd != "train" and getattr(a, "sequence_parallel", False):
             raise ValueError("--sequence-parallel is a `train` option")
-        return {"train": _cmd_train, "sweep": _cmd_sweep, "spectrum": _cmd_spectrum,
-                "demo": _cmd_demo, "tasks": _cmd_tasks, "launch": _cmd_launch,
-                "bench": a.__dict__.get("func")}[a.cmd](a)
+        rc = {"train": _cmd_train, "sweep": _cmd_sweep, "spectrum": _cmd_spectrum,
+              "demo": _cmd_demo, "tasks": _cmd_tasks, "launch": _cmd_launch,
+              "bench": a.__dict__.get("func")}[a.cmd](a)
+        ok = True
+        return rc
     except (ValueError, TypeError, FileNotFoundError) as exc:
         if os.environ.get("LRNN_SCAN_DEBUG"):
             raise
         print(f"lrnn-scan {a.cmd}: error: {exc}", file=sys.stderr)
         return 2
     finally:
-        teardown()
+        teardown(sync=ok)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import tempfile
 import time
 import traceback
@@ -326,10 +325,13 @@ def _run_case(name, spec, rank, world, group, seed):
     return errs
 
 
-def _worker(rank, world, port, cases, out_dir):
+def _worker(rank, world, store, cases, out_dir):
     import torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    # a file store, not tcp://: with TCP, rank 0 hosts the store, and a rank still tearing down
+    # after rank 0 exited can abort ("terminate called without an active exception"; CI, in
+    # tests/test_ecosystem.py and tests/test_mad_tasks_distributed.py)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=60))
     results = {}
     try:
@@ -375,16 +377,10 @@ def _worker(rank, world, port, cases, out_dir):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(world, cases):
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_worker, args=(world, _free_port(), cases, out_dir),
+        ctx = mp.start_processes(_worker, args=(world, os.path.join(out_dir, "pg_store"), cases, out_dir),
                                  nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + SPAWN_TIMEOUT
         try:

@@ -21,7 +21,6 @@ import datetime
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,22 +47,20 @@ SP_MODELS = {"bdlru": dict(block_size=3, hidden_size=6), "hlru": dict(block_size
              "mamba2": dict(layer_kwargs={"d_inner": 8, "state_size": 3})}
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _init(rank, world, port):
+def _init(rank, world, store):
     import torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    # a file store, not tcp://: with TCP, rank 0 hosts the store, and a rank still tearing down
+    # after rank 0 exited aborted in CI (test_ddp_matches_single_process, 2026-11-25: "process 1
+    # terminated with signal SIGABRT"; the same as tests/test_ecosystem.py saw)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=60))
 
 
 def _spawn(fn, out_dir, *args):
     import torch.multiprocessing as mp
-    ctx = mp.start_processes(fn, args=(WORLD, _free_port(), out_dir, *args), nprocs=WORLD,
+    store = os.path.join(out_dir, f"pg_store_{os.getpid()}_{time.monotonic_ns()}")
+    ctx = mp.start_processes(fn, args=(WORLD, store, out_dir, *args), nprocs=WORLD,
                              join=False, start_method="spawn")
     deadline = time.monotonic() + SPAWN_TIMEOUT
     try:
@@ -105,8 +102,8 @@ def _assert_same_checkpoint(a, b, atol=2e-6, rtol=1e-5):
 
 
 # --------------------------------------------------------------------------- DDP
-def _ddp_worker(rank, world, port, out_dir):
-    _init(rank, world, port)
+def _ddp_worker(rank, world, store, out_dir):
+    _init(rank, world, store)
     import torch.distributed as dist
     res = {}
     try:
@@ -219,8 +216,8 @@ SP_TRAIN_CFG = dict(DDP_CFG, task_kwargs={"n_train": 32, "n_test": 16, "k": 9}, 
                     block_size=2, epochs=1, batch_size=8)
 
 
-def _sp_worker(rank, world, port, out_dir):
-    _init(rank, world, port)
+def _sp_worker(rank, world, store, out_dir):
+    _init(rank, world, store)
     import torch.distributed as dist
     res = {}
     try:

@@ -320,7 +320,7 @@ _DIAG_FEW = (64, 32, 2)  # (BT, BN, num_warps) when the default tiles give few p
 # H100 (16, 64, 2) 0.2802 / 0.2803 ms against (64, 32, 2) 0.2923 / 0.2932 in two runs. H100,
 # tools/diag_tile_vs_accel.py (2026-11-25, CUDA graphs): fwd 0.2738 vs 0.2937 ms; fwd+bwd with
 # 16 x 64 backward tiles 0.7460 vs 0.7646 (64 x 32) at T2048, 5.937 vs 6.171 ms at T16384.
-_DIAG_BY_DEVICE = {"H100": (16, 64, 2)}
+_DIAG_BY_DEVICE = {"H100": (16, 64, 2)}    # measured on the H100 80GB HBM3 (SXM) only
 _DIAG_BWD_BY_DEVICE = {"H100": (16, 64)}
 _DIAG_DEFAULT = (64, 32, 2)
 _DEVICE_NAMES: dict = {}

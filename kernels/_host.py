@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 _SMS: dict = {}
+_NAMES: dict = {}
 
 
 def cdiv(a: int, b: int) -> int:
@@ -33,3 +34,15 @@ def num_sms(device: torch.device, cpu: int = 8) -> int:
     if sms is None:
         sms = _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return sms
+
+
+def device_name(device: torch.device) -> str:
+    """``torch.cuda.get_device_name`` (cached per device); ``""`` for a non-CUDA device. Launch
+    tables keyed by GPU model (e.g. ``block_diagonal.scan._DIAG_BY_DEVICE``) read it per call."""
+    if device.type != "cuda":
+        return ""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    name = _NAMES.get(idx)
+    if name is None:
+        name = _NAMES[idx] = torch.cuda.get_device_name(idx)
+    return name

@@ -189,11 +189,8 @@ def _register_block_diagonal():
 
 
 def _dense_like(x):
-    """The fake of a kernel output shaped like input ``x``: contiguous, whatever ``x``'s strides.
-    ``torch.empty_like`` would copy the strides of a non-contiguous input (e.g. ``v`` as a view of
-    a transposed convolution output), the launchers always return contiguous tensors, and
-    Inductor checks the real strides against the fake ones (the H100 run of 2026-11-25 failed
-    ``assert_size_stride`` on ``dv`` of ``delta_product_bwd`` that way)."""
+    """Fake kernel output shaped like ``x``, contiguous as the launchers return it (Inductor checks
+    the strides; ``torch.empty_like`` copied a non-contiguous input's, failing on an H100)."""
     return x.new_empty(x.shape)
 
 

@@ -394,16 +394,22 @@ def test_compile_fullgraph_layers_through_kernel_ops(name, monkeypatch):
     graph break and match eager. Regression: on an H200 the engine's lazy kernel lookup
     (``importlib.import_module``) failed every kernel-backed layer's fullgraph compile. On CPU the
     tensors are routed to the interpreted kernels by patching the engine's device check."""
+    _compiled_matches_eager_through_ops(_kernel_layers()[name], 7, "aot_eager", monkeypatch)
+
+
+def _compiled_matches_eager_through_ops(make_layer, T, backend, monkeypatch):
+    """``torch.compile(layer, fullgraph=True, backend=backend)`` against eager, both routed to the
+    kernels through the custom ops (CPU: the interpreted kernels, via the patched device check):
+    outputs and every gradient."""
     import lrnn_scan._kernel_modules as km
     monkeypatch.setattr(km, "kernel_device", lambda device: True)
     torch.manual_seed(0)
-    layer = _kernel_layers()[name]().to(DEV)
-    x = torch.randn(2, 7, D, device=DEV)
+    layer = make_layer().to(DEV)
+    x = torch.randn(2, T, D, device=DEV)
     torch._dynamo.reset()
     lc.enable()
     try:
-        compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
-        yc, sc, gc = _grads(layer, x, compiled)
+        yc, sc, gc = _grads(layer, x, torch.compile(layer, fullgraph=True, backend=backend))
         ye, se, ge = _grads(layer, x)
     finally:
         lc.disable()
@@ -424,21 +430,6 @@ def test_compile_inductor_deltanet_through_kernel_ops(monkeypatch):
     import torch._functorch.config as fconf
     import torch._inductor.config as iconf
 
-    import lrnn_scan._kernel_modules as km
-    monkeypatch.setattr(km, "kernel_device", lambda device: True)
     monkeypatch.setattr(iconf, "fx_graph_cache", False)
     monkeypatch.setattr(fconf, "enable_autograd_cache", False)
-    torch.manual_seed(0)
-    layer = DeltaNet(D, 2).to(DEV)
-    x = torch.randn(2, 20, D, device=DEV)
-    torch._dynamo.reset()
-    lc.enable()
-    try:
-        yc, sc, gc = _grads(layer, x, torch.compile(layer, fullgraph=True, backend="inductor"))
-        ye, se, ge = _grads(layer, x)
-    finally:
-        lc.disable()
-        torch._dynamo.reset()
-    torch.testing.assert_close(yc, ye, rtol=1e-5, atol=1e-6)
-    for k in ge:
-        torch.testing.assert_close(gc[k], ge[k], rtol=1e-4, atol=1e-6, msg=lambda m: f"{k}: {m}")
+    _compiled_matches_eager_through_ops(lambda: DeltaNet(D, 2), 20, "inductor", monkeypatch)

@@ -167,13 +167,14 @@ def test_diagonal_tile_configs(fwd_cfg, bwd_cfg):
 def test_diagonal_forward_tile_by_gpu_name(monkeypatch):
     """The m = 1 tiles are picked by GPU name (H100: 16 x 64 forward and backward, measured there;
     others 64 x 32); the backward has 4 warps; the few-programs tile and TUNE overrides win."""
+    from lrnn_scan.kernels import _host as host
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
     scanmod.TUNE.clear()                       # no interpreter tiles (the autouse fixture's)
     dev = torch.device("cuda", 0)
     many, few = (8, 4096), (1, 768)            # (nseq, N): 1024 and 24 programs at BN = 32
     for name, fwd, bwd in (("NVIDIA H100 80GB HBM3", (16, 64, 2), (16, 64, 4)),
                            ("NVIDIA H200", (64, 32, 2), (64, 32, 4))):
-        monkeypatch.setitem(scanmod._DEVICE_NAMES, 0, name)
+        monkeypatch.setitem(host._NAMES, 0, name)
         assert scanmod._diag_cfg(many[1], many[0], dev)[:3] == fwd, name
         assert scanmod._diag_cfg(many[1], many[0], dev, bwd=True)[:3] == bwd, name
         assert scanmod._diag_cfg(few[1], few[0], dev)[:3] == scanmod._DIAG_FEW, name
@@ -234,6 +235,7 @@ def test_chunk_policy(monkeypatch):
     """Forward only: chunk (256 steps) only below one program per SM and from T = 4096 on, never
     for m >= 16; with gradients only below half a program per SM, then about 4 programs per SM,
     chunks >= 256, never for m = 32."""
+    from lrnn_scan.kernels import _host as host
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
     scanmod.TUNE.clear()
     cc = scanmod._choose_chunk

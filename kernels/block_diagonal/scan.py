@@ -14,7 +14,7 @@ import contextlib
 import os
 
 import torch
-from .._host import cdiv, next_pow2, num_sms
+from .._host import cdiv, device_name, next_pow2, num_sms
 
 from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
 from .fwd import (_bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _bd_summary_kernel,
@@ -323,23 +323,12 @@ _DIAG_FEW = (64, 32, 2)  # (BT, BN, num_warps) when the default tiles give few p
 _DIAG_BY_DEVICE = {"H100": (16, 64, 2)}    # measured on the H100 80GB HBM3 (SXM) only
 _DIAG_BWD_BY_DEVICE = {"H100": (16, 64)}
 _DIAG_DEFAULT = (64, 32, 2)
-_DEVICE_NAMES: dict = {}
-
-
-def _device_name(device):
-    if device.type != "cuda":
-        return ""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    name = _DEVICE_NAMES.get(idx)
-    if name is None:             # cached: the name query costs microseconds per call
-        name = _DEVICE_NAMES[idx] = torch.cuda.get_device_name(idx)
-    return name
 
 
 def _diag_default(device, bwd=False):
     """The m = 1 tile for ``device``: forward ``(BT, BN, num_warps)`` from ``_DIAG_BY_DEVICE``,
     backward ``(BT, BN)`` from ``_DIAG_BWD_BY_DEVICE`` (CPU and other GPUs: the H200's 64 x 32)."""
-    name = _device_name(device)
+    name = device_name(device)
     table = _DIAG_BWD_BY_DEVICE if bwd else _DIAG_BY_DEVICE
     cfg = next((c for key, c in table.items() if key in name), None)
     if cfg is None:

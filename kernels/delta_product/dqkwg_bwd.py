@@ -6,8 +6,8 @@ gradient of the chunk-local cumulative log-gate ``G`` that comes from these two 
 (``dGp``, the ``γ_C`` term included at the chunk's last row). README.md has the derivation.
 
 A third grid axis of ``KS`` programs can split K (``function.TUNE["dqkwg_ksplit"]``): program
-``ks`` owns K columns ``[ks BK, (ks + 1) BK)`` (the launcher passes the slice width as ``BK``) and recomputes ``dP = dO Vn^T``, which
-does not depend on K. Every ``dG`` term is a sum over K (``Q H``, ``Q K^T``, ``<K~, dK~>``,
+``ks`` owns K columns ``[ks BK, (ks + 1) BK)`` (the launcher passes the slice width as ``BK``)
+and recomputes ``dP = dO Vn^T``, which does not depend on K. Every ``dG`` term is a sum over K (``Q H``, ``Q K^T``, ``<K~, dK~>``,
 ``<H, dH'>``), so each slice writes its partial ``dG`` to ``dGp + ks * GSTRIDE`` and the launcher
 adds the slices. Fewer fp32 accumulators per program (three ``[BC, BK]`` tiles and ``dP``) at the
 cost of reading ``Vn``, ``dVn`` and ``dO`` once per slice.

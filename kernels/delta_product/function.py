@@ -1,5 +1,6 @@
 """Autograd Function wiring the Triton kernels: forward (WY → states → outputs) and a native
-backward that recomputes the chunk-start states and pseudo-values instead of storing them."""
+backward that reuses the forward's chunk-start states and pseudo-values (``TUNE["save_states"]``,
+the default) or recomputes them."""
 from __future__ import annotations
 
 import os

@@ -231,21 +231,6 @@ def test_bwd_ring(m, bwd):
     run_check(A.reshape(1, 74, 3, m, m), b.reshape(1, 74, 3, m), torch.randn(5, 3, m).to(DEV), cu, 1e-5)
 
 
-@pytest.mark.parametrize("fwd,bwd", [("tile", "tile"), ("ring4", "tile"), ("tile", "ring4")])
-def test_tile2(fwd, bwd):
-    """The m = 2 tile kernels (tile2.py)."""
-    scanmod.TUNE.update(variant=fwd, bwd_variant=bwd, bt2=8, bh2=4, nw2=1)
-    for T in (1, 17, 64):
-        A, b = make(2, T, 5, 2, seed=T)
-        run_check(A, b, torch.randn(2, 5, 2).to(DEV) if T % 2 else None, None, 1e-5)
-    scanmod.TUNE.update(chunk=12)
-    A, b = make(2, 37, 5, 2, seed=3)
-    cu = torch.tensor([0, 5, 30, 30, 61, 74], dtype=torch.int64, device=DEV)
-    run_check(A.reshape(1, 74, 5, 2, 2), b.reshape(1, 74, 5, 2), torch.randn(5, 5, 2).to(DEV), cu, 1e-5)
-    A, b = make(1, 40, 5, 2, dtype=torch.bfloat16, seed=5)
-    run_check(A, b, None, None, 1e-2)
-
-
 def test_chunk_policy(monkeypatch):
     """Forward only: chunk (256 steps) only below one program per SM and from T = 4096 on, never
     for m >= 16; with gradients only below half a program per SM, then about 4 programs per SM,

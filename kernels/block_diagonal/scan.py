@@ -20,7 +20,6 @@ from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kern
 from .fwd import (_bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _bd_summary_kernel,
                   _diag_fwd_kernel)
 from .lookback import lookback_cfg
-from .tile2 import _bd2_bwd_tile, _bd2_fwd_tile
 
 __all__ = ["block_diagonal_scan", "diagonal_scan"]
 
@@ -198,11 +197,7 @@ def _bwd_variant(m, nprog):
 
 def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
     var = _bwd_variant(M, grid[0] * grid[1] * grid[2])
-    if var == "tile":  # args[10] is H
-        _tile2_check(var, M)
-        bt, bh, kw["num_warps"] = _tile2_cfg()
-        _bd2_bwd_tile[(cdiv(args[10], bh), grid[1], grid[2])](*args, BT=bt, BH=bh, **kw)
-    elif var.startswith("ring"):  # ring = ring2 (8 slots); ring4: 16 slots
+    if var.startswith("ring"):  # ring = ring2 (8 slots); ring4: 16 slots
         _bd_bwd_ring[grid](*args, M=M, MP=MP, BH=BH, R=int(var[4:] or 2), **kw)
     elif var == "g4":
         _bd_bwd_kernel_g4[grid](*args, M=M, MP=MP, BH=BH, **kw)
@@ -210,24 +205,9 @@ def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
         _bd_bwd_kernel[grid](*args, M=M, MP=MP, BH=BH, NS=NS, **kw)
 
 
-def _tile2_cfg():
-    """``(BT, BH, num_warps)`` of the m = 2 tile kernels (``tile2.py``): ``BT`` steps x ``BH`` blocks."""
-    return TUNE.get("bt2", 16), TUNE.get("bh2", 32), TUNE.get("nw2", 4)
-
-
-def _tile2_check(var, M):
-    if M != 2:
-        raise ValueError(f"TUNE variant {var!r} is the m = 2 tile kernel; this scan has m = {M}")
-
-
 def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, NS, few=False, **kw):
     var = _fwd_variant(few and M <= 16)
-    if var == "tile":
-        _tile2_check(var, M)
-        bt, bh, kw["num_warps"] = _tile2_cfg()
-        _bd2_fwd_tile[(cdiv(H, bh), grid[1], grid[2])](A, b, h, init, final, final, cu, T, H, CHUNK, NC,
-                                                       BT=bt, BH=bh, STORE_P=False, **kw)
-    elif var.startswith("ring"):
+    if var.startswith("ring"):
         _bd_fwd_ring[grid](A, b, h, init, final, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH,
                            R=int(var[4:]), SUMMARY=False, **kw)
     elif var == "g4":
@@ -240,13 +220,6 @@ def _summary_launch(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, mp, bh, nw, ns
     """Chunk summaries ``P`` (product of the chunk's transitions) and ``E`` (its end state from 0).
     ``ring`` (default): ``_bd_fwd_ring`` with one column of ``[P | E]`` per program; ``v1``: the
     matrix-state kernel ``_bd_summary_kernel`` (``TUNE['summary']``)."""
-    if _fwd_variant() == "tile":  # one pass: P and E (zero start) from the tile scan
-        _tile2_check("tile", m)
-        bt, bh2, nw2 = _tile2_cfg()
-        _bd2_fwd_tile[(cdiv(H, bh2), nseq, nc)](
-            A, b, b, b, E, P, cu_arg, T, H, chunk, nc, BT=bt, BH=bh2, HAS_INIT=False, STORE_H=False,
-            STORE_FINAL=True, STORE_P=True, VARLEN=varlen, num_warps=nw2)
-        return
     if TUNE.get("summary", "ring") == "ring":
         var = _fwd_variant()
         R = int(var[4:]) if var.startswith("ring") else 2

@@ -72,8 +72,20 @@ VARIANTS = {
     "dqkwg_k2": {"dqkwg_ksplit": 2},
     "dqkwg_k2_4w": {"dqkwg_ksplit": 2, "dqkwg": (4, 3, 32)},
     "dqkwg_4w": {"dqkwg": (4, 3, 32)},
+    # forward launch settings (issue 4: the gated forward was 1.19x fla's on an H100, 2026-11-25;
+    # the profile: state_fwd_fused 0.50 / 0.65 ms ungated / gated, output_fwd 0.53 / 0.55, tri_inv64
+    # 0.25 / 0.29): more programs (BV 32), other pipelining depths, 8 warps
+    "state_bv32": {"state_fused": (4, 3, 32)},
+    "state_ns2": {"state_fused": (4, 2, 64)},
+    "state_ns4": {"state_fused": (4, 4, 64)},
+    "state_8w": {"state_fused": (8, 3, 64)},
+    "output_ns2": {"output": (4, 2, 64)},
+    "output_bv32": {"output": (4, 3, 32)},
+    "output_8w_bv128": {"output": (8, 2, 128)},
+    # dqkwg_bwd's gate term from the dO H^T accumulator (no Q H dot per V tile; no sm_90a spills)
+    "dqkwg_o1_dqh": {"dqkwg_o1_dqh": True},
 }
-DEFAULT_VARIANTS = ["default", "dqkwg_k2", "dqkwg_k2_4w", "dqkwg_4w"]
+DEFAULT_VARIANTS = ["default", "dqkwg_o1_dqh"]
 ERR_BOUND = 5e-3
 DEVICE = "cuda"         # a CPU smoke test of the script's logic sets "cpu" (interpreter)
 

@@ -33,6 +33,9 @@ VARIANTS = {
     "recompute_states": ({"save_states": False}, _ALL),               # backward recomputes hs, Vn
     # dqkwg_bwd over two K slices, partial dG summed (needs K padded to >= 32)
     "dqkwg_k2": ({"dqkwg_ksplit": 2}, lambda C, K, V: K > 16),
+    # dqkwg_bwd's gate term from the dO H^T accumulator (opt-in), alone and with the K split
+    "dqkwg_o1_dqh": ({"dqkwg_o1_dqh": True}, _ALL),
+    "dqkwg_k2_o1_dqh": ({"dqkwg_ksplit": 2, "dqkwg_o1_dqh": True}, lambda C, K, V: K > 16),
 }
 
 

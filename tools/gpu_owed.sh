@@ -5,18 +5,22 @@
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal
-#                   -k "diag_tiles or diagonal_api" 7 (+1 xfail); the whole test_gpu_block_diagonal file
-#                   passed 10 tests before a 230 s timeout (not a full pass). Run the T = 65536 tests
-#                   (long_chunked_varlen, 2^31) one process at a time: their fp64 references take tens
-#                   of GB; under pytest-xdist (-n 3/4) tests failed with OutOfMemoryError
+#                   -k "diag_tiles or diagonal_api" 7 (+1 xfail); the fourth passed the T = 65536 and
+#                   2^31 tests (-k "long_chunked or 2_31 or diagonal_api_long": 5 passed, 50 s). The
+#                   rest of test_gpu_block_diagonal (full_size, forward_variants, backward_ring: ~40
+#                   compilations) needs more than 230 s. Run the T = 65536 tests one process at a
+#                   time: their fp64 references take tens of GB; under pytest-xdist (-n 3/4) tests
+#                   failed with OutOfMemoryError
 #        tests2   — test_gpu_models, test_gpu_compile, test_gpu_fused_companion (all passed on 2026-11-25,
 #                   H100; test_gpu_compile needs about 260 s)
 #        lookback — issue 3: m = 1 look-back forward and backward (both "auto" defaults) vs the
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
-#        deltavar — issue 4: delta_throughput.py's DEFAULT_VARIANTS vs the default, n_h 1-2, gated/ungated,
-#                   with the bf16 error check (2026-11-25: save_states 0.90x fwd+bwd, now the default;
-#                   dqkwg K split and 4 warps slower; add the next candidates to DEFAULT_VARIANTS)
+#        deltavar — issue 4: first tests/gpu/test_gpu_delta.py (it includes the opt-in TUNE["dqkwg_o1_dqh"],
+#                   never run on a GPU yet: fla #640 is a Hopper miscompile of the gated dqkwg kernel),
+#                   then delta_throughput.py's DEFAULT_VARIANTS (default, dqkwg_o1_dqh) vs the default,
+#                   n_h 1-2, gated/ungated, with the bf16 error check. If both pass and it is faster,
+#                   make dqkwg_o1_dqh the default (kernels/delta_product/README.md "Register spills")
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
 #        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients)
@@ -59,6 +63,7 @@ case "$stage" in
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --modes fwd --out "$OUT" \
       --results "$OUT/RESULTS_delta.md" 2>&1 | tee "$OUT/delta.log" | tail -40 ;;
   deltavar)
+    timeout 240 python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --variants --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)

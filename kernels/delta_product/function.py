@@ -33,6 +33,9 @@ TUNE = dict(
     dqkwg_ksplit=1,        # K slices of dqkwg_bwd (a third grid axis; 16 columns at least per slice):
                            # fewer fp32 accumulators per program, dO Vn^T recomputed per slice. H100
                            # 2026-11-25, K=128: 2 slices 1.005-1.058x the fwd+bwd time (README)
+    dqkwg_o1_dqh=False,    # dqkwg_bwd: the gate term rowsum((Q H) ⊙ dO) from the dO H^T accumulator
+                           # (one dot fewer per V tile; the sm_90a spills of the gated kernel 300 -> 0
+                           # bytes per thread). Off until run on a GPU (dqkwg_bwd.py docstring)
     wy_bwd=(8, 1, 64),     # was (8, 3, 32)
     inter_16bit=False,     # W, U stored in the inputs' dtype: error ratio 5.5e-3 > 5e-3 bound, off
     vn_16bit=False,        # Vn stored in the inputs' dtype (the state update keeps fp32 registers)
@@ -272,7 +275,8 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             dqkwg_bwd_kernel[(NC, H, ks)](qf, kf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
                                           ch["start"], ch["length"], scale, Ls * H, H=H, K=K, V=V,
                                           NH=n_h, BC=BC, BK=BK // ks, BV=_bv("dqkwg", BVf), USE_G=use_g,
-                                          DOT=dot, RAW=raw, num_warps=TUNE["dqkwg"][0],
+                                          DOT=dot, RAW=raw, O1_DQH=bool(TUNE["dqkwg_o1_dqh"]),
+                                          num_warps=TUNE["dqkwg"][0],
                                           num_stages=TUNE["dqkwg"][1])
             if use_g:
                 dGp = dGp[0] if ks == 1 else dGp.sum(0)   # the K slices' partial dG

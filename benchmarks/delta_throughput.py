@@ -84,8 +84,16 @@ VARIANTS = {
     "output_8w_bv128": {"output": (8, 2, 128)},
     # dqkwg_bwd's gate term from the dO H^T accumulator (no Q H dot per V tile; no sm_90a spills)
     "dqkwg_o1_dqh": {"dqkwg_o1_dqh": True},
+    # fused state kernels: gate / β row scalings on the [C, BV] side of each dot (fewer sm_90a spills
+    # in the gated forward: 360 -> 212 bytes per thread)
+    "state_small": {"state_small": True},
+    "dqkwg_o1_dqh+state_small": {"dqkwg_o1_dqh": True, "state_small": True},
+    # tri_inv64 with 2 / 4 warps: with 1 it spills ~1.1 KB per thread on sm_90a, with 2 none ungated
+    # (56 B gated); 2 warps were 1.6x slower on an H200 before the batched inverse (TUNE comment)
+    "inv_2w": {"inv": (2, 1)},
+    "inv_4w": {"inv": (4, 1)},
 }
-DEFAULT_VARIANTS = ["default", "dqkwg_o1_dqh"]
+DEFAULT_VARIANTS = ["default", "dqkwg_o1_dqh", "state_small", "dqkwg_o1_dqh+state_small", "inv_2w"]
 ERR_BOUND = 5e-3
 DEVICE = "cuda"         # a CPU smoke test of the script's logic sets "cpu" (interpreter)
 

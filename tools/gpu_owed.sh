@@ -16,11 +16,12 @@
 #        lookback — issue 3: m = 1 look-back forward and backward (both "auto" defaults) vs the
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
-#        deltavar — issue 4: first tests/gpu/test_gpu_delta.py (it includes the opt-in TUNE["dqkwg_o1_dqh"],
-#                   never run on a GPU yet: fla #640 is a Hopper miscompile of the gated dqkwg kernel),
-#                   then delta_throughput.py's DEFAULT_VARIANTS (default, dqkwg_o1_dqh) vs the default,
-#                   n_h 1-2, gated/ungated, with the bf16 error check. If both pass and it is faster,
-#                   make dqkwg_o1_dqh the default (kernels/delta_product/README.md "Register spills")
+#        deltavar — issue 4: first tests/gpu/test_gpu_delta.py (it includes the opt-ins TUNE["dqkwg_o1_dqh"]
+#                   and TUNE["state_small"], never run on a GPU yet: fla #640 is a Hopper miscompile of
+#                   the gated dqkwg kernel), then delta_throughput.py's DEFAULT_VARIANTS (default,
+#                   dqkwg_o1_dqh, state_small, both, inv_2w) vs the default, n_h 1-2, gated/ungated, with
+#                   the bf16 error check. Where the tests pass and a variant is faster, make it the
+#                   default (kernels/delta_product/README.md "Register spills")
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
 #        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients)
@@ -63,8 +64,8 @@ case "$stage" in
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --modes fwd --out "$OUT" \
       --results "$OUT/RESULTS_delta.md" 2>&1 | tee "$OUT/delta.log" | tail -40 ;;
   deltavar)
-    timeout 240 python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
-    timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --variants --out "$OUT" \
+    timeout 180 python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
+    timeout ${STAGE_TIMEOUT:-360} python3 benchmarks/delta_throughput.py --variants --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

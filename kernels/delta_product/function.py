@@ -48,6 +48,9 @@ TUNE = dict(
     fuse_wu="assoc",       # False: wu_fwd stores W, U (fp32). "wu": W, U in registers from A, K, V,
                            # beta, g (same dots). "assoc": Vn = A (diag(b) V - diag(b g) K H),
                            # W^T dVn = (diag(b g) K)^T A^T dVn
+    state_small=False,     # fused state kernels ("assoc"): the gate/β row scalings on the [C, BV] side
+                           # of each dot instead of scaled [C, K] key copies (state_fused.py SMALL).
+                           # Interpreter-tested; off until run on a GPU (README "Register spills")
     state_fused=(4, 3, 64),      # state_fwd_fused_kernel (fuse_wu on)
     state_bwd_fused=(4, 3, 64),  # state_bwd_fused_kernel (fuse_wu on)
     inv_batched=True,      # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
@@ -147,7 +150,8 @@ def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, d
         state_fwd_fused_kernel[(cdiv(V, BV), N * H)](
             k, v, beta, gcum, Ainv, h0 if h0 is not None else hs, hs, vn, hT, ch["start"], ch["length"],
             ch["seq_ptr"], H=H, K=K, V=V, BC=BC, BK=BK, BV=BV, USE_G=use_g, USE_H0=h0 is not None,
-            STORE_HT=want_final, FORM=form, DOT=dot, num_warps=nw, num_stages=ns)
+            STORE_HT=want_final, FORM=form, DOT=dot, SMALL=bool(TUNE["state_small"]),
+            num_warps=nw, num_stages=ns)
         return hs, vn, (hT if want_final else None)
     state_fwd_kernel[(cdiv(V, BV), N * H)](
         k, W, U, gcum, h0 if h0 is not None else hs, hs, vn, hT, ch["start"], ch["length"], ch["seq_ptr"],
@@ -251,7 +255,8 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                     qf, kf, bf, gcum, Ainv, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,
                     ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
                     BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, FORM=form,
-                    DOT=dot, num_warps=TUNE["state_bwd_fused"][0], num_stages=TUNE["state_bwd_fused"][1])
+                    DOT=dot, SMALL=bool(TUNE["state_small"]), num_warps=TUNE["state_bwd_fused"][0],
+                    num_stages=TUNE["state_bwd_fused"][1])
             else:
                 state_bwd_kernel[(cdiv(V, BVs), N * H)](
                     qf, kf, W, gcum, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,

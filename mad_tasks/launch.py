@@ -23,6 +23,11 @@ Config (JSON): sweep-style groups, run in order (``priority`` first, then file o
       ]
     }
 
+With ``"pause": true`` (and ``"checkpoints": true``) the deadline pauses each run at an epoch
+boundary instead of shortening its schedule; launching the same config again (the same
+``out_dir``, e.g. carried to the next machine) resumes every run where it stopped, so schedules
+longer than one machine session are trained in pieces (a run that finished returns at once).
+
 ``lrnn-scan launch --config cfg.json [--workers N] [--deadline-s S | --stop-at T]`` runs it and
 writes ``results.jsonl`` and ``summary.md`` (best over LR x seeds per group/task/model, beside the
 paper's number; :func:`summary_markdown`). ``lrnn-scan launch --summarize results.jsonl``
@@ -79,10 +84,13 @@ def _get_task(cfg):
 
 
 def _run_one(job: dict, stop_at: float | None, min_start_s: float, eval_margin_s: float,
-             retry_without_amp: bool = False) -> dict:
+             retry_without_amp: bool = False, pause: bool = False) -> dict:
     """Worker: train one job; never raises (errors come back as records). With
     ``retry_without_amp`` a run that raised under bf16 autocast is run once more in float32
-    (``amp="off"``; the record says so under ``amp_error``)."""
+    (``amp="off"``; the record says so under ``amp_error``). ``pause``: the deadline pauses the
+    run at an epoch boundary (``TrainConfig.pause_at``; status ``paused``, the schedule unchanged)
+    instead of fitting its schedule to the time left; the next launch of the same config resumes
+    it from its checkpoint."""
     from .train import TrainConfig, train
     t_start = time.time()
     rec = {"id": job["id"], "group": job["group"], "pid": os.getpid(), "t_start": t_start}
@@ -94,11 +102,14 @@ def _run_one(job: dict, stop_at: float | None, min_start_s: float, eval_margin_s
         if left < min_start_s:
             rec.update(status="skipped", reason=f"{left:.0f}s left at start (< {min_start_s}s)")
             return rec
-        cfg.stop_at = stop_at - eval_margin_s
-        budget = left - eval_margin_s
-        if cfg.time_budget_s is None or budget < cfg.time_budget_s:
-            rec["budget_cut_by_deadline"] = True
-            cfg.time_budget_s = budget
+        if pause:
+            cfg.pause_at = stop_at - eval_margin_s
+        else:
+            cfg.stop_at = stop_at - eval_margin_s
+            budget = left - eval_margin_s
+            if cfg.time_budget_s is None or budget < cfg.time_budget_s:
+                rec["budget_cut_by_deadline"] = True
+                cfg.time_budget_s = budget
     rec["time_budget_s"] = cfg.time_budget_s
     try:
         task = _get_task(cfg)
@@ -112,7 +123,11 @@ def _run_one(job: dict, stop_at: float | None, min_start_s: float, eval_margin_s
             r = train(cfg, task)
         hist = [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in h.items()}
                 for h in r.pop("history")]
-        rec.update(status="ok", **r, history=hist)
+        rec.update(status="paused" if r.get("paused") else "ok", **r, history=hist)
+        if rec["status"] == "paused":
+            rec["reason"] = (f"after epoch {r['epochs_run']} of {r['epochs_planned']} (best micro "
+                             f"{r.get('best_micro', float('nan')):.4f} so far); launch the same "
+                             "config again to continue")
     except Exception as exc:          # noqa: BLE001 - report, keep the pool alive
         rec.update(status="error", error=f"{type(exc).__name__}: {exc}",
                    traceback=traceback.format_exc()[-4000:])
@@ -140,10 +155,13 @@ def _line(rec: dict) -> str:
 def run_jobs(jobs: list[dict], out_dir: str, *, workers: int = 4, threads: int = 1,
              stop_at: float | None = None, min_start_s: float = 20.0,
              eval_margin_s: float = 10.0, max_tasks_per_child: int | None = None,
-             retry_without_amp: bool = False, log=print) -> list[dict]:
+             retry_without_amp: bool = False, pause: bool = False, log=print) -> list[dict]:
     """Run ``jobs`` (from :func:`expand_jobs`) through a spawn process pool; append every
     record to ``out_dir/results.jsonl`` as it comes; write ``out_dir/summary.md`` at the end.
-    ``workers <= 1`` runs them in this process (no pool)."""
+    ``workers <= 1`` runs them in this process (no pool). ``pause``: see :func:`_run_one` (the
+    jobs need checkpoint directories: the config's ``"checkpoints": true``)."""
+    if pause and any(not j["config"].get("out_dir") for j in jobs):
+        raise ValueError('pause needs checkpoint directories: set "checkpoints": true in the config')
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "results.jsonl")
     t0 = time.time()
@@ -160,7 +178,7 @@ def run_jobs(jobs: list[dict], out_dir: str, *, workers: int = 4, threads: int =
     if workers <= 1:
         _init_worker(threads)
         for job in jobs:
-            done(_run_one(job, stop_at, min_start_s, eval_margin_s, retry_without_amp))
+            done(_run_one(job, stop_at, min_start_s, eval_margin_s, retry_without_amp, pause))
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -170,7 +188,7 @@ def run_jobs(jobs: list[dict], out_dir: str, *, workers: int = 4, threads: int =
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
                                  initializer=_init_worker, initargs=(threads,), **kw) as ex:
             futs = {ex.submit(_run_one, j, stop_at, min_start_s, eval_margin_s,
-                              retry_without_amp): j for j in jobs}
+                              retry_without_amp, pause): j for j in jobs}
             for fut in as_completed(futs):
                 try:
                     rec = fut.result()
@@ -186,7 +204,7 @@ def run_jobs(jobs: list[dict], out_dir: str, *, workers: int = 4, threads: int =
         f.write(summary_markdown(records))
     log(f"[launch] done in {time.time() - t0:.0f}s: "
         + ", ".join(f"{s} {sum(r['status'] == s for r in records)}"
-                    for s in ("ok", "skipped", "error")))
+                    for s in ("ok", "paused", "skipped", "error")))
     return records
 
 
@@ -290,7 +308,8 @@ def main_launch(a) -> int:
                     min_start_s=cfg.get("min_start_s", 20.0),
                     eval_margin_s=cfg.get("eval_margin_s", 10.0),
                     max_tasks_per_child=cfg.get("max_tasks_per_child"),
-                    retry_without_amp=cfg.get("retry_without_amp", False))
+                    retry_without_amp=cfg.get("retry_without_amp", False),
+                    pause=bool(cfg.get("pause", False)))
     return 0 if all(r["status"] != "error" for r in recs) else 1
 
 

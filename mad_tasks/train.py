@@ -18,7 +18,10 @@ Wall-time limits (single process; used by :mod:`.launch`): ``time_budget_s`` cut
 epochs after epoch 1 to what fits the budget (the cosine is shortened to end at ``min_lr`` after
 them; ``epochs_planned`` in the result); ``stop_at`` (unix time, a runtime field) ends the run
 after the current step once passed, evaluates it and marks it ``time_limited`` (such a run is
-final: it is not resumed).
+final: it is not resumed). ``pause_at`` (unix time, runtime, needs ``out_dir``) instead stops at
+the last epoch boundary before it without changing the schedule: the result is ``paused`` (not
+``complete``) and a later call with the same ``out_dir`` continues the run, so a schedule longer
+than one machine session is trained in pieces with the uninterrupted run's result.
 
 Under ``torchrun`` (``WORLD_SIZE > 1``; see :mod:`.distributed`) the same loop runs on every rank:
 data parallel (DDP over row shards of each global batch) or, with ``sequence_parallel=True``, over
@@ -95,6 +98,9 @@ class TrainConfig:
                                            # budget; the cosine then spans the reduced epochs
     stop_at: float | None = None           # unix time: stop (after the current step, then
                                            # evaluate) once passed; result "time_limited"
+    pause_at: float | None = None          # unix time: stop at the last epoch boundary before it
+                                           # (checkpoint kept, result "paused"); the next call
+                                           # with the same out_dir resumes the same schedule
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -114,7 +120,7 @@ class TrainConfig:
 
     # fields that do not change the result (allowed to differ on resume)
     _RUNTIME = ("out_dir", "resume", "progress", "num_threads", "eval_batch_size",
-                "sequence_parallel", "stop_at")
+                "sequence_parallel", "stop_at", "pause_at")
 
     def identity(self) -> dict:
         d = self.to_dict()
@@ -238,9 +244,11 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
         torch.set_num_threads(cfg.num_threads)
     # under torchrun: join the process group; "dp" (row shards + DDP) or "sp" (time shards)
     dinfo, device = _dist.setup(cfg.device, cfg.sequence_parallel)
-    if dinfo.active and (cfg.time_budget_s or cfg.stop_at):
-        raise ValueError("time_budget_s / stop_at are single-process options (the ranks would "
-                         "stop at different steps)")
+    if dinfo.active and (cfg.time_budget_s or cfg.stop_at or cfg.pause_at):
+        raise ValueError("time_budget_s / stop_at / pause_at are single-process options (the ranks "
+                         "would stop at different steps)")
+    if cfg.pause_at is not None and not cfg.out_dir:
+        raise ValueError("pause_at needs out_dir: a paused run continues from its checkpoint")
     main = dinfo.main
     t0 = time.time()
     task, model = build_for_config(cfg, task)
@@ -331,8 +339,15 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
     model.train()
     ctx = _autocast(cfg, device)
     epochs_this_call = 0
+    paused = False
     while (state["epoch"] < state["epochs_planned"] and not state["stopped_early"]
            and not state["time_limited"]):
+        # pause_at: stop at this epoch boundary if another epoch (as long as the last one,
+        # evaluation included) would end after it; the checkpoint of the last epoch is on disk
+        if (cfg.pause_at is not None and state["history"]
+                and time.time() + state["history"][-1]["epoch_time"] > cfg.pause_at):
+            paused = True
+            break
         epoch = state["epoch"]
         te = time.time()
         n_done = 0
@@ -447,7 +462,7 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
               "final_lr": opt.param_groups[0]["lr"],
               "train_time_s": state["train_time"], "wall_time_s": time.time() - t0,
               "epochs_planned": state["epochs_planned"], "time_limited": state["time_limited"],
-              "budget_estimate": state.get("budget_estimate"),
+              "paused": paused, "budget_estimate": state.get("budget_estimate"),
               "history": state["history"], "complete": state["epoch"] >= state["epochs_planned"]
               or state["stopped_early"] or state["time_limited"]}
     if result["complete"]:

@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -110,6 +111,28 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, kind):
     assert sa["stream_rng"] == sb["stream_rng"]
     lines = [json.loads(x) for x in open(tmp_path / "b" / "log.jsonl")]
     assert [x["event"] for x in lines] == ["start", "epoch", "epoch", "epoch", "end"]
+
+
+def test_pause_at_resumes_to_the_uninterrupted_run(tmp_path):
+    """pause_at (launch's "pause" mode): the run stops at an epoch boundary without changing its
+    schedule, and the next call with the same out_dir finishes it with the uninterrupted result."""
+    base = dict(TINY, **S2, epochs=3)
+    a = train(TrainConfig.from_dict({**base, "out_dir": str(tmp_path / "a")}))
+    c = TrainConfig.from_dict({**base, "out_dir": str(tmp_path / "b"), "pause_at": time.time() - 1})
+    part = train(c)                        # the first epoch always runs, then the deadline pauses
+    assert part["paused"] and not part["complete"] and part["epochs_run"] == 1
+    assert part["epochs_planned"] == 3 and not part["time_limited"]
+    b = train(TrainConfig.from_dict({**base, "out_dir": str(tmp_path / "b")}))
+    assert b["complete"] and not b["paused"] and b["epochs_run"] == 3
+    strip = lambda h: [{k: v for k, v in e.items() if k != "epoch_time"} for e in h]  # noqa
+    assert strip(a["history"]) == strip(b["history"])
+    # a far deadline does not pause; pause_at is a runtime field (not part of the resume key)
+    far = train(TrainConfig.from_dict({**base, "epochs": 2, "out_dir": str(tmp_path / "c"),
+                                       "pause_at": time.time() + 3600}))
+    assert far["complete"] and not far["paused"]
+    assert TrainConfig(pause_at=1.0).identity() == TrainConfig().identity()
+    with pytest.raises(ValueError, match="pause_at needs out_dir"):
+        train(TrainConfig.from_dict({**base, "pause_at": time.time()}))
 
 
 def test_resume_refuses_other_config(tmp_path):

@@ -136,6 +136,33 @@ def test_run_jobs_in_process_and_deadline_skips(tmp_path):
     assert recs[0]["budget_cut_by_deadline"]
 
 
+def test_pause_mode_continues_runs_across_launches(tmp_path):
+    """"pause": a deadline pauses each run at an epoch boundary (status "paused", schedule kept);
+    launching the same jobs again finishes them with the uninterrupted result."""
+    def jobs_in(d):
+        jobs = expand_jobs(_cfg(d, checkpoints=True))[:2]
+        for j in jobs:
+            j["config"].update(epochs=3, time_budget_s=None)
+        return jobs
+    quiet = lambda *_: None  # noqa: E731
+    ref = run_jobs(jobs_in(tmp_path / "u"), str(tmp_path / "u_out"), workers=1, log=quiet)
+    jobs = jobs_in(tmp_path / "p")
+    # a deadline that is already past once the margin is taken off: one epoch each, then paused
+    part = run_jobs(jobs, str(tmp_path / "p_out"), workers=1, stop_at=time.time() + 1.5,
+                    min_start_s=0.1, eval_margin_s=1.5, pause=True, log=quiet)
+    assert [r["status"] for r in part] == ["paused"] * 2
+    assert all(r["epochs_run"] == 1 and r["epochs_planned"] == 3 for r in part)
+    assert "launch the same config again" in part[0]["reason"]
+    assert "Not finished" in (tmp_path / "p_out" / "summary.md").read_text()
+    done = run_jobs(jobs, str(tmp_path / "p_out2"), workers=1, pause=True, log=quiet)
+    assert [r["status"] for r in done] == ["ok"] * 2
+    for a, b in zip(ref, done):
+        assert (a["best_micro"], a["steps"], a["epochs_run"]) == (b["best_micro"], b["steps"], 3)
+    with pytest.raises(ValueError, match="checkpoints"):
+        run_jobs(expand_jobs(_cfg(tmp_path / "n"))[:1], str(tmp_path / "n_out"), workers=1,
+                 pause=True, log=quiet)
+
+
 def test_run_jobs_process_pool_and_cli(tmp_path, capsys):
     cfg = _cfg(tmp_path)
     path = tmp_path / "cfg.json"

@@ -25,7 +25,8 @@
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
 #        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients)
-#        train    — issue 6: TRAIN_CONFIG=mad_tasks/configs/<name>.json (default gpu_tables_next6.json, which ran
+#        train    — issue 6: TRAIN_CONFIG=mad_tasks/configs/<name>.json (gpu_tables_next7.json: long schedules
+#                   in "pause" mode, continued over several calls, see the stage; default gpu_tables_next6.json, which ran
 #                   on 2026-11-25: mad_tasks/RESULTS.md section 8). Still owed: S4 (3k), the Table 4 baselines
 #                   (DeltaProduct, DeltaNet, LSTM) at S4/S5 over seeds, the MAD configurations beyond the
 #                   baseline. Steps do not wait for the GPU: 4.6 ms/step alone, 5.0 with 4 processes
@@ -86,7 +87,20 @@ case "$stage" in
   train)
     cfg=${TRAIN_CONFIG:-mad_tasks/configs/gpu_tables_next6.json}
     python3 -m lrnn_scan.mad_tasks launch --config "$cfg" \
-      --out "$OUT/$(basename "$cfg" .json)" --deadline-s ${STAGE_TIMEOUT:-560} 2>&1 | tee "$OUT/train.log" | tail -40 ;;
+      --out "$OUT/$(basename "$cfg" .json)" --deadline-s ${STAGE_TIMEOUT:-560} 2>&1 | tee "$OUT/train.log" | tail -40
+    # "pause": true configs: every run directory with a checkpoint goes back as one tar (about 12 MB
+    # a run at d_model 128; the device returns 8 files of at most 16 MiB). Here:
+    #   for f in FILES_AT/ckpt_*.tar; do tar xf $f; done    (from the repo root)
+    # and carry the config's out_dir (e.g. runs/gpu_tables_next7) in the next call, which resumes.
+    runs=$(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c['out_dir'] if c.get('pause') else '')" "$cfg")
+    if [ -n "$runs" ]; then
+      i=0
+      for ck in $(find "$runs" -name checkpoint.pt | sort); do
+        tar cf "$OUT/ckpt_$i.tar" "$(dirname "$ck")"; i=$((i + 1))
+      done
+      echo "saved $i run directories of $runs as ckpt_*.tar"
+      exit 0     # no Triton cache file: the 8 returned files are the records and the checkpoints
+    fi ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
 # the compiled kernels go back with the results (one file), for the next call to carry

@@ -2,6 +2,11 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
+# Suggested order for the next session (written 2026-11-25, fourth session): deltavar (GPU tests,
+# then timings of the delta opt-ins dqkwg_o1_dqh / state_small / inv_2w), train with
+# TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json (pause mode: repeat it, carrying
+# runs/gpu_tables_next7, until its runs finish), then the rest of test_gpu_block_diagonal.py
+# (forward_variants, backward_ring m >= 8, diag_tiles) with STAGE_TIMEOUT of about 500.
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal

@@ -2,9 +2,10 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order for the next session (written 2026-11-25, fourth session): first
-#   pytest tests/gpu/test_gpu_block_diagonal.py -k "full_size or long_chunked"  (the ring forward's
-#   initial state now starts as I x0, commit 472190d: compile-checked, not yet run on a GPU), then
+# Suggested order for the next session (written 2026-11-25, fourth session): first, with commit
+#   472190d cherry-picked (the ring forward's initial state as I x0: no m = 2 ring8 spills with h0;
+#   compile-checked, reverted until run on a GPU), pytest tests/gpu/test_gpu_block_diagonal.py
+#   -k "full_size or long_chunked" and a forward timing with h0 against the reverted code, then
 # deltavar (GPU tests, then timings of the delta opt-ins dqkwg_o1_dqh / state_small / inv_2w), train with
 # TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json (pause mode: repeat it, carrying
 # runs/gpu_tables_next7, until its runs finish), then the rest of test_gpu_block_diagonal.py

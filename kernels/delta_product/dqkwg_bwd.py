@@ -7,17 +7,19 @@ gradient of the chunk-local cumulative log-gate ``G`` that comes from these two 
 
 A third grid axis of ``KS`` programs can split K (``function.TUNE["dqkwg_ksplit"]``): program
 ``ks`` owns K columns ``[ks BK, (ks + 1) BK)`` (the launcher passes the slice width as ``BK``)
-and recomputes ``dP = dO Vn^T``, which does not depend on K. Every ``dG`` term is a sum over K (``Q H``, ``Q K^T``, ``<K~, dK~>``,
-``<H, dH'>``), so each slice writes its partial ``dG`` to ``dGp + ks * GSTRIDE`` and the launcher
-adds the slices. Fewer fp32 accumulators per program (three ``[BC, BK]`` tiles and ``dP``) at the
-cost of reading ``Vn``, ``dVn`` and ``dO`` once per slice.
+and recomputes ``dP = dO Vn^T``, which does not depend on K. Every ``dG`` term is a sum over K
+(``Q H``, ``Q K^T``, ``<K~, dK~>``, ``<H, dH'>``), so each slice writes its partial ``dG`` to
+``dGp + ks * GSTRIDE`` and the launcher adds the slices. Fewer fp32 accumulators per program
+(three ``[BC, BK]`` tiles and ``dP``) at the cost of reading ``Vn``, ``dVn`` and ``dO`` once per
+slice.
 
 ``O1_DQH`` (``function.TUNE["dqkwg_o1_dqh"]``, opt-in): the gate term ``rowsum((Q H) ⊙ dO)`` as
-``rowsum(Q ⊙ (dO H^T))`` from the ``dO H^T`` accumulator instead of a ``Q H`` dot per V tile. For
-sm_90a (Triton 3.6's ptxas, K = V = 128) the gated kernel's spills go from 300-308 / 244-252 bytes
-per thread to none, its shared memory from 196 to 120 KiB (``dW`` is also stored right after the loop). Not yet run on a
-GPU: fla's #640 is a Hopper miscompile of exactly this (gated) kernel on Triton 3.4-3.7.0, so it
-stays off until ``tests/gpu/test_gpu_delta.py`` passes with it and it is timed.
+``rowsum(Q ⊙ (dO H^T))`` from the ``dO H^T`` accumulator instead of a ``Q H`` dot per V tile, and
+``dW`` stored right after the loop. For sm_90a (Triton 3.6's ptxas, K = V = 128) the gated
+kernel's spills go from 300-308 / 244-252 bytes per thread to none, its shared memory from 196 to
+120 KiB. Not yet run on a GPU: fla's #640 is a Hopper miscompile of exactly this (gated) kernel
+on Triton 3.4-3.7.0, so it stays off until ``tests/gpu/test_gpu_delta.py`` passes with it and it
+is timed.
 """
 import triton
 import triton.language as tl

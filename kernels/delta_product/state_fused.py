@@ -12,10 +12,10 @@ the cumulative log-gate, and forms what it needs in fp32 registers. Two forms (c
   the serial chain and the rounding differs (``U − W H`` cancels after, here before, the ``A`` dot).
 
 The backward kernel needs ``W^T dVn``: ``FORM == 1`` recomputes ``W``; ``FORM == 2`` uses
-``W^T dVn = (diag(βγ) K)^T (A^T dVn)``. ``SMALL`` (``TUNE["state_small"]``, FORM 2, opt-in) puts
-every row scaling (β, the gates) on the ``[C, BV]`` side of its dot instead of scaling copies of
-the ``[C, K]`` keys and queries (fewer live fp32 tiles; README.md "Register spills"). README.md "Fused W/U" has the FLOP/byte count.
-"""
+``W^T dVn = (diag(βγ) K)^T (A^T dVn)``. README.md "Fused W/U" has the FLOP/byte count.
+``SMALL`` (``TUNE["state_small"]``, FORM 2, opt-in) puts every row scaling (β, the gates) on the
+``[C, BV]`` side of its dot instead of scaling copies of the ``[C, K]`` keys and queries (fewer
+live fp32 tiles; README.md "Register spills")."""
 import triton
 import triton.language as tl
 
@@ -135,44 +135,40 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
                        other=0.).to(tl.float32)
         A, kk, b = _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H, K, BC)
         dvl = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.)
+        if USE_G:
+            G = tl.load(gcum + s * H + h, mask=rm, other=0.)
+            gC = tl.load(gcum + (start + ln - 1) * H + h)
+            dst_dec = dst * tl.exp(gC)
+        else:
+            dst_dec = dst
         if SMALL and FORM == 2:
             # diag(γ_C/γ) (K dH'), Q^T (diag(γ) dO), K^T (diag(βγ) A^T dVn): only [C, BV] tiles scaled
             kdst = tl.dot(kk, dst, input_precision=DOT)
+            bgs = b
             if USE_G:
-                G = tl.load(gcum + s * H + h, mask=rm, other=0.)
-                gC = tl.load(gcum + (start + ln - 1) * H + h)
                 eG = tl.exp(G)
                 kdst = kdst * tl.exp(gC - G)[:, None]
                 dout = dout * eG[:, None]
                 bgs = b * eG
-                dst_dec = dst * tl.exp(gC)
-            else:
-                bgs = b
-                dst_dec = dst
             dv_ = dvl + kdst
-            tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], dv_, mask=mv)
-            x = tl.dot(tl.trans(A), dv_, input_precision=DOT) * bgs[:, None]
-            wtd = tl.dot(tl.trans(kk), x, input_precision=DOT)
-            dst = dst_dec + tl.dot(tl.trans(qq), dout, input_precision=DOT) - wtd
         else:
             if USE_G:
-                G = tl.load(gcum + s * H + h, mask=rm, other=0.)
-                gC = tl.load(gcum + (start + ln - 1) * H + h)
                 kb = kk * (b * tl.exp(G))[:, None]                              # diag(βγ) K
                 kd = kk * tl.exp(gC - G)[:, None]
                 qq = qq * tl.exp(G)[:, None]
-                dst_dec = dst * tl.exp(gC)
             else:
                 kb = kk * b[:, None]
                 kd = kk
-                dst_dec = dst
             dv_ = dvl + tl.dot(kd, dst, input_precision=DOT)
-            tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], dv_, mask=mv)
-            if FORM == 1:
-                w = tl.dot(A, kb, input_precision=DOT)
-                wtd = tl.dot(tl.trans(w), dv_, input_precision=DOT)
-            else:
-                wtd = tl.dot(tl.trans(kb), tl.dot(tl.trans(A), dv_, input_precision=DOT), input_precision=DOT)
-            dst = dst_dec + tl.dot(tl.trans(qq), dout, input_precision=DOT) - wtd
+        tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], dv_, mask=mv)
+        if SMALL and FORM == 2:
+            wtd = tl.dot(tl.trans(kk), tl.dot(tl.trans(A), dv_, input_precision=DOT) * bgs[:, None],
+                         input_precision=DOT)
+        elif FORM == 1:
+            w = tl.dot(A, kb, input_precision=DOT)
+            wtd = tl.dot(tl.trans(w), dv_, input_precision=DOT)
+        else:
+            wtd = tl.dot(tl.trans(kb), tl.dot(tl.trans(A), dv_, input_precision=DOT), input_precision=DOT)
+        dst = dst_dec + tl.dot(tl.trans(qq), dout, input_precision=DOT) - wtd
     if STORE_DH0:
         tl.store(dh0 + ((n * H + h) * K + ck[:, None]) * V + cv[None, :], dst, mask=kvm)

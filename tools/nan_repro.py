@@ -1,0 +1,94 @@
+"""Repeat the GPU run that gave NaN outputs on 2026-11-25 (fifth session, calls 3 and 7; README of
+``kernels/block_diagonal``, "Unexplained NaN"), and if it recurs, narrow down where it comes from.
+
+The sequence is that run's: a 1 GiB copy timing, then for m = 2, 4, 8 at B1 T16384 N768 (fp32, the
+time-chunked forward): a same-size copy timed with a CUDA graph, the scan without and with an
+initial state, then four times ``scan; do_bench(scan); do_bench_cudagraph(scan)``. That run gave an
+all-NaN output after the first 256-step chunk at m = 8, identical in every call of the process;
+a fresh process running the same forward alone did not.
+
+After every scan call the output's NaN / inf count is printed. At the first NaN the script checks
+that the inputs still hold what they were created with (a float64 checksum), re-runs the three
+stages of the chunked forward by hand (chunk summaries ``P, E``; the carry scan ``X``; the re-run)
+and reports which one first holds a non-finite value, and repeats the scan on fresh copies of
+the inputs::
+
+    python tools/nan_repro.py [--m 2 4 8] [--shape 1x16384x768]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from triton.testing import do_bench, do_bench_cudagraph
+
+from lrnn_scan.kernels.block_diagonal import scan as S
+
+
+def nonfinite(x):
+    return dict(nan=int(torch.isnan(x).sum()), inf=int(torch.isinf(x).sum()))
+
+
+def stages(A, b):
+    """The chunked forward's three stages, run by hand with the launcher's own helpers."""
+    B, T, H, m = b.shape
+    mp, bh, nw, ns = S._bd_cfg(m)
+    chunk = S._choose_chunk(B * -(-H // bh), T, A.device, 1, m) or T  # as the forward picks it
+    nc = -(-T // chunk)
+    P = torch.full((B, nc, H, m, m), float("nan"), device=A.device)
+    E = torch.full((B, nc, H, m), float("nan"), device=A.device)
+    S._summary_launch(A, b, P, E, b, T, H, chunk, nc, B, m, mp, bh, nw, ns, False)
+    X = torch.full((B, nc, H, m), float("nan"), device=A.device)
+    final = torch.full((B, H, m), float("nan"), device=A.device)
+    S._fwd_launch((-(-H // bh), B, 1), P, E, X, b, final, b, nc, H, nc, 1, M=m, MP=mp, BH=bh, NS=ns,
+                  HAS_INIT=False, STORE_H=True, STORE_FINAL=True, VARLEN=False, num_warps=nw)
+    ref_final = S.block_diagonal_scan(A, b, None, True)[1]
+    return dict(chunk=chunk, P=nonfinite(P), E=nonfinite(E), X=nonfinite(X), final=nonfinite(final),
+                P_absmax=float(P.abs().max()), E_absmax=float(E.abs().max()),
+                final_vs_scan=float((final - ref_final).norm() / ref_final.norm()))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--shape", default="1x16384x768", help="BxTxN")
+    a = ap.parse_args()
+    B, T, N = (int(x) for x in a.shape.split("x"))
+    x = torch.empty(1 << 28, device="cuda")
+    y = torch.empty_like(x)
+    do_bench(lambda: y.copy_(x))
+    del x, y
+    for m in a.m:
+        H = N // m
+        A = torch.rand(B, T, H, m, m, device="cuda")
+        A = A / A.sum(-1, keepdim=True) * 0.99
+        b = torch.randn(B, T, H, m, device="cuda")
+        sums = (A.double().sum().item(), b.double().sum().item())
+        src = torch.empty((A.numel() + 2 * b.numel()) // 2, device="cuda")
+        dst = torch.empty_like(src)
+        do_bench_cudagraph(lambda: dst.copy_(src), rep=40)
+        h0 = torch.randn(B, H, m, device="cuda")
+        seen = False
+        calls = [("ref", None), ("ref_h0", h0)] + [(f"cfg{i}", h0 if i >= 2 else None) for i in range(4)]
+        for name, init in calls:
+            f = lambda: S.block_diagonal_scan(A, b, init)  # noqa: E731
+            h = f()[0]
+            row = dict(m=m, call=name, h0=init is not None, **nonfinite(h))
+            if row["nan"] and not seen:
+                seen = True
+                row["inputs_unchanged"] = sums == (A.double().sum().item(), b.double().sum().item())
+                row["stages"] = stages(A, b)
+                row["fresh_copies"] = nonfinite(S.block_diagonal_scan(A.clone(), b.clone(), init)[0])
+                bad = torch.isnan(h).nonzero()
+                row["first_nan_t"] = int(bad[:, 1].min())
+            print(json.dumps(row), flush=True)
+            if name.startswith("cfg"):
+                do_bench(f, warmup=10, rep=40)
+                do_bench_cudagraph(f, rep=40)
+        del A, b, h0, h, src, dst
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

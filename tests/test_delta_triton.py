@@ -33,13 +33,6 @@ VARIANTS = {
     "recompute_states": ({"save_states": False}, _ALL),               # backward recomputes hs, Vn
     # dqkwg_bwd over two K slices, partial dG summed (needs K padded to >= 32)
     "dqkwg_k2": ({"dqkwg_ksplit": 2}, lambda C, K, V: K > 16),
-    # dqkwg_bwd's gate term from the dO H^T accumulator (opt-in), alone and with the K split
-    "dqkwg_o1_dqh": ({"dqkwg_o1_dqh": True}, _ALL),
-    "dqkwg_k2_o1_dqh": ({"dqkwg_ksplit": 2, "dqkwg_o1_dqh": True}, lambda C, K, V: K > 16),
-    # fused state kernels with the row scalings on the [C, BV] side of each dot (opt-in)
-    "state_small": ({"state_small": True}, _ALL),
-    "state_small_bv16": ({"state_small": True, "state_fused": (4, 3, 16), "state_bwd_fused": (4, 3, 16)},
-                         lambda C, K, V: V > 16),
 }
 
 

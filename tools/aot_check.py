@@ -178,6 +178,15 @@ def _compile_one(job: dict) -> dict:
         opts = {k: _decode(v) for k, v in job["options"].items()}
         c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
         res["smem"] = int(getattr(c.metadata, "shared", 0) or 0)
+        if job.get("ptx_path"):  # for comparing two versions of a kernel: no debug lines/sections
+            code = []
+            for ln in c.asm["ptx"].splitlines(True):
+                if ln.lstrip().startswith(".section") and ".debug" in ln:
+                    break  # DWARF sections (source line numbers) come last
+                if not ln.lstrip().startswith((".loc", ".file", "//")):
+                    code.append(ln)
+            with open(job["ptx_path"], "w") as f:
+                f.write("".join(code))
         ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
         with tempfile.TemporaryDirectory() as d:
             p = os.path.join(d, "k.ptx")
@@ -291,14 +300,33 @@ def _short(v) -> str:
     return {True: "T", False: "F"}.get(v, str(v)) if isinstance(v, bool) else str(v)
 
 
-def compile_all(launches_path: str, nproc: int, timeout: float, results_path: str, gpu_variants: bool) -> int:
+def compile_all(launches_path: str, nproc: int, timeout: float, results_path: str, gpu_variants: bool,
+                ptx_dir: str = "", drop: tuple = (), only: str = "", key_ignore: tuple = ()) -> int:
+    """``ptx_dir``: also write each launch's PTX (without debug lines) to ``<ptx_dir>/<key>.ptx``, the
+    key a hash of the launch without the constexprs named in ``drop`` or ``key_ignore``, so that a
+    kernel edited to lose a constexpr branch can be compared file by file with the PTX its kept
+    branch compiled to before: the old source with ``--key-ignore NAME``, the new one with
+    ``--drop-constexpr NAME`` (compiled without that recorded constexpr). ``only``: launches whose
+    kernel name contains this string."""
+    import hashlib
+
     import triton
     with open(launches_path) as f:
         launches = json.load(f)["launches"]
     if gpu_variants:
         launches = launches + _gpu_variants(launches)
+    if only:
+        launches = [e for e in launches if only in e["name"]]
+    launches = [dict(e, constexprs={k: v for k, v in e["constexprs"].items() if k not in drop}) for e in launches]
     keyf = lambda e: json.dumps([e["module"], e["name"], e["args"], e["constexprs"], e["options"]], sort_keys=True)
     jobs = list({keyf(e): e for e in launches}.values())
+    if ptx_dir:
+        os.makedirs(ptx_dir, exist_ok=True)
+        ign = set(key_ignore) | set(drop)
+        for e in jobs:
+            e0 = dict(e, constexprs={k: v for k, v in e["constexprs"].items() if k not in ign})
+            digest = hashlib.sha1(keyf(e0).encode()).hexdigest()[:12]
+            e["ptx_path"] = os.path.join(ptx_dir, f"{e['name']}_{digest}.ptx")
     print(f"[aot_check] triton {triton.__version__} ({os.path.dirname(triton.__file__)}); {len(jobs)} compiles, "
           f"{nproc} workers, {timeout:.0f}s timeout", flush=True)
     t0 = time.time()
@@ -343,6 +371,12 @@ def main() -> int:
     c.add_argument("--timeout", type=float, default=180.0, help="seconds per compile")
     c.add_argument("--results", default="/tmp/aot_results.json", help="full results incl. error text")
     c.add_argument("--no-gpu-variants", action="store_true")
+    c.add_argument("--ptx-dir", default="", help="write each launch's PTX here (compare two versions)")
+    c.add_argument("--drop-constexpr", nargs="*", default=[], metavar="NAME",
+                   help="leave these recorded constexprs out (a branch removed from the kernel)")
+    c.add_argument("--key-ignore", nargs="*", default=[], metavar="NAME",
+                   help="compile with these constexprs but leave them out of the --ptx-dir file names")
+    c.add_argument("--only", default="", help="only kernels whose name contains this")
     a = ap.parse_args(argv)
     if a.mode == "record":
         return record(a.out, extra or DEFAULT_TESTS)
@@ -350,7 +384,8 @@ def main() -> int:
     os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/aot_check_triton_cache")
     if ROOT not in sys.path:
         sys.path.append(ROOT)  # after PYTHONPATH, so /tmp/t36's triton wins
-    return compile_all(a.launches, a.jobs, a.timeout, a.results, not a.no_gpu_variants)
+    return compile_all(a.launches, a.jobs, a.timeout, a.results, not a.no_gpu_variants,
+                       a.ptx_dir, tuple(a.drop_constexpr), a.only, tuple(a.key_ignore))
 
 
 if __name__ == "__main__":

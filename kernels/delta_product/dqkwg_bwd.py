@@ -13,13 +13,12 @@ and recomputes ``dP = dO Vn^T``, which does not depend on K. Every ``dG`` term i
 (three ``[BC, BK]`` tiles and ``dP``) at the cost of reading ``Vn``, ``dVn`` and ``dO`` once per
 slice.
 
-``O1_DQH`` (``function.TUNE["dqkwg_o1_dqh"]``, opt-in): the gate term ``rowsum((Q H) ⊙ dO)`` as
-``rowsum(Q ⊙ (dO H^T))`` from the ``dO H^T`` accumulator instead of a ``Q H`` dot per V tile, and
-``dW`` stored right after the loop. For sm_90a (Triton 3.6's ptxas, K = V = 128) the gated
-kernel's spills go from 300-308 / 244-252 bytes per thread to none, its shared memory from 196 to
-120 KiB. Not yet run on a GPU: fla's #640 is a Hopper miscompile of exactly this (gated) kernel
-on Triton 3.4-3.7.0, so it stays off until ``tests/gpu/test_gpu_delta.py`` passes with it and it
-is timed.
+The gate term ``rowsum((Q H) ⊙ dO)`` is read as ``rowsum(Q ⊙ (dO H^T))`` off the ``dO H^T``
+accumulator that ``dq`` needs anyway, not from a ``Q H`` dot per V tile, and ``dW`` is stored right
+after the loop: for sm_90a (Triton 3.6's ptxas, K = V = 128) the gated kernel's spills went from
+300-308 / 244-252 bytes per thread to none and its shared memory from 196 to 120 KiB; on an H100
+the gated forward+backward took 0.885x the time of the ``Q H`` form (2026-11-25, README.md). The
+``Q H`` form was removed after that run; its GPU numbers are in benchmarks/RESULTS.md.
 """
 import triton
 import triton.language as tl
@@ -31,8 +30,7 @@ from .mm import dot_abt
 def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_ptr, len_ptr, scale,
                      GSTRIDE, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                      BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                     USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
-                     O1_DQH: tl.constexpr = False):
+                     USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     ks = tl.program_id(2)            # K slice (0 unless the grid splits K)
@@ -45,14 +43,10 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
     mk = rm[:, None] & (ck < K)[None, :]
     qm = rm & (s % NH == NH - 1)
     tok = s // NH
-    if not O1_DQH:
-        qq = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
-                     other=0.).to(tl.float32) * scale
     dP = tl.zeros([BC, BC], dtype=tl.float32)
     dqh = tl.zeros([BC, BK], dtype=tl.float32)     # dO H^T
     dkt = tl.zeros([BC, BK], dtype=tl.float32)     # Vn dH'^T
     dw = tl.zeros([BC, BK], dtype=tl.float32)      # -dVn H^T
-    o1 = tl.zeros([BC], dtype=tl.float32)          # rowsum((Q H) ⊙ dO)
     sdh = tl.zeros([BK], dtype=tl.float32)         # <H, dH'> partial sums
     for v0 in range(0, V, BV):
         cv = v0 + tl.arange(0, BV)
@@ -69,16 +63,13 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
         dqh += tl.dot(dout, tl.trans(st), input_precision=DOT)
         dkt += tl.dot(vnew, tl.trans(dst), input_precision=DOT)
         dw -= tl.dot(dvnew, tl.trans(st), input_precision=DOT)
-        if not O1_DQH:
-            o1 += tl.sum(tl.dot(qq, st, input_precision=DOT) * dout, 1)
         sdh += tl.sum(st * dst, 1)
-    if O1_DQH:
-        # rowsum((Q H) ⊙ dO) = rowsum(Q ⊙ (dO H^T)), from the accumulated dO H^T: one dot fewer per
-        # V tile, and Q is not live in the loop; dW is stored at once (one [BC, BK] tile less live)
-        tl.store(dW + (s * H + h)[:, None] * K + ck[None, :], dw, mask=mk)
-        qq = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
-                     other=0.).to(tl.float32) * scale
-        o1 = tl.sum(qq * dqh, 1)
+    # rowsum((Q H) ⊙ dO) = rowsum(Q ⊙ (dO H^T)), from the accumulated dO H^T: one dot fewer per
+    # V tile, and Q is not live in the loop; dW is stored at once (one [BC, BK] tile less live)
+    tl.store(dW + (s * H + h)[:, None] * K + ck[None, :], dw, mask=mk)
+    qq = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
+                 other=0.).to(tl.float32) * scale
+    o1 = tl.sum(qq * dqh, 1)
     kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
     kk = kr.to(tl.float32)
     if USE_G:
@@ -96,8 +87,6 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
     dkk = tl.dot(tl.trans(dPg), qq, input_precision=DOT) + dkt * edec[:, None]
     tl.store(dq + (tok * H + h)[:, None] * K + ck[None, :], dqq * scale, mask=qm[:, None] & (ck < K)[None, :])
     tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
-    if not O1_DQH:
-        tl.store(dW + (s * H + h)[:, None] * K + ck[None, :], dw, mask=mk)
     if USE_G:
         # dP_raw ⊙ P; Q K^T on the inputs' dtype (exact for 16-bit inputs), scale applied after
         qr = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :], other=0.)

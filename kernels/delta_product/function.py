@@ -33,9 +33,6 @@ TUNE = dict(
     dqkwg_ksplit=1,        # K slices of dqkwg_bwd (a third grid axis; 16 columns at least per slice):
                            # fewer fp32 accumulators per program, dO Vn^T recomputed per slice. H100
                            # 2026-11-25, K=128: 2 slices 1.005-1.058x the fwd+bwd time (README)
-    dqkwg_o1_dqh=False,    # dqkwg_bwd: the gate term rowsum((Q H) ⊙ dO) from the dO H^T accumulator
-                           # (one dot fewer per V tile; the sm_90a spills of the gated kernel 300 -> 0
-                           # bytes per thread). Off until run on a GPU (dqkwg_bwd.py docstring)
     wy_bwd=(8, 1, 64),     # was (8, 3, 32)
     inter_16bit=False,     # W, U stored in the inputs' dtype: error ratio 5.5e-3 > 5e-3 bound, off
     vn_16bit=False,        # Vn stored in the inputs' dtype (the state update keeps fp32 registers)
@@ -48,9 +45,6 @@ TUNE = dict(
     fuse_wu="assoc",       # False: wu_fwd stores W, U (fp32). "wu": W, U in registers from A, K, V,
                            # beta, g (same dots). "assoc": Vn = A (diag(b) V - diag(b g) K H),
                            # W^T dVn = (diag(b g) K)^T A^T dVn
-    state_small=False,     # fused state kernels ("assoc"): the gate/β row scalings on the [C, BV] side
-                           # of each dot instead of scaled [C, K] key copies (state_fused.py SMALL).
-                           # Interpreter-tested; off until run on a GPU (README "Register spills")
     state_fused=(4, 3, 64),      # state_fwd_fused_kernel (fuse_wu on)
     state_bwd_fused=(4, 3, 64),  # state_bwd_fused_kernel (fuse_wu on)
     inv_batched=True,      # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
@@ -150,7 +144,7 @@ def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, d
         state_fwd_fused_kernel[(cdiv(V, BV), N * H)](
             k, v, beta, gcum, Ainv, h0 if h0 is not None else hs, hs, vn, hT, ch["start"], ch["length"],
             ch["seq_ptr"], H=H, K=K, V=V, BC=BC, BK=BK, BV=BV, USE_G=use_g, USE_H0=h0 is not None,
-            STORE_HT=want_final, FORM=form, DOT=dot, SMALL=bool(TUNE["state_small"]),
+            STORE_HT=want_final, FORM=form, DOT=dot,
             num_warps=nw, num_stages=ns)
         return hs, vn, (hT if want_final else None)
     state_fwd_kernel[(cdiv(V, BV), N * H)](
@@ -255,7 +249,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                     qf, kf, bf, gcum, Ainv, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,
                     ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
                     BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, FORM=form,
-                    DOT=dot, SMALL=bool(TUNE["state_small"]), num_warps=TUNE["state_bwd_fused"][0],
+                    DOT=dot, num_warps=TUNE["state_bwd_fused"][0],
                     num_stages=TUNE["state_bwd_fused"][1])
             else:
                 state_bwd_kernel[(cdiv(V, BVs), N * H)](
@@ -280,8 +274,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             dqkwg_bwd_kernel[(NC, H, ks)](qf, kf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
                                           ch["start"], ch["length"], scale, Ls * H, H=H, K=K, V=V,
                                           NH=n_h, BC=BC, BK=BK // ks, BV=_bv("dqkwg", BVf), USE_G=use_g,
-                                          DOT=dot, RAW=raw, O1_DQH=bool(TUNE["dqkwg_o1_dqh"]),
-                                          num_warps=TUNE["dqkwg"][0],
+                                          DOT=dot, RAW=raw, num_warps=TUNE["dqkwg"][0],
                                           num_stages=TUNE["dqkwg"][1])
             if use_g:
                 dGp = dGp[0] if ks == 1 else dGp.sum(0)   # the K slices' partial dG

@@ -13,9 +13,11 @@ the cumulative log-gate, and forms what it needs in fp32 registers. Two forms (c
 
 The backward kernel needs ``W^T dVn``: ``FORM == 1`` recomputes ``W``; ``FORM == 2`` uses
 ``W^T dVn = (diag(βγ) K)^T (A^T dVn)``. README.md "Fused W/U" has the FLOP/byte count.
-``SMALL`` (``TUNE["state_small"]``, FORM 2, opt-in) puts every row scaling (β, the gates) on the
-``[C, BV]`` side of its dot instead of scaling copies of the ``[C, K]`` keys and queries (fewer
-live fp32 tiles; README.md "Register spills")."""
+``FORM == 2`` puts every row scaling (β, the gates) on the ``[C, BV]`` side of its dot instead of
+scaling copies of the ``[C, K]`` keys and queries: ``(diag(βγ) K) H = diag(βγ) (K H)``, etc. (fewer
+live fp32 tiles: the gated forward's sm_90a spills 360 -> 212 bytes per thread; on an H100 the gated
+forward took 0.891x the time of the scaled-copy form, 2026-11-25; README.md "Register spills").
+``FORM == 1`` keeps the scaled copies (it forms ``W`` from them)."""
 import triton
 import triton.language as tl
 
@@ -36,11 +38,11 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
                            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                            BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                           FORM: tl.constexpr, DOT: tl.constexpr, SMALL: tl.constexpr = False):
+                           FORM: tl.constexpr, DOT: tl.constexpr):
     """``Vn = U − W H`` with ``W``, ``U`` formed here, ``H ← γ_C H + (diag(γ_C/γ) K)^T Vn``;
     stores the chunk-start states ``H``, ``Vn`` and the final state (as ``state_fwd_kernel``).
-    ``SMALL`` (FORM 2 only): the row scalings ``diag(βγ)``, ``diag(γ_C/γ)`` go on the ``[C, BV]``
-    side of each dot instead of the ``[C, K]`` keys (no scaled copies of the key tile)."""
+    FORM 2: the row scalings ``diag(βγ)``, ``diag(γ_C/γ)`` go on the ``[C, BV]`` side of each dot
+    instead of the ``[C, K]`` keys (no scaled copies of the key tile)."""
     iv = tl.program_id(0)
     nh = tl.program_id(1)
     n = nh // H
@@ -74,14 +76,11 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
             w = tl.dot(A, kk * bg[:, None], input_precision=DOT)          # [C, K], fp32
             u = tl.dot(A, vv * b[:, None], input_precision=DOT)           # [C, BV], fp32
             vnew = u - tl.dot(w, st, input_precision=DOT)
-        elif SMALL:   # (diag(βγ) K) H = diag(βγ) (K H)
+        else:   # (diag(βγ) K) H = diag(βγ) (K H)
             y = vv * b[:, None] - bg[:, None] * tl.dot(kk, st, input_precision=DOT)
             vnew = tl.dot(A, y, input_precision=DOT)
-        else:
-            y = vv * b[:, None] - tl.dot(kk * bg[:, None], st, input_precision=DOT)
-            vnew = tl.dot(A, y, input_precision=DOT)
         tl.store(vn + (s * H + h)[:, None] * V + cv[None, :], vnew.to(vn.dtype.element_ty), mask=mv)
-        if SMALL and FORM == 2:   # (diag(γ_C/γ) K)^T Vn = K^T (diag(γ_C/γ) Vn)
+        if FORM == 2:   # (diag(γ_C/γ) K)^T Vn = K^T (diag(γ_C/γ) Vn)
             vd = vnew
             if USE_G:
                 vd = vnew * tl.exp(gC - G)[:, None]
@@ -101,10 +100,10 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
                            scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                            BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                           FORM: tl.constexpr, DOT: tl.constexpr, SMALL: tl.constexpr = False):
+                           FORM: tl.constexpr, DOT: tl.constexpr):
     """``state_bwd_kernel`` without a stored ``W``: ``dVn += diag(γ_C/γ) K dH'`` (``dvn`` holds
     ``P^T dO``), ``dH = γ_C dH' + (diag(γ) Q)^T dO − W^T dVn``; stores ``dH'`` per chunk and ``dH_0``.
-    ``SMALL`` (FORM 2 only): the row scalings go on the ``[C, BV]`` side of each dot, as in the forward."""
+    FORM 2: the row scalings go on the ``[C, BV]`` side of each dot, as in the forward."""
     iv = tl.program_id(0)
     nh = tl.program_id(1)
     n = nh // H
@@ -141,7 +140,7 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
             dst_dec = dst * tl.exp(gC)
         else:
             dst_dec = dst
-        if SMALL and FORM == 2:
+        if FORM == 2:
             # diag(γ_C/γ) (K dH'), Q^T (diag(γ) dO), K^T (diag(βγ) A^T dVn): only [C, BV] tiles scaled
             kdst = tl.dot(kk, dst, input_precision=DOT)
             bgs = b
@@ -161,14 +160,12 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
                 kd = kk
             dv_ = dvl + tl.dot(kd, dst, input_precision=DOT)
         tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], dv_, mask=mv)
-        if SMALL and FORM == 2:
+        if FORM == 2:
             wtd = tl.dot(tl.trans(kk), tl.dot(tl.trans(A), dv_, input_precision=DOT) * bgs[:, None],
                          input_precision=DOT)
-        elif FORM == 1:
+        else:
             w = tl.dot(A, kb, input_precision=DOT)
             wtd = tl.dot(tl.trans(w), dv_, input_precision=DOT)
-        else:
-            wtd = tl.dot(tl.trans(kb), tl.dot(tl.trans(A), dv_, input_precision=DOT), input_precision=DOT)
         dst = dst_dec + tl.dot(tl.trans(qq), dout, input_precision=DOT) - wtd
     if STORE_DH0:
         tl.store(dh0 + ((n * H + h) * K + ck[:, None]) * V + cv[None, :], dst, mask=kvm)

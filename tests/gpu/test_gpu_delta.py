@@ -47,11 +47,9 @@ def _ratio(a, b):
 
 @pytest.mark.parametrize("n_h,gated,beta_max,tune", [
     (1, False, 1.0, {}), (1, True, 2.0, {}), (2, True, 2.0, {}), (3, False, 2.0, {}), (4, True, 1.0, {}),
-    # opt-in dqkwg_bwd gate term from dO H^T (not yet run on a GPU when added; fla #640 is a Hopper
-    # miscompile of this gated kernel with Triton 3.4-3.7.0)
-    (1, True, 2.0, {"dqkwg_o1_dqh": True}), (2, True, 2.0, {"dqkwg_o1_dqh": True}),
-    # opt-in fused state kernels with the row scalings on the [C, BV] side (also not yet on a GPU)
-    (1, True, 2.0, {"state_small": True}), (3, False, 2.0, {"state_small": True})])
+    # the gated dqkwg_bwd (fla #640 is a Hopper miscompile of its gated kernel with Triton 3.4-3.7.0)
+    # with two K slices, and the "wu" form of the fused state kernels (scaled key copies)
+    (2, True, 2.0, {"dqkwg_ksplit": 2}), (3, True, 2.0, {"fuse_wu": "wu"})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     for key, val in tune.items():

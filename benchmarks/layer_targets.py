@@ -106,6 +106,9 @@ def main():
     ap.add_argument("--profile", nargs="*", default=None, metavar="LAYER",
                     help="write <out>/profile_<layer>_<precision>.txt (torch.profiler) for these "
                          "layers (no names: bdlru_m4)")
+    ap.add_argument("--fla-unguarded", action="store_true",
+                    help="time fla's gated backward although fla refuses it on Hopper with Triton "
+                         "< 3.7.1 (its #640: wrong results there); its rows are labelled, timing only")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     a = ap.parse_args()
@@ -125,6 +128,11 @@ def main():
               "ours_gated_deltanet": ours_gdn(target, d)}
     try:
         layers["fla_gated_deltanet"] = fla_layer(target, d)
+        if a.fla_unguarded:
+            import fla.ops.common.chunk_o as fla_chunk_o  # type: ignore
+            fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # the #640 guard reads this global at call time
+            m, desc = layers["fla_gated_deltanet"]
+            layers["fla_gated_deltanet"] = (m, desc + " [Hopper guard off: #640, timing only]")
     except Exception as exc:  # noqa: BLE001 - optional peer
         print(f"[layer_targets] fla GatedDeltaNet skipped: {type(exc).__name__}: {exc}")
     if a.layers:

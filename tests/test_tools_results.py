@@ -80,3 +80,43 @@ def test_diag_tile_vs_accel_smoke_on_the_interpreter(tmp_path, monkeypatch):
         assert r["h_vs_fp64"] < 1e-6 and r["grad_vs_default"] < 1e-6, r
         assert r["rounds"] == [1.0, 1.0]
     assert (tmp_path / "RESULTS_diagtile.md").read_text().count("| 2 | 37 | 20 |") == 2 * len(mod.CONFIGS)
+
+
+def test_nan_repro_stages_on_the_interpreter():
+    """tools/nan_repro.py's hand-run chunked stages (for the next GPU session): finite summaries and
+    carries, and a final state equal to the scan's own, at forced 8-step chunks."""
+    import os
+
+    import torch
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        import pytest
+        pytest.skip("interpreter test (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA)")
+    from lrnn_scan.kernels.block_diagonal import scan as S
+    mod = _tool("nan_repro")
+    g = torch.Generator().manual_seed(0)
+    A = torch.rand(1, 37, 3, 4, 4, generator=g)
+    A = A / A.sum(-1, keepdim=True) * 0.99
+    b = torch.randn(1, 37, 3, 4, generator=g)
+    with S.tuned({"chunk": 8}):
+        r = mod.stages(A, b)
+    assert r["chunk"] == 8
+    for k in ("P", "E", "X", "final"):
+        assert r[k] == {"nan": 0, "inf": 0}, (k, r)
+    assert r["final_vs_scan"] < 1e-6, r
+
+
+def test_delta_throughput_agreement_names_the_worst_difference():
+    """delta_throughput's fla-vs-ours column: 0 for the same function, the right name and size for a
+    perturbed gradient, NaN counted as worst."""
+    import torch
+    import benchmarks.delta_throughput as dt  # noqa: F401  (the package is importable from the root)
+    x = torch.randn(5, 3, requires_grad=True)
+    w = torch.randn(5, 3)
+    do = torch.randn(5, 3)
+    same = dt._agreement(lambda: x * w, lambda: x * w, [x], do)
+    assert same == (0.0, "o")
+    bent = lambda: x * w + 1e-2 * (x * x - (x * x).detach())  # noqa: E731 (same output, other gradient)
+    worse = dt._agreement(lambda: x * w, bent, [x], do)
+    assert worse[1] == "dq" and worse[0] > 1e-3
+    nan = dt._agreement(lambda: x * w, lambda: x * float("nan"), None, None)
+    assert nan[1] == "o" and nan[0] != nan[0]

@@ -2,14 +2,11 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order for the next session (written 2026-11-25, fourth session): first, with commit
-#   472190d cherry-picked (the ring forward's initial state as I x0: no m = 2 ring8 spills with h0;
-#   compile-checked, reverted until run on a GPU), pytest tests/gpu/test_gpu_block_diagonal.py
-#   -k "full_size or long_chunked" and a forward timing with h0 against the reverted code, then
-# deltavar (GPU tests, then timings of the delta opt-ins dqkwg_o1_dqh / state_small / inv_2w), train with
-# TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json (pause mode: repeat it, carrying
-# runs/gpu_tables_next7, until its runs finish), then the rest of test_gpu_block_diagonal.py
-# (forward_variants, backward_ring m >= 8, diag_tiles) with STAGE_TIMEOUT of about 500.
+# Suggested order for the next session (written 2026-11-25, fifth session): nanrepro first (an
+#   all-NaN output seen twice at B1 T16384 N768 m = 8 after m = 2, 4 in one process; not reproduced
+#   alone; kernels/block_diagonal/README.md "Unexplained NaN"), then bdrest, then deltafla with
+#   DELTA_NH="3 4" (n_h 1-2 ran), then layers with --fla-unguarded (fla's GatedDeltaNet layer's
+#   backward, timing only), then train with TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json.
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal
@@ -24,12 +21,12 @@
 #        lookback — issue 3: m = 1 look-back forward and backward (both "auto" defaults) vs the
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
-#        deltavar — issue 4: first tests/gpu/test_gpu_delta.py (it includes the opt-ins TUNE["dqkwg_o1_dqh"]
-#                   and TUNE["state_small"], never run on a GPU yet: fla #640 is a Hopper miscompile of
-#                   the gated dqkwg kernel), then delta_throughput.py's DEFAULT_VARIANTS (default,
-#                   dqkwg_o1_dqh, state_small, both, inv_2w) vs the default, n_h 1-2, gated/ungated, with
-#                   the bf16 error check. Where the tests pass and a variant is faster, make it the
-#                   default (kernels/delta_product/README.md "Register spills")
+#        deltavar — issue 4: tests/gpu/test_gpu_delta.py, then delta_throughput.py --variants against
+#                   the default (2026-11-25, fifth session: dqkwg_o1_dqh + state_small measured 0.871x
+#                   gated fwd+bwd and made the default; inv_2w not yet timed)
+#        nanrepro — issue 3: tools/nan_repro.py (the unexplained NaN of 2026-11-25), then the sweep
+#        bdrest   — issue 3: the block-diagonal GPU tests not yet run with the x = I x0 ring start
+#        deltafla — issue 4: ours vs fla, fwd and fwd+bwd, one run (DELTA_NH, default "1 2")
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
 #        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients)
@@ -50,7 +47,7 @@
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
+stage=${1:?usage: gpu_owed.sh nanrepro|bdrest|deltafla|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -69,6 +66,22 @@ case "$stage" in
   lookback)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --lookback-compare --out "$OUT" \
       --results "$OUT/RESULTS_lookback.md" 2>&1 | tee "$OUT/lookback.log" | tail -40 ;;
+  nanrepro)
+    # the NaN of 2026-11-25 (fifth session, calls 3 and 7): B1 T16384 N768 m = 8 after m = 2, 4 in one
+    # process (kernels/block_diagonal/README.md "Unexplained NaN"); then the same sweep as then
+    timeout ${STAGE_TIMEOUT:-200} python3 tools/nan_repro.py 2>&1 | tee "$OUT/nanrepro.log" | cut -c1-400 | tail -20
+    timeout ${STAGE_TIMEOUT2:-200} python3 tools/fwd_bh_sweep.py --h0 --m 2 4 8 --shapes 1x16384x768 --out "$OUT" \
+      2>&1 | tee "$OUT/nanrepro_sweep.log" | cut -c1-400 | tail -20 ;;
+  bdrest)
+    # block-diagonal GPU tests not yet run with the ring forward's x = I x0 start (2026-11-25, fifth
+    # session: full_size fp32 m = 1-16 passed): m = 32, the T = 65536 chunked re-runs, the variants
+    timeout ${STAGE_TIMEOUT:-500} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_block_diagonal.py \
+      -k "dtype0-32 or dtype1 or long_chunked or forward_variants" 2>&1 | tee "$OUT/bdrest_tests.log" | tail -8 ;;
+  deltafla)
+    # issue 4: ours against fla, forward and forward+backward in one run (fla's ungated path with
+    # g=None; its gated backward with the #640 guard off, timing only, and fla-vs-ours differences)
+    timeout ${STAGE_TIMEOUT:-300} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-1 2} --fla-unguarded \
+      --out "$OUT" --results "$OUT/RESULTS_deltafla.md" 2>&1 | tee "$OUT/deltafla.log" | tail -30 ;;
   delta)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --modes fwd --out "$OUT" \
       --results "$OUT/RESULTS_delta.md" 2>&1 | tee "$OUT/delta.log" | tail -40 ;;
@@ -80,7 +93,7 @@ case "$stage" in
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;
   layers)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/layer_targets.py --precisions bf16-autocast --out "$OUT" \
-      --results "$OUT/RESULTS_layers.md" 2>&1 | tee "$OUT/layers.log" | tail -40 ;;
+      --fla-unguarded --results "$OUT/RESULTS_layers.md" 2>&1 | tee "$OUT/layers.log" | tail -40 ;;
   diagtile)
     timeout ${STAGE_TIMEOUT:-560} python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_gpu_block_diagonal.py \
       -k "diag_tiles or diagonal_api" 2>&1 | tee "$OUT/diagtile_tests.log" | tail -5

@@ -22,7 +22,8 @@ class LSTM(RecurrentLayer):
     :func:`~torch.nn.utils.rnn.pack_padded_sequence`. ``flops_per_step() = 8H² + 25H``
     (Table 5). ``transition_spectrum(x)``: the forget gates ``f_t`` ``(B, T, H)`` as a complex
     tensor — the cell-state transition ``∂c_t/∂c_{t−1} = diag(f_t)`` at fixed ``h_{t−1}`` (the LSTM
-    has no input-independent linear transition).
+    has no input-independent linear transition). Under CPU autocast the LSTM itself runs in
+    float32 (oneDNN's bf16 LSTM fails on CPUs without AVX-512 BF16); on CUDA, cuDNN's 16-bit one.
     """
 
     def __init__(self, d_model: int, hidden_size: int | None = None, *, bias: bool = True):
@@ -46,11 +47,21 @@ class LSTM(RecurrentLayer):
         p = self.lstm.weight_ih_l0
         return tuple(state[k].to(p.dtype).unsqueeze(0).contiguous() for k in ("h", "c"))
 
+    def _lstm(self, inp, hc):
+        """``self.lstm``; under CPU autocast in float32: oneDNN's bf16 LSTM needs AVX-512 (BF16)
+        and on other CPUs (AVX2 machines) raises "could not create a primitive descriptor for the
+        LSTM forward propagation primitive". On CUDA autocast runs cuDNN's 16-bit LSTM as usual."""
+        dev = (inp.data if isinstance(inp, torch.nn.utils.rnn.PackedSequence) else inp).device
+        if dev.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            with torch.autocast("cpu", enabled=False):
+                return self.lstm(inp, hc)
+        return self.lstm(inp, hc)
+
     def _forward(self, x: Tensor, state: State | None, cu_seqlens):
         p_dtype = self.lstm.weight_ih_l0.dtype
         hc = self._hc(state, x.shape[0], x)
         if cu_seqlens is None:
-            out, (hn, cn) = self.lstm(x.to(p_dtype), hc)
+            out, (hn, cn) = self._lstm(x.to(p_dtype), hc)
         else:
             cu, seq_of, local = packed_layout(x, cu_seqlens)
             lens = cu[1:] - cu[:-1]
@@ -59,7 +70,7 @@ class LSTM(RecurrentLayer):
             padded[seq_of, local] = x[0].to(p_dtype)
             packed = pack_padded_sequence(padded, lens.clamp(min=1).cpu(), batch_first=True,
                                           enforce_sorted=False)
-            out, (hn, cn) = self.lstm(packed, hc)
+            out, (hn, cn) = self._lstm(packed, hc)
             out = pad_packed_sequence(out, batch_first=True, total_length=L)[0][seq_of, local][None]
             empty = (lens == 0)[None, :, None]
             if bool(empty.any()):   # an empty sequence keeps its initial state
@@ -82,7 +93,7 @@ class LSTM(RecurrentLayer):
             raise ValueError("LSTM.transition_spectrum does not take cu_seqlens; pass [B, T, d]")
         state, _ = self._prepare(x, state, None)
         hc = self._hc(state, x.shape[0], x)
-        out, _ = self.lstm(x.to(self.lstm.weight_ih_l0.dtype), hc)
+        out, _ = self._lstm(x.to(self.lstm.weight_ih_l0.dtype), hc)
         h0 = hc[0][0] if hc is not None else out.new_zeros(x.shape[0], self.hidden_size)
         h_prev = torch.cat([h0.unsqueeze(1), out[:, :-1]], dim=1)
         pre = x.to(out.dtype) @ self.lstm.weight_ih_l0.T + h_prev @ self.lstm.weight_hh_l0.T

@@ -112,8 +112,8 @@ def _fla(unguarded=False):
     try:
         from fla.ops.gated_delta_product import chunk_gated_delta_product  # type: ignore
         if unguarded:
-            import fla.ops.common.chunk_o as fla_chunk_o  # type: ignore
-            fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # the guard reads this module global at call time
+            from lrnn_scan.bench.peers import fla_disable_hopper_guard
+            fla_disable_hopper_guard()
         return chunk_gated_delta_product
     except Exception as e:  # noqa: BLE001
         print(f"[delta_throughput] fla not importable ({type(e).__name__}: {e}); "

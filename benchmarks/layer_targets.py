@@ -129,8 +129,8 @@ def main():
     try:
         layers["fla_gated_deltanet"] = fla_layer(target, d)
         if a.fla_unguarded:
-            import fla.ops.common.chunk_o as fla_chunk_o  # type: ignore
-            fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # the #640 guard reads this global at call time
+            from lrnn_scan.bench.peers import fla_disable_hopper_guard
+            fla_disable_hopper_guard()
             m, desc = layers["fla_gated_deltanet"]
             layers["fla_gated_deltanet"] = (m, desc + " [Hopper guard off: #640, timing only]")
     except Exception as exc:  # noqa: BLE001 - optional peer

@@ -25,7 +25,8 @@ import torch
 
 from .suite import Config, LayerCase, ScanCase, _dtype, _with_grad
 
-__all__ = ["scan_peer_fns", "layer_peer_cases", "make_peer_layer", "fla_gated_deltanet_class"]
+__all__ = ["scan_peer_fns", "layer_peer_cases", "make_peer_layer", "fla_gated_deltanet_class",
+           "fla_disable_hopper_guard"]
 
 
 def _diag_inputs(case: ScanCase, cfg: Config, grad: bool, seed: int = 0):
@@ -120,6 +121,14 @@ def scan_peer_fns(case: ScanCase, cfg: Config, mode: str):
 
 
 # ----------------------------------------------------------------------------- layer peers
+def fla_disable_hopper_guard() -> None:
+    """Let fla 0.6 run its gated ``chunk_bwd_dqkwg`` on Hopper with Triton 3.4-3.7.0, which it refuses
+    (its #640: wrong results there), so that benchmarks can take its *time*; they must label such rows
+    and compare fla's gradients with ours. The guard reads this module global at call time."""
+    import fla.ops.common.chunk_o as fla_chunk_o  # type: ignore
+    fla_chunk_o.TRITON_ABOVE_3_7_1 = True
+
+
 def fla_gated_deltanet_class():
     """``fla.layers.GatedDeltaNet`` (flash-linear-attention 0.6).
 

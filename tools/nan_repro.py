@@ -30,6 +30,17 @@ def nonfinite(x):
     return dict(nan=int(torch.isnan(x).sum()), inf=int(torch.isinf(x).sum()))
 
 
+def tensor_stats(x):
+    """Non-finite counts and the largest magnitude: a corrupted input shows here."""
+    return dict(nonfinite(x), absmax=float(x.abs().max()))
+
+
+def per_chunk(h, chunk=256):
+    """Non-finite counts of the output per ``chunk`` steps (which chunks went bad)."""
+    bad = (~torch.isfinite(h)).flatten(2).sum(-1).sum(0)  # (T,)
+    return [int(v) for v in bad.split(chunk)[:8]] + ["..."] + [int(v) for v in bad.split(chunk)[-2:]]
+
+
 def stages(A, b):
     """The chunked forward's three stages, run by hand with the launcher's own helpers."""
     B, T, H, m = b.shape
@@ -75,9 +86,15 @@ def main():
             f = lambda: S.block_diagonal_scan(A, b, init)  # noqa: E731
             h = f()[0]
             row = dict(m=m, call=name, h0=init is not None, **nonfinite(h))
+            now = (A.double().sum().item(), b.double().sum().item())
+            if now != sums:  # the inputs changed under us: say so at the call where it happened
+                row["inputs_changed"] = dict(A=tensor_stats(A), b=tensor_stats(b))
             if row["nan"] and not seen:
                 seen = True
-                row["inputs_unchanged"] = sums == (A.double().sum().item(), b.double().sum().item())
+                row["inputs_unchanged"] = sums == now
+                row["A"], row["b"] = tensor_stats(A), tensor_stats(b)
+                row["A_rowsum_max"] = float(A.sum(-1).max())
+                row["bad_per_chunk"] = per_chunk(h)
                 row["stages"] = stages(A, b)
                 row["fresh_copies"] = nonfinite(S.block_diagonal_scan(A.clone(), b.clone(), init)[0])
                 bad = torch.isnan(h).nonzero()

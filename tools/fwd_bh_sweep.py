@@ -77,6 +77,8 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=["8x2048x768", "1x16384x768"], help="BxTxN")
     ap.add_argument("--out", default="benchmarks/out")
     ap.add_argument("--h0", action="store_true", help="every row with a random initial state")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="at the first non-finite reference output run tools/nan_repro.diagnose")
     a = ap.parse_args()
     if a.render:
         return render(a.render, a.results, a.note)
@@ -102,6 +104,12 @@ def main():
             cp = do_bench_cudagraph(lambda: dst.copy_(src), rep=40)
             init = torch.randn(B, H, m, device="cuda") if a.h0 else None
             ref = S.block_diagonal_scan(A, b, init)[0]
+            if a.diagnose and not torch.isfinite(ref).all():
+                import sys
+                sys.path.insert(0, str(Path(__file__).parent))
+                from nan_repro import diagnose
+                diagnose(A, b, init, ref, dict(src=src, dst=dst), Path(a.out) / f"nan_case_m{m}.pt")
+                a.diagnose = False
             for name, tune in _configs(m, T).items():
                 try:
                     with S.tuned(tune):

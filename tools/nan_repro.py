@@ -38,7 +38,8 @@ def tensor_stats(x):
 def per_chunk(h, chunk=256):
     """Non-finite counts of the output per ``chunk`` steps (which chunks went bad)."""
     bad = (~torch.isfinite(h)).flatten(2).sum(-1).sum(0)  # (T,)
-    return [int(v) for v in bad.split(chunk)[:8]] + ["..."] + [int(v) for v in bad.split(chunk)[-2:]]
+    parts = [int(v.sum()) for v in bad.split(chunk)]
+    return parts[:8] + ["..."] + parts[-2:]
 
 
 def stages(A, b):
@@ -58,6 +59,54 @@ def stages(A, b):
     return dict(chunk=chunk, P=nonfinite(P), E=nonfinite(E), X=nonfinite(X), final=nonfinite(final),
                 P_absmax=float(P.abs().max()), E_absmax=float(E.abs().max()),
                 final_vs_scan=float((final - ref_final).norm() / ref_final.norm()))
+
+
+def diagnose(A, b, init, h, others, out=None):
+    """Called in the process where the forward gave a non-finite output (``tools/fwd_bh_sweep.py
+    --diagnose``): where the inputs and neighbouring buffers lie, whether the call changed its
+    inputs, whether fresh copies / the unchunked path / each chunked stage / a float64 loop over
+    the first chunk are finite, and whether the output depends on what ``others`` (e.g. the
+    benchmark's uninitialised copy buffers) hold. Saves the first chunk's inputs to ``out``."""
+    rep = {}
+    named = dict(A=A, b=b, init=init, h=h, **others)
+    rep["addresses"] = {k: [hex(v.data_ptr()), hex(v.data_ptr() + v.numel() * v.element_size())]
+                        for k, v in named.items() if v is not None}
+    rep["A"], rep["b"] = tensor_stats(A), tensor_stats(b)
+    rep["A_rowsum_max"] = float(A.sum(-1).max())
+    rep["others"] = {k: tensor_stats(v) for k, v in others.items()}
+    rep["h"], rep["bad_per_chunk"] = nonfinite(h), per_chunk(h)
+    sums = (A.double().sum().item(), b.double().sum().item())
+    rep["again"] = nonfinite(S.block_diagonal_scan(A, b, init)[0])
+    rep["inputs_unchanged_by_call"] = sums == (A.double().sum().item(), b.double().sum().item())
+    rep["fresh_copies"] = nonfinite(S.block_diagonal_scan(A.clone(), b.clone(),
+                                                          None if init is None else init.clone())[0])
+    with S.tuned({"chunk": 0}):
+        rep["unchunked"] = nonfinite(S.block_diagonal_scan(A, b, init)[0])
+    with S.tuned({"summary": "v1"}):
+        rep["summary_v1"] = nonfinite(S.block_diagonal_scan(A, b, init)[0])
+    rep["stages"] = stages(A, b)
+    # float64 loop over the first 256 steps, all blocks
+    x = (torch.zeros_like(b[:, 0]) if init is None else init).double()
+    A64, b64 = A[:, :256].double(), b[:, :256].double()
+    ref = []
+    for t in range(A64.shape[1]):
+        x = torch.einsum("bhij,bhj->bhi", A64[:, t], x) + b64[:, t]
+        ref.append(x)
+    ref = torch.stack(ref, 1)
+    rep["loop64_chunk0"] = dict(nonfinite(ref), absmax=float(ref.abs().max()),
+                                rel_err_h=float((h[:, :256].double() - ref).norm() / ref.norm()))
+    for k, v in others.items():
+        v.zero_()
+    rep["others_zeroed"] = nonfinite(S.block_diagonal_scan(A, b, init)[0])
+    for k, v in others.items():
+        v.fill_(float("nan"))
+    rep["others_nan"] = nonfinite(S.block_diagonal_scan(A, b, init)[0])
+    if out:
+        torch.save(dict(A=A[:, :256].cpu(), b=b[:, :256].cpu(), init=None if init is None else init.cpu(),
+                        h=h[:, :256].cpu()), out)
+        rep["saved"] = str(out)
+    print("DIAGNOSE " + json.dumps(rep), flush=True)
+    return rep
 
 
 def main():

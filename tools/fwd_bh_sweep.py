@@ -77,6 +77,8 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=["8x2048x768", "1x16384x768"], help="BxTxN")
     ap.add_argument("--out", default="benchmarks/out")
     ap.add_argument("--h0", action="store_true", help="every row with a random initial state")
+    ap.add_argument("--sync-inputs", action="store_true",
+                    help="torch.cuda.synchronize() after creating each shape's inputs")
     ap.add_argument("--diagnose", action="store_true",
                     help="at the first non-finite reference output run tools/nan_repro.diagnose")
     a = ap.parse_args()
@@ -98,12 +100,23 @@ def main():
             A = torch.rand(B, T, H, m, m, device="cuda")
             A = A / A.sum(-1, keepdim=True) * 0.99
             b = torch.randn(B, T, H, m, device="cuda")
+            # queued checks (no sync, so the timing is the run's): |row sum - 0.99| of A in stream
+            # order right after it is made, after the copy timing, and before the first scan
+            chk = [(A.sum(-1) - 0.99).abs().amax()]
+            if a.sync_inputs:
+                torch.cuda.synchronize()
             nbytes = (A.numel() + 2 * b.numel()) * 4
             src = torch.empty(nbytes // 8, device="cuda")
             dst = torch.empty_like(src)
             cp = do_bench_cudagraph(lambda: dst.copy_(src), rep=40)
+            chk.append((A.sum(-1) - 0.99).abs().amax())
             init = torch.randn(B, H, m, device="cuda") if a.h0 else None
             ref = S.block_diagonal_scan(A, b, init)[0]
+            chk.append((A.sum(-1) - 0.99).abs().amax())
+            print(json.dumps(dict(m=m, A_rowsum_dev_made_aftercopy_afterscan=[float(c) for c in chk],
+                                  stream=str(torch.cuda.current_stream()),
+                                  alloc_conf=__import__("os").environ.get("PYTORCH_CUDA_ALLOC_CONF"))),
+                  flush=True)
             if a.diagnose and not torch.isfinite(ref).all():
                 import sys
                 sys.path.insert(0, str(Path(__file__).parent))

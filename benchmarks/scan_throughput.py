@@ -57,7 +57,9 @@ _bd = _load_kernels()
 block_diagonal_scan, diagonal_scan, _scanmod = _bd.block_diagonal_scan, _bd.diagonal_scan, _bd.scan
 
 import triton
-from triton.testing import do_bench, do_bench_cudagraph
+from triton.testing import do_bench
+
+from lrnn_scan.bench.measure import graph_time
 
 DEV = "cuda"
 
@@ -71,7 +73,7 @@ def bench_graph(fn, rep=40):
     Python/autograd/launch cost, which at the small shapes (B8 T2048 N768, B1 T16384) exceeds the
     GPU time of a backward (`tools/host_overhead.py`). ``None`` if the call cannot be captured."""
     try:
-        return do_bench_cudagraph(fn, rep=rep, return_mode="median")
+        return graph_time(fn, rep=rep)
     except Exception as e:  # keep the plain row
         print(f"graph capture failed: {e!r}"[:200], flush=True)
         return None

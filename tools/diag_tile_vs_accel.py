@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench_cudagraph
 
+from lrnn_scan.bench.measure import graph_time
 from lrnn_scan.kernels.block_diagonal import diagonal_scan
 from lrnn_scan.kernels.block_diagonal import scan as S
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from scan_peers import try_accelerated_scan  # noqa: E402
 
 DEVICE = "cuda"       # the CPU smoke test (tests/test_tools_results.py) sets "cpu" (interpreter)
-BENCH = do_bench_cudagraph
+BENCH = graph_time
 
 CONFIGS = {   # name -> scan.TUNE overrides (bt / bn / num_warps_diag set the backward's tiles too)
     "default": {},

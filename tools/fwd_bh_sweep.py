@@ -12,10 +12,12 @@ small, launch and tail included).
     python tools/fwd_bh_sweep.py --h0 [--m 2 4 8] [--out DIR]   # every row with an initial state
     python tools/fwd_bh_sweep.py --render DIR/fwd_bh_sweep.json --results benchmarks/RESULTS.md
 
-Each row also counts NaN / inf in the output and the reference (``nan_out_ref_inf_out_refmax``):
-on 2026-11-25 a run of ``--m 2 4 8 --shapes 1x16384x768`` (H100) gave an all-NaN output after the
-first chunk at ``m = 8`` twice, which the same forward alone and a repeat with input checks did not
-(kernels/block_diagonal/README.md, "Unexplained NaN").
+Each row also counts NaN / inf in the output and the reference (``nan_out_ref_inf_out_refmax``),
+and the inputs are checked (row sums of ``A`` = 0.99) before the first scan of a shape: on
+2026-11-25 this sweep's ``A`` at ``m = 8`` was corrupted by Triton's ``do_bench_cudagraph``
+running the copy timing on a side stream while the kernels making ``A`` were still queued on the
+default stream; ``graph_time`` synchronises first
+(kernels/block_diagonal/README.md, "The NaN at B1 T16384 N768, m = 8").
 """
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench, do_bench_cudagraph
+from triton.testing import do_bench
 
+from lrnn_scan.bench.measure import graph_time
 from lrnn_scan.kernels.block_diagonal import scan as S
 
 
@@ -77,10 +80,6 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=["8x2048x768", "1x16384x768"], help="BxTxN")
     ap.add_argument("--out", default="benchmarks/out")
     ap.add_argument("--h0", action="store_true", help="every row with a random initial state")
-    ap.add_argument("--sync-inputs", action="store_true",
-                    help="torch.cuda.synchronize() after creating each shape's inputs")
-    ap.add_argument("--diagnose", action="store_true",
-                    help="at the first non-finite reference output run tools/nan_repro.diagnose")
     a = ap.parse_args()
     if a.render:
         return render(a.render, a.results, a.note)
@@ -100,29 +99,15 @@ def main():
             A = torch.rand(B, T, H, m, m, device="cuda")
             A = A / A.sum(-1, keepdim=True) * 0.99
             b = torch.randn(B, T, H, m, device="cuda")
-            # queued checks (no sync, so the timing is the run's): |row sum - 0.99| of A in stream
-            # order right after it is made, after the copy timing, and before the first scan
-            chk = [(A.sum(-1) - 0.99).abs().amax()]
-            if a.sync_inputs:
-                torch.cuda.synchronize()
             nbytes = (A.numel() + 2 * b.numel()) * 4
             src = torch.empty(nbytes // 8, device="cuda")
             dst = torch.empty_like(src)
-            cp = do_bench_cudagraph(lambda: dst.copy_(src), rep=40)
-            chk.append((A.sum(-1) - 0.99).abs().amax())
+            cp = graph_time(lambda: dst.copy_(src), rep=40)
             init = torch.randn(B, H, m, device="cuda") if a.h0 else None
+            dev = float((A.sum(-1) - 0.99).abs().max())
+            if dev > 1e-5:
+                raise RuntimeError(f"A is not what it was made as: max |row sum - 0.99| = {dev}")
             ref = S.block_diagonal_scan(A, b, init)[0]
-            chk.append((A.sum(-1) - 0.99).abs().amax())
-            print(json.dumps(dict(m=m, A_rowsum_dev_made_aftercopy_afterscan=[float(c) for c in chk],
-                                  stream=str(torch.cuda.current_stream()),
-                                  alloc_conf=__import__("os").environ.get("PYTORCH_CUDA_ALLOC_CONF"))),
-                  flush=True)
-            if a.diagnose and not torch.isfinite(ref).all():
-                import sys
-                sys.path.insert(0, str(Path(__file__).parent))
-                from nan_repro import diagnose
-                diagnose(A, b, init, ref, dict(src=src, dst=dst), Path(a.out) / f"nan_case_m{m}.pt")
-                a.diagnose = False
             for name, tune in _configs(m, T).items():
                 try:
                     with S.tuned(tune):
@@ -132,7 +117,7 @@ def main():
                         nans = (int(torch.isnan(h).sum()), int(torch.isnan(ref).sum()),
                                 int(torch.isinf(h).sum()), float(ref.abs().max()))
                         ms = do_bench(f, warmup=10, rep=40)
-                        gms = do_bench_cudagraph(f, rep=40)
+                        gms = graph_time(f, rep=40)
                 except Exception as e:  # keep the other rows
                     print(f"B{B} T{T} N{N} m{m} {name}: {e!r}"[:300], flush=True)
                     continue

@@ -18,6 +18,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lrnn_scan.bench.measure import graph_time  # noqa: E402
 from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
 
 CHOICES = {"default": {}, "no_chunk": {"chunk": 0}, "target1": {"chunk_target": 1},
@@ -73,7 +74,7 @@ def main():
                     with S.tuned(tune):
                         f = lambda: torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), g)  # noqa: E731
                         ms = triton.testing.do_bench(f, warmup=10, rep=40)
-                        gms = triton.testing.do_bench_cudagraph(f, rep=40) if a.graph else None
+                        gms = graph_time(f, rep=40) if a.graph else None
                 except Exception as e:  # keep the other rows
                     print(f"B{B} T{T} N{N} m{m} {name}: {e!r}"[:200], flush=True)
                     continue

@@ -2,11 +2,10 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order for the next session (written 2026-11-25, fifth session): nanrepro first (an
-#   all-NaN output seen twice at B1 T16384 N768 m = 8 after m = 2, 4 in one process; not reproduced
-#   alone; kernels/block_diagonal/README.md "Unexplained NaN"), then bdrest, then deltafla with
-#   DELTA_NH="3 4" (n_h 1-2 ran), then layers with --fla-unguarded (fla's GatedDeltaNet layer's
-#   backward, timing only), then train with TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json.
+# Suggested order (2026-11-25, sixth session; the m = 8 NaN was a benchmark race, resolved:
+#   kernels/block_diagonal/README.md): bdrest, then deltafla with DELTA_NH="3 4" (n_h 1-2 ran), then
+#   layers with --fla-unguarded (fla's GatedDeltaNet layer's backward, timing only), then train with
+#   TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json.
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal
@@ -24,7 +23,6 @@
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py, then delta_throughput.py --variants against
 #                   the default (2026-11-25, fifth session: dqkwg_o1_dqh + state_small measured 0.871x
 #                   gated fwd+bwd and made the default; inv_2w not yet timed)
-#        nanrepro — issue 3: tools/nan_repro.py (the unexplained NaN of 2026-11-25), then the sweep
 #        bdrest   — issue 3: the block-diagonal GPU tests not yet run with the x = I x0 ring start
 #        deltafla — issue 4: ours vs fla, fwd and fwd+bwd, one run (DELTA_NH, default "1 2")
 #        layers   — issue 7: layer targets in bf16
@@ -47,7 +45,7 @@
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh nanrepro|bdrest|deltafla|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
+stage=${1:?usage: gpu_owed.sh bdrest|deltafla|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -66,12 +64,6 @@ case "$stage" in
   lookback)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --lookback-compare --out "$OUT" \
       --results "$OUT/RESULTS_lookback.md" 2>&1 | tee "$OUT/lookback.log" | tail -40 ;;
-  nanrepro)
-    # the NaN of 2026-11-25 (fifth session, calls 3 and 7): B1 T16384 N768 m = 8 after m = 2, 4 in one
-    # process (kernels/block_diagonal/README.md "Unexplained NaN"); then the same sweep as then
-    timeout ${STAGE_TIMEOUT:-200} python3 tools/nan_repro.py 2>&1 | tee "$OUT/nanrepro.log" | cut -c1-400 | tail -20
-    timeout ${STAGE_TIMEOUT2:-200} python3 tools/fwd_bh_sweep.py --h0 --m 2 4 8 --shapes 1x16384x768 --out "$OUT" \
-      2>&1 | tee "$OUT/nanrepro_sweep.log" | cut -c1-400 | tail -20 ;;
   bdrest)
     # block-diagonal GPU tests not yet run with the ring forward's x = I x0 start (2026-11-25, fifth
     # session: full_size fp32 m = 1-16 passed): m = 32, the T = 65536 chunked re-runs, the variants

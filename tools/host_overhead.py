@@ -19,6 +19,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lrnn_scan.bench.measure import graph_time  # noqa: E402
 from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
 
 
@@ -59,7 +60,7 @@ def main():
         for grad in (False, True):
             fn = _case(8, 2048, 768, m, grad)
             loop = _loop_us(fn)
-            graph = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
+            graph = graph_time(fn, rep=50) * 1e3
             host = _loop_us(_case(8, 16, 768, m, grad))
             print(f"| {m} | {'fwd+bwd' if grad else 'fwd'} | {loop:.1f} | {graph:.1f} | {host:.1f} |", flush=True)
     if a.profile:

@@ -20,6 +20,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lrnn_scan.bench.measure import graph_time  # noqa: E402
 from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
 
 FWD = {"off": dict(fwd_lookback=False), "lb_fwd_c32": dict(fwd_lookback=True, lb_chunk=32),
@@ -50,7 +51,7 @@ def render(path, results):
 
 def _timed(fn, graph):
     if graph:
-        return triton.testing.do_bench_cudagraph(fn, rep=20)
+        return graph_time(fn, rep=20)
     return triton.testing.do_bench(fn, warmup=5, rep=20)
 
 

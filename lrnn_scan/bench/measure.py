@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["device_label", "sync", "time_fn", "peak_memory", "copy_bandwidth", "environment"]
+__all__ = ["device_label", "sync", "time_fn", "graph_time", "peak_memory", "copy_bandwidth", "environment"]
 
 
 def device_label(device: torch.device) -> str:
@@ -34,6 +34,23 @@ def device_label(device: torch.device) -> str:
 def sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def graph_time(fn: Callable[[], object], *, rep: int = 20, return_mode: str = "median") -> float:
+    """``triton.testing.do_bench_cudagraph(fn)`` after ``torch.cuda.synchronize()``: milliseconds of
+    CUDA-graph replays of ``fn`` (GPU time, no host launch cost).
+
+    The synchronisation is not optional. ``do_bench_cudagraph`` runs ``fn`` on a new side stream
+    without waiting for the current one, while ``fn``'s tensors may sit in blocks the caching
+    allocator recycled from temporaries that kernels still queued on the default stream are
+    reading. On 2026-11-25 (H100, Triton 3.6) ``dst.copy_(src)`` timed that way wrote into the
+    temporary of ``A / A.sum(-1, keepdim=True)`` while ``* 0.99`` was reading it, so the benchmark's
+    ``A`` became un-normalised and its scans overflowed (kernels/block_diagonal/README.md,
+    "The NaN at B1 T16384 N768, m = 8")."""
+    from triton.testing import do_bench_cudagraph
+
+    torch.cuda.synchronize()
+    return do_bench_cudagraph(fn, rep=rep, return_mode=return_mode)
 
 
 def time_fn(fn: Callable[[], object], device, *, warmup: int = 1, rep: int = 3) -> float:

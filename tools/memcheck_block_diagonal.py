@@ -1,10 +1,11 @@
-"""The block-diagonal forward (and backward) at the shape of the unexplained NaN (B1 T16384 N768,
-m = 2, 4, 8, time-chunked, with and without an initial state), small enough to run under
-``compute-sanitizer --tool memcheck``. With ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` every tensor is
-its own ``cudaMalloc``, so any read or write outside a tensor is reported, whatever lies next to
-it in a process's memory (kernels/block_diagonal/README.md, "Unexplained NaN")::
+"""The block-diagonal forward (``--backward``: and backward) under ``compute-sanitizer --tool
+memcheck``: B1 T16384 N768 by default (the time-chunked path), m = 2, 4, 8, with and without an
+initial state. With ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` every tensor is its own ``cudaMalloc``, so
+any read or write outside a tensor is reported, whatever lies next to it in the process's memory.
+2026-11-25 (H100, Triton 3.6): forward, 0 errors (kernels/block_diagonal/README.md)::
 
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python tools/nan_memcheck.py
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \
+        python tools/memcheck_block_diagonal.py [--backward] [--m 2 4 8] [--shape 1x16384x768]
 """
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def test_full_size(m, dtype):
     check(A, b, h0, None, 1e-4 if dtype == torch.float32 else 2e-2)
 
 
-@pytest.mark.parametrize("m", [1, 2, 4, 8, 16])   # 2, 8: the chunked forward at B1 T16384 of the 2026-11-25 benchmark race
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16])   # 2, 8: chunked re-runs from carries
 def test_long_chunked_varlen(m):
     T = 65536
     A, b = make(1, T, 256 // m, m, torch.float32, seed=100 + m)

@@ -35,8 +35,9 @@ kernel packages, and sets the Dynamo options the torch paths need for ``fullgrap
 :func:`disable` undoes both.
 
 Status: the ops, fake implementations and autograd are tested on CPU under the Triton
-interpreter (``TRITON_INTERPRET=1``, ``tests/test_ecosystem.py``). **They have not yet been run on a
-GPU.**
+interpreter (``TRITON_INTERPRET=1``, ``tests/test_ecosystem.py``); on CUDA,
+``tests/gpu/test_gpu_compile.py`` compiles every layer with ``fullgraph=True`` against eager
+(10 passed, H100, torch 2.11, Triton 3.6, 2026-11-25).
 """
 from __future__ import annotations
 

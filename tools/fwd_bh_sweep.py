@@ -60,7 +60,7 @@ def render(path, results, note=""):
     with open(results, "a") as f:
         f.write(f"\n## tools/fwd_bh_sweep.py, {d['date']}\n\n{d['device']}, torch {d['torch']}, Triton "
                 f"{d['triton']}; copy {d['copy_tbs']} TB/s (1 GiB); fp32, forward only. graph = "
-                f"do_bench_cudagraph median; same-size copy = a device copy of the scan's bytes (A, b read, "
+                f"CUDA-graph replays (graph_time, median); same-size copy = a device copy of the scan's bytes (A, b read, "
                 f"h written), CUDA graph; rel. diff = against the default's output. {note}\n\n"
                 "| B | T | N | m | config | TUNE | ms | graph ms | % copy (graph) | same-size copy ms | "
                 "% of same-size copy | rel. diff |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")

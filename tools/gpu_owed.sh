@@ -2,10 +2,10 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (2026-11-25, sixth session; the m = 8 NaN was a benchmark race, resolved:
-#   kernels/block_diagonal/README.md): bdrest, then deltafla with DELTA_NH="3 4" (n_h 1-2 ran), then
-#   layers with --fla-unguarded (fla's GatedDeltaNet layer's backward, timing only), then train with
-#   TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json.
+# Suggested order (written 2026-11-25, sixth session; the m = 8 NaN was a benchmark race, resolved:
+#   kernels/block_diagonal/README.md): bdrest (only forward_variants is left), then deltafla with
+#   DELTA_NH="3 4" (n_h 1-2 ran), then train with TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json,
+#   then layers again (BD-LRU fwd+bwd 2.868 ms in the sixth session against 2.445 in the fifth).
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal
@@ -23,7 +23,7 @@
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py, then delta_throughput.py --variants against
 #                   the default (2026-11-25, fifth session: dqkwg_o1_dqh + state_small measured 0.871x
 #                   gated fwd+bwd and made the default; inv_2w not yet timed)
-#        bdrest   — issue 3: the block-diagonal GPU tests not yet run with the x = I x0 ring start
+#        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
 #        deltafla — issue 4: ours vs fla, fwd and fwd+bwd, one run (DELTA_NH, default "1 2")
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
@@ -65,10 +65,11 @@ case "$stage" in
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --lookback-compare --out "$OUT" \
       --results "$OUT/RESULTS_lookback.md" 2>&1 | tee "$OUT/lookback.log" | tail -40 ;;
   bdrest)
-    # block-diagonal GPU tests not yet run with the ring forward's x = I x0 start (2026-11-25, fifth
-    # session: full_size fp32 m = 1-16 passed): m = 32, the T = 65536 chunked re-runs, the variants
+    # block-diagonal GPU tests not yet run with the ring forward's x = I x0 start: full_size (all m,
+    # fp32 and bf16) and long_chunked_varlen (m = 1, 2, 4, 8, 16) passed on 2026-11-25 (fifth and sixth
+    # sessions), forward_variants ring2 m = 1, 2, 4 too; the rest of forward_variants is left
     timeout ${STAGE_TIMEOUT:-500} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_block_diagonal.py \
-      -k "dtype0-32 or dtype1 or long_chunked or forward_variants" 2>&1 | tee "$OUT/bdrest_tests.log" | tail -8 ;;
+      -k "forward_variants" 2>&1 | tee "$OUT/bdrest_tests.log" | tail -8 ;;
   deltafla)
     # issue 4: ours against fla, forward and forward+backward in one run (fla's ungated path with
     # g=None; its gated backward with the #640 guard off, timing only, and fla-vs-ours differences)

@@ -10,8 +10,8 @@
   it only sees Python's allocator, not torch's CPU tensors.
 * Copy bandwidth: ``dst.copy_(src)`` on the benchmark device, bytes read + written per second.
 
-The CUDA branches are written for, but have **not yet been run on**, a GPU (see
-``docs/benchmarks.md``).
+The CUDA branches ran on an H200 (``lrnn-scan bench`` views A, B, C, 2026-11-22:
+``benchmarks/RESULTS.md``).
 """
 from __future__ import annotations
 

@@ -86,9 +86,15 @@ VARIANTS = {
     # (56 B gated); 2 warps were 1.6x slower on an H200 before the batched inverse (TUNE comment)
     "inv_2w": {"inv": (2, 1)},
     "inv_4w": {"inv": (4, 1)},
+    # the "assoc" backward state kernel in its lean order (state_fused.py LEAN). sm_90a spills per
+    # thread (ptxas, K=V=128, 4 warps), ungated / gated: default (3 stages) 524 / 830 bytes, lean
+    # 520 / 504, lean with 1 stage 288 / 136, lean with 2 stages 320 / 512 (README "Register spills")
+    "bwd_lean": {"state_bwd_lean": True},
+    "bwd_lean_ns1": {"state_bwd_lean": True, "state_bwd_fused": (4, 1, 64)},
+    "bwd_ns1": {"state_bwd_fused": (4, 1, 64)},
 }
 # (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
-DEFAULT_VARIANTS = ["default", "inv_2w", "inv_4w"]
+DEFAULT_VARIANTS = ["default", "bwd_lean", "bwd_lean_ns1", "bwd_ns1", "inv_2w", "inv_4w"]
 ERR_BOUND = 5e-3
 DEVICE = "cuda"         # a CPU smoke test of the script's logic sets "cpu" (interpreter)
 

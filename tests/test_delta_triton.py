@@ -33,6 +33,9 @@ VARIANTS = {
     "recompute_states": ({"save_states": False}, _ALL),               # backward recomputes hs, Vn
     # dqkwg_bwd over two K slices, partial dG summed (needs K padded to >= 32)
     "dqkwg_k2": ({"dqkwg_ksplit": 2}, lambda C, K, V: K > 16),
+    # the "assoc" backward in its lean order (Q, dO loaded late, dots accumulate into the state)
+    "assoc_lean": ({"state_bwd_lean": True}, _ALL),
+    "assoc_lean_bv16": ({"state_bwd_lean": True, "state_bwd_fused": (4, 3, 16)}, lambda C, K, V: V > 16),
 }
 
 

@@ -4,8 +4,10 @@
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
 # Suggested order (written 2026-11-25, sixth session; the m = 8 NaN was a benchmark race, resolved:
 #   kernels/block_diagonal/README.md): bdrest (only forward_variants is left), then deltafla with
-#   DELTA_NH="3 4" (n_h 1-2 ran), then train with TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json,
-#   then layers again (BD-LRU fwd+bwd 2.868 ms in the sixth session against 2.445 in the fifth).
+#   DELTA_NH="3 4" (n_h 1-2 ran), then deltavar (GPU tests of the opt-in TUNE["state_bwd_lean"], then
+#   its timing: kernels/delta_product/README.md), then train with
+#   TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json, then layers again (BD-LRU fwd+bwd 2.868 ms
+#   in the sixth session against 2.445 in the fifth).
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal
@@ -22,7 +24,8 @@
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py, then delta_throughput.py --variants against
 #                   the default (2026-11-25, fifth session: dqkwg_o1_dqh + state_small measured 0.871x
-#                   gated fwd+bwd and made the default; inv_2w not yet timed)
+#                   gated fwd+bwd and made the default; bwd_lean, bwd_lean_ns1, bwd_ns1, inv_2w and
+#                   inv_4w not yet timed)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
 #        deltafla — issue 4: ours vs fla, fwd and fwd+bwd, one run (DELTA_NH, default "1 2")
 #        layers   — issue 7: layer targets in bf16

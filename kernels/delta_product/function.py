@@ -47,6 +47,9 @@ TUNE = dict(
                            # W^T dVn = (diag(b g) K)^T A^T dVn
     state_fused=(4, 3, 64),      # state_fwd_fused_kernel (fuse_wu on)
     state_bwd_fused=(4, 3, 64),  # state_bwd_fused_kernel (fuse_wu on)
+    state_bwd_lean=False,  # "assoc" backward with fewer live fp32 tiles (state_fused.py LEAN): sm_90a
+                           # spills per thread (ptxas, K=V=128) see README "Register spills"; not yet
+                           # timed on a GPU, so off
     inv_batched=True,      # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
                            # (H100: 0.95x the time of four separate ones, n_h=1 fwd)
     # keep the forward's chunk-start states and Vn for the backward instead of recomputing them
@@ -249,7 +252,8 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                     qf, kf, bf, gcum, Ainv, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,
                     ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
                     BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, FORM=form,
-                    DOT=dot, num_warps=TUNE["state_bwd_fused"][0],
+                    DOT=dot, LEAN=bool(TUNE["state_bwd_lean"]) and form == 2,
+                    num_warps=TUNE["state_bwd_fused"][0],
                     num_stages=TUNE["state_bwd_fused"][1])
             else:
                 state_bwd_kernel[(cdiv(V, BVs), N * H)](

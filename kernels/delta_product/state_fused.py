@@ -96,14 +96,49 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
 
 
 @triton.jit
+def _state_bwd_lean_step(q, k, beta, gcum, Ainv, do, dvn, dst, c, h, s, start, ln, rm, mv, r, ck, cv,
+                         scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
+                         BC: tl.constexpr, USE_G: tl.constexpr, DOT: tl.constexpr):
+    """One chunk of the FORM 2 backward with ``LEAN`` (see ``state_bwd_fused_kernel``): returns
+    ``γ_C dH' − K^T (diag(βγ) A^T dVn) + Q^T (diag(γ) scale dO)`` and stores ``dVn``."""
+    A, kk, b = _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H, K, BC)
+    kdst = tl.dot(kk, dst, input_precision=DOT)                          # K dH', [C, BV]
+    if USE_G:
+        G = tl.load(gcum + s * H + h, mask=rm, other=0.)
+        gC = tl.load(gcum + (start + ln - 1) * H + h)
+        kdst = kdst * tl.exp(gC - G)[:, None]
+        b = b * tl.exp(G)
+        dst = dst * tl.exp(gC)
+    dv_ = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.) + kdst
+    tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], dv_, mask=mv)
+    t = tl.dot(tl.trans(A), dv_, input_precision=DOT) * (-b)[:, None]  # −diag(βγ) A^T dVn
+    dst = tl.dot(tl.trans(kk), t, acc=dst, input_precision=DOT)
+    qm = rm & (s % NH == NH - 1)
+    tok = s // NH
+    qq = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
+                 other=0.).to(tl.float32)
+    ds = tl.load(do + (tok * H + h)[:, None] * V + cv[None, :], mask=qm[:, None] & (cv < V)[None, :],
+                 other=0.).to(tl.float32)
+    if USE_G:
+        ds = ds * (scale * tl.exp(G))[:, None]
+    else:
+        ds = ds * scale
+    return tl.dot(tl.trans(qq), ds, acc=dst, input_precision=DOT)
+
+
+@triton.jit
 def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start_ptr, len_ptr, seq_ptr,
                            scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                            BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                           FORM: tl.constexpr, DOT: tl.constexpr):
+                           FORM: tl.constexpr, DOT: tl.constexpr, LEAN: tl.constexpr = False):
     """``state_bwd_kernel`` without a stored ``W``: ``dVn += diag(γ_C/γ) K dH'`` (``dvn`` holds
     ``P^T dO``), ``dH = γ_C dH' + (diag(γ) Q)^T dO − W^T dVn``; stores ``dH'`` per chunk and ``dH_0``.
-    FORM 2: the row scalings go on the ``[C, BV]`` side of each dot, as in the forward."""
+    FORM 2: the row scalings go on the ``[C, BV]`` side of each dot, as in the forward.
+    ``LEAN`` (FORM 2 only, ``function.TUNE["state_bwd_lean"]``): the same sums in an order that keeps
+    fewer fp32 tiles live: ``Q`` and ``dO`` are loaded after the ``W^T dVn`` dot, ``scale`` goes on
+    ``dO`` (a ``[C, BV]`` tile) instead of ``Q`` (``[C, K]``), and both dots accumulate into the
+    decayed state (``acc=``) so no ``[K, BV]`` partial result is live beside it."""
     iv = tl.program_id(0)
     nh = tl.program_id(1)
     n = nh // H
@@ -126,46 +161,51 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
         s = start + r
         mv = rm[:, None] & (cv < V)[None, :]
         tl.store(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], dst, mask=kvm)
-        qm = rm & (s % NH == NH - 1)
-        tok = s // NH
-        qq = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
-                     other=0.).to(tl.float32) * scale
-        dout = tl.load(do + (tok * H + h)[:, None] * V + cv[None, :], mask=qm[:, None] & (cv < V)[None, :],
-                       other=0.).to(tl.float32)
-        A, kk, b = _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H, K, BC)
-        dvl = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.)
-        if USE_G:
-            G = tl.load(gcum + s * H + h, mask=rm, other=0.)
-            gC = tl.load(gcum + (start + ln - 1) * H + h)
-            dst_dec = dst * tl.exp(gC)
+        if LEAN:
+            dst = _state_bwd_lean_step(q, k, beta, gcum, Ainv, do, dvn, dst, c, h, s, start, ln, rm, mv,
+                                       r, ck, cv, scale, H, K, V, NH, BC, USE_G, DOT)
         else:
-            dst_dec = dst
-        if FORM == 2:
-            # diag(γ_C/γ) (K dH'), Q^T (diag(γ) dO), K^T (diag(βγ) A^T dVn): only [C, BV] tiles scaled
-            kdst = tl.dot(kk, dst, input_precision=DOT)
-            bgs = b
+            qm = rm & (s % NH == NH - 1)
+            tok = s // NH
+            qq = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :],
+                         mask=qm[:, None] & (ck < K)[None, :], other=0.).to(tl.float32) * scale
+            dout = tl.load(do + (tok * H + h)[:, None] * V + cv[None, :],
+                           mask=qm[:, None] & (cv < V)[None, :], other=0.).to(tl.float32)
+            A, kk, b = _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H, K, BC)
+            dvl = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.)
             if USE_G:
-                eG = tl.exp(G)
-                kdst = kdst * tl.exp(gC - G)[:, None]
-                dout = dout * eG[:, None]
-                bgs = b * eG
-            dv_ = dvl + kdst
-        else:
-            if USE_G:
-                kb = kk * (b * tl.exp(G))[:, None]                              # diag(βγ) K
-                kd = kk * tl.exp(gC - G)[:, None]
-                qq = qq * tl.exp(G)[:, None]
+                G = tl.load(gcum + s * H + h, mask=rm, other=0.)
+                gC = tl.load(gcum + (start + ln - 1) * H + h)
+                dst_dec = dst * tl.exp(gC)
             else:
-                kb = kk * b[:, None]
-                kd = kk
-            dv_ = dvl + tl.dot(kd, dst, input_precision=DOT)
-        tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], dv_, mask=mv)
-        if FORM == 2:
-            wtd = tl.dot(tl.trans(kk), tl.dot(tl.trans(A), dv_, input_precision=DOT) * bgs[:, None],
-                         input_precision=DOT)
-        else:
-            w = tl.dot(A, kb, input_precision=DOT)
-            wtd = tl.dot(tl.trans(w), dv_, input_precision=DOT)
-        dst = dst_dec + tl.dot(tl.trans(qq), dout, input_precision=DOT) - wtd
+                dst_dec = dst
+            if FORM == 2:
+                # diag(γ_C/γ) (K dH'), Q^T (diag(γ) dO), K^T (diag(βγ) A^T dVn): only [C, BV]
+                # tiles scaled
+                kdst = tl.dot(kk, dst, input_precision=DOT)
+                bgs = b
+                if USE_G:
+                    eG = tl.exp(G)
+                    kdst = kdst * tl.exp(gC - G)[:, None]
+                    dout = dout * eG[:, None]
+                    bgs = b * eG
+                dv_ = dvl + kdst
+            else:
+                if USE_G:
+                    kb = kk * (b * tl.exp(G))[:, None]                              # diag(βγ) K
+                    kd = kk * tl.exp(gC - G)[:, None]
+                    qq = qq * tl.exp(G)[:, None]
+                else:
+                    kb = kk * b[:, None]
+                    kd = kk
+                dv_ = dvl + tl.dot(kd, dst, input_precision=DOT)
+            tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], dv_, mask=mv)
+            if FORM == 2:
+                wtd = tl.dot(tl.trans(kk), tl.dot(tl.trans(A), dv_, input_precision=DOT) * bgs[:, None],
+                             input_precision=DOT)
+            else:
+                w = tl.dot(A, kb, input_precision=DOT)
+                wtd = tl.dot(tl.trans(w), dv_, input_precision=DOT)
+            dst = dst_dec + tl.dot(tl.trans(qq), dout, input_precision=DOT) - wtd
     if STORE_DH0:
         tl.store(dh0 + ((n * H + h) * K + ck[:, None]) * V + cv[None, :], dst, mask=kvm)

@@ -49,7 +49,10 @@ def _ratio(a, b):
     (1, False, 1.0, {}), (1, True, 2.0, {}), (2, True, 2.0, {}), (3, False, 2.0, {}), (4, True, 1.0, {}),
     # the gated dqkwg_bwd (fla #640 is a Hopper miscompile of its gated kernel with Triton 3.4-3.7.0)
     # with two K slices, and the "wu" form of the fused state kernels (scaled key copies)
-    (2, True, 2.0, {"dqkwg_ksplit": 2}), (3, True, 2.0, {"fuse_wu": "wu"})])
+    (2, True, 2.0, {"dqkwg_ksplit": 2}), (3, True, 2.0, {"fuse_wu": "wu"}),
+    # the lean order of the backward state kernel (opt-in TUNE["state_bwd_lean"], with 1 stage too)
+    (1, True, 2.0, {"state_bwd_lean": True}),
+    (2, False, 2.0, {"state_bwd_lean": True, "state_bwd_fused": (4, 1, 64)})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     for key, val in tune.items():

@@ -98,6 +98,21 @@ def test_graph_time_synchronises_before_the_side_stream(monkeypatch):
     assert calls == ["sync", ("bench", 7, "median")]
 
 
+def test_memcheck_kernels_runs_every_family_on_the_interpreter(capsys, monkeypatch):
+    """tools/memcheck_kernels.py (run under compute-sanitizer on the GPU): one case of every kernel
+    family, forward and backward, finite, under the interpreter with poisoned buffers."""
+    import os
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        import pytest
+        pytest.skip("interpreter test (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA)")
+    mod = _tool("memcheck_kernels")
+    monkeypatch.setenv("LRNN_SCAN_POISON", "1")
+    assert mod.main(["--device", "cpu", "--first"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert [r["family"] for r in rows] == list(mod.FAMILIES)
+    assert all(r["nonfinite_grads"] and not any(r["nonfinite_grads"]) for r in rows), rows
+
+
 def test_delta_throughput_agreement_names_the_worst_difference():
     """delta_throughput's fla-vs-ours column: 0 for the same function, the right name and size for a
     perturbed gradient, NaN counted as worst."""

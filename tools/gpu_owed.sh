@@ -3,7 +3,8 @@
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
 # Suggested order (written 2026-11-25, sixth session; the m = 8 NaN was a benchmark race, resolved:
-#   kernels/block_diagonal/README.md): bdrest (only forward_variants is left), then deltafla with
+#   kernels/block_diagonal/README.md): memcheck (every kernel family, fwd+bwd, under
+#   compute-sanitizer), bdrest (only forward_variants is left), then deltafla with
 #   DELTA_NH="3 4" (n_h 1-2 ran), then deltavar (GPU tests of the opt-in TUNE["state_bwd_lean"], then
 #   its timing: kernels/delta_product/README.md), then train with
 #   TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json, then layers again (BD-LRU fwd+bwd 2.868 ms
@@ -26,6 +27,8 @@
 #                   the default (2026-11-25, fifth session: dqkwg_o1_dqh + state_small measured 0.871x
 #                   gated fwd+bwd and made the default; bwd_lean, bwd_lean_ns1, bwd_ns1, inv_2w and
 #                   inv_4w not yet timed)
+#        memcheck — issues 3, 4: tools/memcheck_kernels.py under compute-sanitizer --tool memcheck with
+#                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
 #        deltafla — issue 4: ours vs fla, fwd and fwd+bwd, one run (DELTA_NH, default "1 2")
 #        layers   — issue 7: layer targets in bf16
@@ -48,7 +51,7 @@
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh bdrest|deltafla|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
+stage=${1:?usage: gpu_owed.sh memcheck|bdrest|deltafla|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -67,6 +70,10 @@ case "$stage" in
   lookback)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --lookback-compare --out "$OUT" \
       --results "$OUT/RESULTS_lookback.md" 2>&1 | tee "$OUT/lookback.log" | tail -40 ;;
+  memcheck)
+    cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)   # 2026-11-25: there
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${STAGE_TIMEOUT:-500} "$cs" --tool memcheck \
+      --print-limit 30 python3 tools/memcheck_kernels.py 2>&1 | tee "$OUT/memcheck.log" | tail -40 ;;
   bdrest)
     # block-diagonal GPU tests not yet run with the ring forward's x = I x0 start: full_size (all m,
     # fp32 and bf16) and long_chunked_varlen (m = 1, 2, 4, 8, 16) passed on 2026-11-25 (fifth and sixth

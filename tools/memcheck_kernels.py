@@ -1,0 +1,157 @@
+"""Every Triton kernel family, forward and backward, at shapes that reach its edge cases (odd and
+long T, varlen offsets inside chunks, empty sequences, initial and final states, time-chunked and
+look-back paths, masked K / V tiles), sized to run under ``compute-sanitizer --tool memcheck``.
+
+With ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` every tensor is its own ``cudaMalloc``, so any read or
+write outside a tensor is reported, whatever lies next to it in the process's memory; the caching
+allocator would hide an overrun that lands in a neighbouring tensor of the same segment::
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --print-limit 30 \\
+        python tools/memcheck_kernels.py [--family block_diagonal diagonal fused_gates companion delta l2norm]
+
+Without the sanitizer it is a finiteness check of every output and gradient. Each case prints one
+JSON line (non-finite counts); the exit status is 1 if any is non-finite. ``--device cpu`` runs
+tiny shapes under ``TRITON_INTERPRET=1`` (``--first``: one case per family, the CI test of this
+script). 2026-11-25 (H100, Triton 3.6): the block-diagonal forward alone at B1 T16384 N768,
+m = 2, 4, 8, with and without an initial state, gave 0 errors (kernels/block_diagonal/README.md);
+this whole script has not yet run on a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+FAMILIES = ("block_diagonal", "diagonal", "fused_gates", "companion", "delta", "l2norm")
+
+
+def _cu(T, dev, small):
+    """Offsets with an empty sequence and boundaries inside 64- and 256-step chunks."""
+    pts = [0, 5, 37, 37, T] if small else [0, 5, T // 3 + 1, T // 3 + 1, T - 300, T]
+    return torch.tensor(pts, device=dev, dtype=torch.int64)
+
+
+def _grads(outs, inputs):
+    """Backward of ``sum(<random, o>)`` over the outputs; non-finite counts of every gradient."""
+    outs = [o for o in outs if o is not None and o.requires_grad]
+    torch.autograd.backward(outs, [torch.randn_like(o) for o in outs])
+    return [int((~torch.isfinite(x.grad)).sum()) for x in inputs if x.grad is not None]
+
+
+def _leaf(x, dtype):
+    return x.to(dtype).requires_grad_()
+
+
+def _cases(family, dev, small):
+    """Yields ``(name, run)``; ``run()`` returns ``(outputs, inputs)`` after the forward."""
+    from lrnn_scan.delta import chunk_delta_product
+    from lrnn_scan.kernels.block_diagonal import block_diagonal_scan, diagonal_scan
+    from lrnn_scan.kernels.companion import companion_scan
+    from lrnn_scan.kernels.fused_gates import fused_gate_scan
+    from lrnn_scan.kernels.l2norm import l2_normalize
+
+    T_long = 70 if small else 16384
+    T_var = 50 if small else 5003
+    if family == "block_diagonal":
+        for m in ((1, 2, 3, 5) if small else (1, 2, 3, 4, 8, 16, 32)):
+            H = max(1, (8 if small else 256) // m)
+            for T, cu in ((T_var, _cu(T_var, dev, small)), (T_long, None)):
+                def run(m=m, H=H, T=T, cu=cu):
+                    nseq = 1 if cu is None else cu.numel() - 1
+                    A = torch.rand(1, T, H, m, m, device=dev)
+                    A = _leaf(A / A.sum(-1, keepdim=True) * 0.99, torch.float32)
+                    b = _leaf(torch.randn(1, T, H, m, device=dev), torch.float32)
+                    h0 = _leaf(torch.randn(nseq, H, m, device=dev), torch.float32)
+                    return block_diagonal_scan(A, b, h0, True, cu), (A, b, h0)
+                yield f"m{m}_T{T}_{'varlen' if cu is not None else 'B1'}", run
+    elif family == "diagonal":
+        for T, cu in ((T_var, _cu(T_var, dev, small)), (T_long, None), (4 * T_long + 3, None)):
+            def run(T=T, cu=cu):
+                N = 24 if small else 768
+                nseq = 1 if cu is None else cu.numel() - 1
+                a = _leaf(torch.rand(1, T, N, device=dev) * 0.99, torch.float32)
+                b = _leaf(torch.randn(1, T, N, device=dev), torch.float32)
+                h0 = _leaf(torch.randn(nseq, N, device=dev), torch.float32)
+                return diagonal_scan(a, b, h0, True, cu), (a, b, h0)
+            yield f"T{T}_{'varlen' if cu is not None else 'B1'}", run
+    elif family == "fused_gates":
+        for m in ((1, 2, 3) if small else (1, 2, 4, 8)):
+            for variant in ("softmax", "sigmoid"):
+                def run(m=m, variant=variant):
+                    H, T = (4 if small else 192 // m), T_var
+                    cu = _cu(T, dev, small)
+                    lg = _leaf(torch.randn(1, T, H, m, m + 1, device=dev), torch.bfloat16)
+                    v = _leaf(torch.randn(1, T, H, m, device=dev), torch.bfloat16)
+                    h0 = _leaf(torch.randn(cu.numel() - 1, H, m, device=dev), torch.float32)
+                    return fused_gate_scan(lg, v, variant, initial_state=h0, output_final_state=True,
+                                           cu_seqlens=cu), (lg, v, h0)
+                yield f"m{m}_{variant}_varlen_bf16", run
+    elif family == "companion":
+        for m in (2, 3, 5):
+            def run(m=m):
+                N, T = (6 if small else 768), T_var
+                cu = _cu(T, dev, small)
+                lg = _leaf(torch.randn(1, T, N, m + 1, device=dev), torch.float32)
+                v = _leaf(torch.randn(1, T, N, device=dev), torch.float32)
+                h0 = _leaf(torch.randn(cu.numel() - 1, N, m, device=dev), torch.float32)
+                return companion_scan(lg, v, initial_state=h0, output_final_state=True,
+                                      cu_seqlens=cu), (lg, v, h0)
+            yield f"m{m}_varlen", run
+    elif family == "delta":
+        for n_h, gated, (K, V) in ((1, False, (128, 128)), (2, True, (128, 128)), (3, True, (40, 24))):
+            if small:
+                K, V = (32, 16) if K == 128 else (20, 12)
+
+            def run(n_h=n_h, gated=gated, K=K, V=V):
+                H, T = 2, (37 if small else 1000)
+                cu = torch.tensor([0, 3, 17, 17, T], device=dev, dtype=torch.int64) if small else \
+                    torch.tensor([0, 1, 63, 130, 130, T], device=dev, dtype=torch.int64)
+                dt = torch.float32 if small else torch.bfloat16
+                q = _leaf(torch.randn(1, T, H, K, device=dev), dt)
+                k = _leaf(torch.nn.functional.normalize(torch.randn(1, T, n_h, H, K, device=dev), dim=-1), dt)
+                v = _leaf(torch.randn(1, T, n_h, H, V, device=dev), dt)
+                beta = _leaf(torch.rand(1, T, n_h, H, device=dev) * 2, dt)
+                g = _leaf(torch.nn.functional.logsigmoid(torch.randn(1, T, H, device=dev) + 3), dt) \
+                    if gated else None
+                h0 = _leaf(torch.randn(cu.numel() - 1, H, K, V, device=dev), torch.float32)
+                xs = [x for x in (q, k, v, beta, g, h0) if x is not None]
+                return chunk_delta_product(q, k, v, beta, g, initial_state=h0, output_final_state=True,
+                                           cu_seqlens=cu, backend="triton"), xs
+            yield f"nh{n_h}_{'gated' if gated else 'ungated'}_K{K}_V{V}_varlen", run
+    elif family == "l2norm":
+        def run():
+            x = _leaf(torch.randn(37 if small else 4099, 100, device=dev), torch.bfloat16)
+            return (l2_normalize(x),), (x,)
+        yield "rows_x100_bf16", run
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--family", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for tiny shapes under the interpreter")
+    ap.add_argument("--first", action="store_true", help="only the first case of each family")
+    a = ap.parse_args(argv)
+    dev = torch.device(a.device)
+    small = dev.type == "cpu"
+    torch.manual_seed(0)
+    bad = 0
+    for fam in a.family:
+        for i, (name, run) in enumerate(_cases(fam, dev, small)):
+            if a.first and i:
+                break
+            outs, inputs = run()
+            outs = [o for o in outs if o is not None]
+            out_bad = [int((~torch.isfinite(o)).sum()) for o in outs]
+            grad_bad = _grads(outs, inputs)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            bad += sum(out_bad) + sum(grad_bad)
+            print(json.dumps(dict(family=fam, case=name, nonfinite_outputs=out_bad,
+                                  nonfinite_grads=grad_bad)), flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -225,7 +225,9 @@ class RefGatedLRU(nn.Module):
 
 
 class RefLSTM(nn.Module):
-    """``nn.LSTM(d_model, hidden_size)`` + ``Linear(hidden_size, d_model)``."""
+    """``nn.LSTM(d_model, hidden_size)`` + ``Linear(hidden_size, d_model)``. State ``{"h", "c"}``,
+    each ``[B | num_seqs, hidden_size]``; ``cu_seqlens`` (``B == 1``) runs each packed sequence on
+    its own, from its own row of the state (an empty sequence keeps it)."""
 
     def __init__(self, d_model: int, hidden_size: int):
         super().__init__()
@@ -234,8 +236,24 @@ class RefLSTM(nn.Module):
         self.out_proj = nn.Linear(hidden_size, d_model)
 
     def forward(self, x: Tensor, state=None, cu_seqlens=None):
-        if cu_seqlens is not None:
-            raise NotImplementedError("RefLSTM does not support cu_seqlens")
-        hc = None if state is None else (state["h"][None], state["c"][None])
-        y, (h, c) = self.lstm(x, hc)
-        return self.out_proj(y), {"h": h[0], "c": c[0]}
+        if cu_seqlens is None:
+            hc = None if state is None else (state["h"][None], state["c"][None])
+            y, (h, c) = self.lstm(x, hc)
+            return self.out_proj(y), {"h": h[0], "c": c[0]}
+        if x.shape[0] != 1:
+            raise ValueError(f"cu_seqlens needs batch size 1 (x.shape[0] == 1), got {x.shape[0]}")
+        cu = cu_seqlens.tolist()
+        n = len(cu) - 1
+        zero = x.new_zeros(n, self.hidden_size)
+        h0, c0 = (zero, zero) if state is None else (state["h"], state["c"])
+        ys, hs, cs = [], [], []
+        for i, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
+            h, c = h0[i], c0[i]
+            if e > s:
+                y, (h, c) = self.lstm(x[:, s:e], (h[None, None], c[None, None]))
+                ys.append(y)
+                h, c = h[0, 0], c[0, 0]
+            hs.append(h)
+            cs.append(c)
+        y = torch.cat(ys, 1) if ys else x.new_zeros(1, 0, self.hidden_size)
+        return self.out_proj(y), {"h": torch.stack(hs), "c": torch.stack(cs)}

@@ -217,6 +217,27 @@ def test_reference_layers_match_interface():
             assert ev.is_complex() and (ev.abs() <= 1 + 1e-9).all()
 
 
+def test_reference_lstm_varlen_matches_the_models_lstm():
+    """RefLSTM's cu_seqlens path (a loop over sequences) against models.LSTM's packed one with the
+    same weights: outputs and final states, an empty sequence included (it keeps its state)."""
+    from lrnn_scan.models import LSTM
+    torch.manual_seed(0)
+    ref = build_layer("lstm", 6, hidden_size=5, prefer="reference")
+    lstm = LSTM(6, 5)
+    lstm.load_state_dict(ref.state_dict())
+    x = torch.randn(1, 11, 6)
+    cu = torch.tensor([0, 4, 4, 11])
+    state = {"h": torch.randn(3, 5), "c": torch.randn(3, 5)}
+    y_r, s_r = ref(x, state, cu_seqlens=cu)
+    y_m, s_m = lstm(x, state, cu_seqlens=cu)
+    torch.testing.assert_close(y_r, y_m)
+    for k in ("h", "c"):
+        torch.testing.assert_close(s_r[k], s_m[k])
+    torch.testing.assert_close(s_r["h"][1], state["h"][1])
+    y0, _ = ref(x[:, :4], {k: v[:1] for k, v in state.items()})   # the first sequence alone
+    torch.testing.assert_close(y_r[:, :4], y0)
+
+
 def test_cli_train(capsys, tmp_path):
     rc = cli_main(["train", "--task", "s2", "--model", "tiny", "-m", "2", "--hidden-size", "8",
                    "--d-model", "16", "--epochs", "2", "--k", "8", "--n-train", "128",

@@ -89,8 +89,10 @@ case "$stage" in
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --modes fwd --out "$OUT" \
       --results "$OUT/RESULTS_delta.md" 2>&1 | tee "$OUT/delta.log" | tail -40 ;;
   deltavar)
-    timeout 180 python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
-    timeout ${STAGE_TIMEOUT:-360} python3 benchmarks/delta_throughput.py --variants --out "$OUT" \
+    timeout ${TEST_TIMEOUT:-250} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
+    # DELTA_VARIANTS: which --variants (default: the lean backward state kernel against the default)
+    timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py \
+      --variants ${DELTA_VARIANTS:-default bwd_lean bwd_lean_ns1 bwd_ns1} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

@@ -86,6 +86,9 @@ VARIANTS = {
     # (56 B gated); 2 warps were 1.6x slower on an H200 before the batched inverse (TUNE comment)
     "inv_2w": {"inv": (2, 1)},
     "inv_4w": {"inv": (4, 1)},
+    # tri_inv64 column by column, keys re-loaded where used (wy64.py LEAN): 1-warp spills 1052 -> 688
+    # bytes ungated, 1168 -> 988 gated (sm_90a, RAW); with 2 warps 96 / 192 (default form: 0 / 56)
+    "inv_lean": {"inv_lean": True},
     # the "assoc" backward state kernel in its lean order (state_fused.py LEAN). sm_90a spills per
     # thread (ptxas, K=V=128, 4 warps), ungated / gated: default (3 stages) 524 / 830 bytes, lean
     # 520 / 504, lean with 1 stage 288 / 136, lean with 2 stages 320 / 512 (README "Register spills")
@@ -94,7 +97,7 @@ VARIANTS = {
     "bwd_ns1": {"state_bwd_fused": (4, 1, 64)},
 }
 # (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
-DEFAULT_VARIANTS = ["default", "bwd_lean", "bwd_lean_ns1", "bwd_ns1", "inv_2w", "inv_4w"]
+DEFAULT_VARIANTS = ["default", "bwd_lean", "bwd_lean_ns1", "bwd_ns1", "inv_2w", "inv_4w", "inv_lean"]
 ERR_BOUND = 5e-3
 DEVICE = "cuda"         # a CPU smoke test of the script's logic sets "cpu" (interpreter)
 

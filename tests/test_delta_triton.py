@@ -36,6 +36,9 @@ VARIANTS = {
     # the "assoc" backward in its lean order (Q, dO loaded late, dots accumulate into the state)
     "assoc_lean": ({"state_bwd_lean": True}, _ALL),
     "assoc_lean_bv16": ({"state_bwd_lean": True, "state_bwd_fused": (4, 3, 16)}, lambda C, K, V: V > 16),
+    # tri_inv64 column by column with keys re-loaded where used (also with the serial 16x16 inverses)
+    "inv_lean": ({"inv_lean": True}, _C64),
+    "inv_lean_serial": ({"inv_lean": True, "inv_batched": False, "fuse_wu": False}, _C64),
 }
 
 

@@ -50,6 +50,8 @@ TUNE = dict(
     state_bwd_lean=False,  # "assoc" backward with fewer live fp32 tiles (state_fused.py LEAN): sm_90a
                            # spills per thread (ptxas, K=V=128) see README "Register spills"; not yet
                            # timed on a GPU, so off
+    inv_lean=False,        # tri_inv64 column by column, keys re-loaded where used (wy64.py LEAN): sm_90a
+                           # spills at 1 warp see README "Register spills"; not yet timed on a GPU
     inv_batched=True,      # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
                            # (H100: 0.95x the time of four separate ones, n_h=1 fwd)
     # keep the forward's chunk-start states and Vn for the backward instead of recomputing them
@@ -190,7 +192,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             # two kernels: the 16x16 substitutions run with few warps, W/U with more (wy64.py)
             tri_inv64_kernel[(NC, H)](kf, bf, gf if use_g else bf, gcum, Ainv, ch["start"], ch["length"],
                                       H=H, K=K, NH=n_h, BK=BK, USE_G=use_g, DOT=dot, RAW=raw,
-                                      BATCHED=bool(TUNE["inv_batched"]),
+                                      BATCHED=bool(TUNE["inv_batched"]), LEAN=bool(TUNE["inv_lean"]),
                                       num_warps=TUNE["inv"][0], num_stages=TUNE["inv"][1])
             if not form:
                 wu_fwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, W, U, ch["start"], ch["length"], H=H, K=K,

@@ -89,6 +89,12 @@ VARIANTS = {
     # tri_inv64 column by column, keys re-loaded where used (wy64.py LEAN): 1-warp spills 1052 -> 688
     # bytes ungated, 1168 -> 988 gated (sm_90a, RAW); with 2 warps 96 / 192 (default form: 0 / 56)
     "inv_lean": {"inv_lean": True},
+    # wy_bwd's key side in K slices (wy_bwd.py KS). sm_90a, RAW, K=128, ungated / gated spill bytes,
+    # shared memory: default (8 warps) 44 / 112 B, 160 KiB (one CTA per SM); 4 slices 0 / 84 B,
+    # 72 KiB; 4 slices at 4 warps 44 / 72 B, 72 KiB, 255 registers: two CTAs per SM
+    "wy_bwd_k2": {"wy_bwd_ksplit": 2},
+    "wy_bwd_k4": {"wy_bwd_ksplit": 4},
+    "wy_bwd_k4_4w": {"wy_bwd_ksplit": 4, "wy_bwd": (4, 1, 64)},
     # the "assoc" backward state kernel in its lean order (state_fused.py LEAN). sm_90a spills per
     # thread (ptxas, K=V=128, 4 warps), ungated / gated: default (3 stages) 524 / 830 bytes, lean
     # 520 / 504, lean with 1 stage 288 / 136, lean with 2 stages 320 / 512 (README "Register spills")
@@ -97,7 +103,8 @@ VARIANTS = {
     "bwd_ns1": {"state_bwd_fused": (4, 1, 64)},
 }
 # (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
-DEFAULT_VARIANTS = ["default", "bwd_lean", "bwd_lean_ns1", "bwd_ns1", "inv_2w", "inv_4w", "inv_lean"]
+DEFAULT_VARIANTS = ["default", "bwd_lean", "bwd_lean_ns1", "bwd_ns1", "wy_bwd_k4", "wy_bwd_k4_4w",
+                    "inv_2w", "inv_lean"]
 ERR_BOUND = 5e-3
 DEVICE = "cuda"         # a CPU smoke test of the script's logic sets "cpu" (interpreter)
 

@@ -38,6 +38,8 @@ VARIANTS = {
     "assoc_lean_bv16": ({"state_bwd_lean": True, "state_bwd_fused": (4, 3, 16)}, lambda C, K, V: V > 16),
     # tri_inv64 column by column with keys re-loaded where used (also with the serial 16x16 inverses)
     "inv_lean": ({"inv_lean": True}, _C64),
+    # wy_bwd's key side in two K slices (needs K padded to >= 32)
+    "wy_bwd_k2": ({"wy_bwd_ksplit": 2}, lambda C, K, V: K > 16),
     "inv_lean_serial": ({"inv_lean": True, "inv_batched": False, "fuse_wu": False}, _C64),
 }
 

@@ -5,8 +5,8 @@
 # Suggested order (written 2026-11-25, sixth session; the m = 8 NaN was a benchmark race, resolved:
 #   kernels/block_diagonal/README.md): memcheck (every kernel family, fwd+bwd, under
 #   compute-sanitizer), bdrest (only forward_variants is left), then deltafla with
-#   DELTA_NH="3 4" (n_h 1-2 ran), then deltavar (GPU tests of the opt-in TUNE["state_bwd_lean"], then
-#   its timing: kernels/delta_product/README.md), then train with
+#   DELTA_NH="3 4" (n_h 1-2 ran), then deltavar (GPU tests of the opt-ins state_bwd_lean, inv_lean,
+#   wy_bwd_ksplit, then their timing: kernels/delta_product/README.md), then train with
 #   TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json, then layers again (BD-LRU fwd+bwd 2.868 ms
 #   in the sixth session against 2.445 in the fifth).
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
@@ -25,8 +25,8 @@
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py, then delta_throughput.py --variants against
 #                   the default (2026-11-25, fifth session: dqkwg_o1_dqh + state_small measured 0.871x
-#                   gated fwd+bwd and made the default; bwd_lean, bwd_lean_ns1, bwd_ns1, inv_2w and
-#                   inv_4w not yet timed)
+#                   gated fwd+bwd and made the default; bwd_lean, bwd_lean_ns1, bwd_ns1, wy_bwd_k4,
+#                   wy_bwd_k4_4w, inv_2w, inv_4w and inv_lean not yet timed)
 #        memcheck — issues 3, 4: tools/memcheck_kernels.py under compute-sanitizer --tool memcheck with
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
@@ -90,9 +90,9 @@ case "$stage" in
       --results "$OUT/RESULTS_delta.md" 2>&1 | tee "$OUT/delta.log" | tail -40 ;;
   deltavar)
     timeout ${TEST_TIMEOUT:-250} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
-    # DELTA_VARIANTS: which --variants (default: the lean backward state kernel against the default)
+    # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default)
     timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py \
-      --variants ${DELTA_VARIANTS:-default bwd_lean bwd_lean_ns1 bwd_ns1} --out "$OUT" \
+      --variants ${DELTA_VARIANTS:-default bwd_lean bwd_lean_ns1 wy_bwd_k4 wy_bwd_k4_4w inv_lean} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

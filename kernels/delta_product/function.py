@@ -34,6 +34,8 @@ TUNE = dict(
                            # fewer fp32 accumulators per program, dO Vn^T recomputed per slice. H100
                            # 2026-11-25, K=128: 2 slices 1.005-1.058x the fwd+bwd time (README)
     wy_bwd=(8, 1, 64),     # was (8, 3, 32)
+    wy_bwd_ksplit=1,       # wy_bwd's key side in K slices, two passes (wy_bwd.py KS): fewer live fp32
+                           # [C, K] tiles; sm_90a registers: README "Register spills"; not yet timed
     inter_16bit=False,     # W, U stored in the inputs' dtype: error ratio 5.5e-3 > 5e-3 bound, off
     vn_16bit=False,        # Vn stored in the inputs' dtype (the state update keeps fp32 registers)
     hs_16bit=True,         # chunk-start states stored in 16 bits for read-out and backward only;
@@ -126,6 +128,15 @@ def _ksplit(BK):
     ks = TUNE["dqkwg_ksplit"]
     if not isinstance(ks, int) or ks < 1 or ks & (ks - 1):
         raise ValueError(f'TUNE["dqkwg_ksplit"] must be a power of two >= 1, got {ks!r}')
+    return max(1, min(ks, BK // 16))
+
+
+def _wy_ksplit(BK):
+    """K slices of ``wy_bwd``'s key-side work (``TUNE["wy_bwd_ksplit"]``): a power of two, at most
+    ``BK // 16``."""
+    ks = TUNE["wy_bwd_ksplit"]
+    if not isinstance(ks, int) or ks < 1 or ks & (ks - 1):
+        raise ValueError(f'TUNE["wy_bwd_ksplit"] must be a power of two >= 1, got {ks!r}')
     return max(1, min(ks, BK // 16))
 
 
@@ -287,6 +298,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             wy_bwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
                                    ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK,
                                    BV=_bv("wy_bwd", BVf), USE_G=use_g, DOT=dot, RAW=raw,
+                                   KS=_wy_ksplit(BK),
                                    num_warps=TUNE["wy_bwd"][0], num_stages=TUNE["wy_bwd"][1])
         else:
             for x in (dq, dk, dv, db, dg):

@@ -13,7 +13,10 @@ from .mm import dot_abt
 def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg, start_ptr, len_ptr,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                   BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
+                  USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr, KS: tl.constexpr = 1):
+    """``KS > 1`` (``function.TUNE["wy_bwd_ksplit"]``): the key-side work in ``KS`` slices of
+    ``BK // KS`` columns, in two passes (``_wy_bwd_k_sliced``) instead of ``[C, BK]`` fp32 tiles of
+    ``K``, ``dW``, ``A^T dW`` and ``dK`` live at once."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
@@ -41,6 +44,10 @@ def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
         tl.store(dv + (s * H + h)[:, None] * V + cv[None, :], b[:, None] * AtdU, mask=mv)
         dbb += tl.sum(vv * AtdU, 1)
         dA += tl.dot(dvnew, tl.trans(vv * b[:, None]), input_precision=DOT)
+    if KS > 1:
+        _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, A, dA, dbb, b, eg, G, s, rm, r, h, H, K, NH,
+                         BK // KS, KS, USE_G, DOT, RAW)
+        return
     kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
     kk = kr.to(tl.float32)
     dw = tl.load(dW + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
@@ -64,5 +71,50 @@ def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
     if USE_G:
         Zl = dS * kkt
         dG = tl.load(dGp + s * H + h, mask=rm, other=0.) + b * eg * kdw + tl.sum(Zl, 1) - tl.sum(Zl, 0)
+        dgs = tl.sum(dG, 0) - tl.cumsum(dG, 0) + dG                                 # reverse cumsum
+        tl.store(dg + (s // NH) * H + h, dgs, mask=rm & (s % NH == 0))
+
+
+@triton.jit
+def _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, A, dA, dbb, b, eg, G, s, rm, r, h,
+                     H: tl.constexpr, K: tl.constexpr, NH: tl.constexpr, BKS: tl.constexpr,
+                     KS: tl.constexpr, USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
+    """The key-side part of ``wy_bwd_kernel`` over ``KS`` column slices. Pass 1 sums what needs all
+    of ``K``: ``k·(A^T dW)`` per row, ``dA``, ``K K^T``. Pass 2 forms ``dK`` slice by slice from
+    ``dK_part + diag(βγ) A^T dW + (dS + dS^T) K``, recomputing the ``A^T dW`` slice (one more
+    ``[C, C] x [C, BKS]`` dot per slice) instead of keeping it."""
+    kdw = tl.zeros([r.shape[0]], dtype=tl.float32)
+    kkt = tl.zeros([r.shape[0], r.shape[0]], dtype=tl.float32)
+    beg = b * eg
+    for j in tl.static_range(KS):
+        ck = j * BKS + tl.arange(0, BKS)
+        mk = rm[:, None] & (ck < K)[None, :]
+        kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
+        kk = kr.to(tl.float32)
+        dw = tl.load(dW + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
+        kdw += tl.sum(kk * tl.dot(tl.trans(A), dw, input_precision=DOT), 1)
+        dA += tl.dot(dw, tl.trans(kk * beg[:, None]), input_precision=DOT)
+        kkt += dot_abt(kr, kr, DOT, RAW)                      # exact for 16-bit keys (fp32 acc)
+    dbb += eg * kdw
+    dL = -tl.dot(tl.dot(tl.trans(A), dA, input_precision=DOT), tl.trans(A), input_precision=DOT)
+    strict = r[:, None] > r[None, :]
+    gam = tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
+    E = tl.where(strict, dL, 0.) * gam
+    dbb += tl.sum(E * kkt, 1)
+    dS = E * b[:, None]
+    dSS = dS + tl.trans(dS)
+    for j in tl.static_range(KS):
+        ck = j * BKS + tl.arange(0, BKS)
+        mk = rm[:, None] & (ck < K)[None, :]
+        kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.).to(tl.float32)
+        dw = tl.load(dW + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
+        dkk = tl.load(dk_part + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
+        dkk += beg[:, None] * tl.dot(tl.trans(A), dw, input_precision=DOT)
+        dkk += tl.dot(dSS, kk, input_precision=DOT)
+        tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
+    tl.store(db + s * H + h, dbb, mask=rm)
+    if USE_G:
+        Zl = dS * kkt
+        dG = tl.load(dGp + s * H + h, mask=rm, other=0.) + beg * kdw + tl.sum(Zl, 1) - tl.sum(Zl, 0)
         dgs = tl.sum(dG, 0) - tl.cumsum(dG, 0) + dG                                 # reverse cumsum
         tl.store(dg + (s // NH) * H + h, dgs, mask=rm & (s % NH == 0))

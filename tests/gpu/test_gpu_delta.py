@@ -52,7 +52,9 @@ def _ratio(a, b):
     (2, True, 2.0, {"dqkwg_ksplit": 2}), (3, True, 2.0, {"fuse_wu": "wu"}),
     # the lean order of the backward state kernel (opt-in TUNE["state_bwd_lean"], with 1 stage too)
     (1, True, 2.0, {"state_bwd_lean": True}),
-    (2, False, 2.0, {"state_bwd_lean": True, "state_bwd_fused": (4, 1, 64)})])
+    (2, False, 2.0, {"state_bwd_lean": True, "state_bwd_fused": (4, 1, 64)}),
+    # tri_inv64 column by column; wy_bwd's key side in 4 K slices (4 warps)
+    (1, True, 2.0, {"inv_lean": True}), (2, True, 2.0, {"wy_bwd_ksplit": 4, "wy_bwd": (4, 1, 64)})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     for key, val in tune.items():

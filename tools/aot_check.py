@@ -171,9 +171,12 @@ def _compile_one(job: dict) -> dict:
         for part in job["name"].split("."):
             obj = getattr(obj, part)
         types = {n: t for n, t, _ in job["args"]}
-        sig = {p: "constexpr" if p in job["constexprs"] else types[p] for p in obj.arg_names}  # param order
-        attrs = {(obj.arg_names.index(n),): [["tt.divisibility", 16]] for n, _, a in job["args"] if "D" in a}
         cst = {k: _decode(v) for k, v in job["constexprs"].items()}
+        for prm in obj.params:  # a constexpr added with a default since the launch was recorded
+            if prm.name not in cst and prm.name not in types and prm.is_constexpr and prm.has_default:
+                cst[prm.name] = prm.default
+        sig = {p: "constexpr" if p in cst else types[p] for p in obj.arg_names}  # param order
+        attrs = {(obj.arg_names.index(n),): [["tt.divisibility", 16]] for n, _, a in job["args"] if "D" in a}
         src = ASTSource(fn=obj, signature=sig, constexprs=cst, attrs=attrs)
         opts = {k: _decode(v) for k, v in job["options"].items()}
         c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)

@@ -204,8 +204,10 @@ def test_kernel_variants(fwd, bwd):
     run_check(A[:1], b[:1], None, torch.tensor([0, 5, 19], device=DEV), 1e-5)
 
 
-@pytest.mark.parametrize("m,variant", [(1, "ring4"), (2, "ring2"), (3, "ring2"), (8, "ring4"),
-                                       (2, "ring8"), (5, "ring8")])
+# the two largest cases (50-75 s each under the interpreter) run in the slow pass (CI runs both)
+@pytest.mark.parametrize("m,variant", [(1, "ring4"), (2, "ring2"), (3, "ring2"),
+                                       pytest.param(8, "ring4", marks=pytest.mark.slow), (2, "ring8"),
+                                       pytest.param(5, "ring8", marks=pytest.mark.slow)])
 def test_ring_variants(m, variant):
     """The ring forward (the default ring4 runs in every other test; here m = 1 routed through the
     block kernels and ring2), its one-column-per-program chunk summaries (default) and the
@@ -219,8 +221,9 @@ def test_ring_variants(m, variant):
         run_check(A.reshape(1, 74, 3, m, m), b.reshape(1, 74, 3, m), torch.randn(5, 3, m).to(DEV), cu, 1e-5)
 
 
-@pytest.mark.parametrize("m,bwd", [(1, "ring"), (2, "ring"), (3, "ring"), (4, "ring"), (8, "ring"),
-                                   (2, "ring4"), (3, "ring4"), (16, "ring2")])
+@pytest.mark.parametrize("m,bwd", [(1, "ring"), (2, "ring"), (3, "ring"), (4, "ring"),
+                                   pytest.param(8, "ring", marks=pytest.mark.slow), (2, "ring4"),
+                                   (3, "ring4"), pytest.param(16, "ring2", marks=pytest.mark.slow)])
 def test_bwd_ring(m, bwd):
     """The backward ring kernels (8 or 16 slots): one pass with h0 and dh_final, varlen chunks."""
     scanmod.TUNE.update(bwd_variant=bwd, diag_variant="ring")

@@ -3,6 +3,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -66,6 +68,7 @@ def test_block_diagonal_tuned_restores_tune():
     assert S.TUNE == before
 
 
+@pytest.mark.slow   # about 80 s under the interpreter
 def test_diag_tile_vs_accel_smoke_on_the_interpreter(tmp_path, monkeypatch):
     """tools/diag_tile_vs_accel.py's logic at a tiny shape on the CPU interpreter (timer stubbed,
     no accelerated-scan): every config is checked against fp64 and the rows are written."""
@@ -103,7 +106,6 @@ def test_memcheck_kernels_runs_every_family_on_the_interpreter(capsys, monkeypat
     family, forward and backward, finite, under the interpreter with poisoned buffers."""
     import os
     if os.environ.get("TRITON_INTERPRET") != "1":
-        import pytest
         pytest.skip("interpreter test (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA)")
     mod = _tool("memcheck_kernels")
     monkeypatch.setenv("LRNN_SCAN_POISON", "1")

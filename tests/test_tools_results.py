@@ -56,7 +56,6 @@ def test_fwd_bh_sweep_render(tmp_path):
 
 def test_block_diagonal_tuned_restores_tune():
     """``scan.tuned`` (the sweeps' TUNE overrides) restores TUNE exactly, also after an error."""
-    import pytest
     from lrnn_scan.kernels.block_diagonal import scan as S
     before = dict(S.TUNE)
     with S.tuned({"bh": 16, "variant": "ring8"}):

@@ -41,13 +41,22 @@ def _inv16x4(L0, L1, L2, L3, r):
 
 
 @triton.jit
+def _kb(k, start, n, c0, h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
+    """Keys of the 16 rows from ``c0`` in the inputs' dtype (``_blk``; ``LEAN`` loads them again
+    where used, an L1 hit, instead of four ``[16, BK]`` tiles held in one warp's registers)."""
+    r = c0 + tl.arange(0, 16)
+    ck = tl.arange(0, BK)
+    return tl.load(k + ((start + r) * H + h)[:, None] * K + ck[None, :],
+                   mask=(r < n)[:, None] & (ck < K)[None, :], other=0.)
+
+
+@triton.jit
 def _blk(k, beta, g, gcum, start, n, c0, h, goff, H: tl.constexpr, K: tl.constexpr, NH: tl.constexpr,
          BK: tl.constexpr, USE_G: tl.constexpr):
     r = c0 + tl.arange(0, 16)
     rm = r < n
     s = start + r
-    ck = tl.arange(0, BK)
-    kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :], other=0.)
+    kk = _kb(k, start, n, c0, h, H, K, BK)
     b = tl.load(beta + s * H + h, mask=rm, other=0.).to(tl.float32)
     if USE_G:
         gs = tl.load(g + (s // NH) * H + h, mask=rm & (s % NH == 0), other=0.).to(tl.float32)
@@ -76,16 +85,6 @@ def _Ld(ki, bi, Gi, r, DOT: tl.constexpr, RAW: tl.constexpr):
 @triton.jit
 def _mm(a, b):
     return tl.dot(a, b, input_precision="ieee")
-
-
-@triton.jit
-def _kb(k, start, n, c0, h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
-    """Keys of the 16 rows from ``c0`` (``LEAN``: loaded again where used, an L1 hit, instead of
-    four ``[16, BK]`` tiles held in the registers of one warp)."""
-    r = c0 + tl.arange(0, 16)
-    ck = tl.arange(0, BK)
-    return tl.load(k + ((start + r) * H + h)[:, None] * K + ck[None, :],
-                   mask=(r < n)[:, None] & (ck < K)[None, :], other=0.)
 
 
 @triton.jit

@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 import lrnn_scan as ls  # noqa: E402
 from lrnn_scan import distributed as lsd  # noqa: E402
+from lrnn_scan.bench.inputs import stable_blocks  # noqa: E402
 from lrnn_scan.dispatch import kernel_for  # noqa: E402
 
 FAMILIES = ("diagonal", "block_diagonal", "companion", "householder", "delta")
@@ -129,14 +130,12 @@ class Problem:
                 self.shape = f"B={B} N={w['N']}"
             elif family == "block_diagonal":
                 m = w["m"]
-                A = uni(B, T, w["H"], m, m)
-                op = ls.BlockDiagonal(A / A.sum(-1, keepdim=True) * 0.99)      # rows L1 < 1
+                op = ls.BlockDiagonal(stable_blocks(B, T, w["H"], m, m, generator=g, device=dev))
                 bshape, state = (B, T, w["H"], m), (B, w["H"], m)
                 self.shape = f"B={B} H={w['H']} m={m}"
             elif family == "companion":
                 m = w["m"]
-                a = uni(B, T, w["N"], m)
-                op = ls.Companion(a / a.sum(-1, keepdim=True) * 0.99)
+                op = ls.Companion(stable_blocks(B, T, w["N"], m, generator=g, device=dev))
                 bshape, state = (B, T, w["N"]), (B, w["N"], m)                  # newest-only b
                 self.shape = f"B={B} N={w['N']} m={m} (newest-only b)"
             elif family == "householder":

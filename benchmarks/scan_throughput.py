@@ -60,6 +60,7 @@ import triton
 from triton.testing import do_bench
 
 from lrnn_scan.bench.measure import graph_time
+from lrnn_scan.bench.inputs import stable_blocks
 
 DEV = "cuda"
 
@@ -88,8 +89,7 @@ def copy_bandwidth():
 
 def make_inputs(B, T, N, m, dtype=torch.float32, grad=False):
     H = N // m
-    A = torch.rand(B, T, H, m, m, device=DEV, dtype=dtype)
-    A = (A / A.sum(-1, keepdim=True) * 0.99).to(dtype).contiguous()  # rows L1 <= 1: stable
+    A = stable_blocks(B, T, H, m, m, device=DEV).to(dtype).contiguous()  # rows L1 = 0.99
     b = torch.randn(B, T, H, m, device=DEV, dtype=dtype)
     if grad:
         A.requires_grad_(True)

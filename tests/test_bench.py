@@ -172,3 +172,19 @@ def test_python_m_benchmarks_wrapper(tmp_path):
     res = subprocess.run([sys.executable, "-m", "benchmarks", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "--record" in res.stdout
+
+
+def test_stable_blocks_rows_and_no_zero_division(monkeypatch):
+    """Rows sum to the scale (a tensor scale per row too), entries are > 0, and an exact 0 from
+    torch.rand (m = 1 divided 0 / 0 = NaN before) gives a finite block."""
+    from lrnn_scan.bench.inputs import stable_blocks
+    g = torch.Generator().manual_seed(0)
+    A = stable_blocks(2, 7, 3, 4, 4, generator=g)
+    assert torch.allclose(A.sum(-1), torch.full((2, 7, 3, 4), 0.99))
+    assert (A > 0).all()
+    s = 2 * torch.rand(2, 7, 3, 4, 1, generator=g) - 1
+    assert torch.allclose(stable_blocks(2, 7, 3, 4, 4, scale=s, generator=g).sum(-1), s[..., 0])
+    real_rand = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.zeros_like(real_rand(*a, **k)))
+    A1 = stable_blocks(5, 1, 1)
+    assert torch.isfinite(A1).all() and torch.allclose(A1, torch.full_like(A1, 0.99))

@@ -67,7 +67,7 @@ def rel(x, y):
 
 def make(B, T, H, m, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    A = torch.rand(B, T, H, m, m, generator=g)
+    A = 1 - torch.rand(B, T, H, m, m, generator=g)   # (0, 1]: no 0 / 0 rows at m = 1
     A = A / A.sum(-1, keepdim=True) * (2 * torch.rand(B, T, H, m, 1, generator=g) - 1)
     b = torch.randn(B, T, H, m, generator=g)
     return A.to(DEV, dtype).contiguous(), b.to(DEV, dtype).contiguous()

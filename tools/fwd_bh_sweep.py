@@ -30,6 +30,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
+from lrnn_scan.bench.inputs import stable_blocks
 from lrnn_scan.bench.measure import graph_time
 from lrnn_scan.kernels.block_diagonal import scan as S
 
@@ -96,8 +97,7 @@ def main():
     for B, T, N in (tuple(int(x) for x in s.split("x")) for s in a.shapes):
         for m in a.m:
             H = N // m
-            A = torch.rand(B, T, H, m, m, device="cuda")
-            A = A / A.sum(-1, keepdim=True) * 0.99
+            A = stable_blocks(B, T, H, m, m, device="cuda")
             b = torch.randn(B, T, H, m, device="cuda")
             nbytes = (A.numel() + 2 * b.numel()) * 4
             src = torch.empty(nbytes // 8, device="cuda")

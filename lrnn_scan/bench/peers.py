@@ -23,6 +23,7 @@ import importlib
 
 import torch
 
+from .inputs import stable_blocks
 from .suite import Config, LayerCase, ScanCase, _dtype, _with_grad
 
 __all__ = ["scan_peer_fns", "layer_peer_cases", "make_peer_layer", "fla_gated_deltanet_class",
@@ -61,8 +62,7 @@ def _assoc_scan(case, cfg, mode):
                       "of m x m products over HBM (shared/reference/peers.md: fails to compile)")
     g = torch.Generator(device="cpu").manual_seed(0)
     B, T, H, m = case.B, case.T, case.H, case.m
-    A = torch.rand(B, T, H, m, m, generator=g)
-    A = (A / A.sum(-1, keepdim=True) * 0.99).to(dev, _dtype(cfg.dtype)).requires_grad_(grad)
+    A = stable_blocks(B, T, H, m, m, generator=g).to(dev, _dtype(cfg.dtype)).requires_grad_(grad)
     b = torch.randn(B, T, H, m, 1, generator=g).to(dev, _dtype(cfg.dtype)).requires_grad_(grad)
 
     def combm(x, y):  # x earlier, y later: (A_y A_x, A_y b_x + b_y)

@@ -25,6 +25,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .inputs import stable_blocks
+
 __all__ = ["Config", "ScanCase", "LayerCase", "scan_cases", "layer_cases", "make_scan_fn",
            "make_layer_fn", "ScanStack", "count_params", "match_d_model", "LAYER_BUILDERS",
            "scan_bytes"]
@@ -153,8 +155,7 @@ def make_scan_fn(case: ScanCase, cfg: Config, mode: str, *, seed: int = 0) -> Ca
         inputs = (z, v)
         fwd = lambda: ls.hlru_scan(z, v, "softmax", method=cfg.method)  # noqa: E731
     elif case.kind == "bd_materialised":
-        A = torch.rand(B, T, H, m, m, generator=g, device=dev)
-        A = (A / A.sum(-1, keepdim=True) * 0.99).to(dt).requires_grad_(grad)  # stable rows
+        A = stable_blocks(B, T, H, m, m, generator=g, device=dev).to(dt).requires_grad_(grad)
         b = rnd(B, T, H, m)
         inputs = (A, b)
         fwd = lambda: ls.scan(ls.BlockDiagonal(A), b, method=cfg.method)  # noqa: E731

@@ -83,7 +83,7 @@ def rel(x, y):
 
 def make(B, T, H, m, dtype, seed=0):
     g = torch.Generator(device=DEV).manual_seed(seed)
-    A = torch.rand(B, T, H, m, m, device=DEV, generator=g)
+    A = 1 - torch.rand(B, T, H, m, m, device=DEV, generator=g)   # (0, 1]: no 0 / 0 rows at m = 1
     A = A / A.sum(-1, keepdim=True) * (2 * torch.rand(B, T, H, m, 1, device=DEV, generator=g) - 1)
     b = torch.randn(B, T, H, m, device=DEV, generator=g)
     return A.to(dtype).contiguous(), b.to(dtype).contiguous()

@@ -83,28 +83,27 @@ VARIANTS = {
     "output_bv32": {"output": (4, 3, 32)},
     "output_8w_bv128": {"output": (8, 2, 128)},
     # tri_inv64 with 2 / 4 warps: with 1 it spills ~1.1 KB per thread on sm_90a, with 2 none ungated
-    # (56 B gated); 2 warps were 1.6x slower on an H200 before the batched inverse (TUNE comment)
+    # (56 B gated); 2 warps were 1.6x slower on an H200 before the batched inverse (TUNE comment);
+    # with it, 2 warps: fwd 1.03-1.04x on an H100 (2026-11-25, seventh session)
     "inv_2w": {"inv": (2, 1)},
     "inv_4w": {"inv": (4, 1)},
-    # tri_inv64 column by column, keys re-loaded where used (wy64.py LEAN): 1-warp spills 1052 -> 688
-    # bytes ungated, 1168 -> 988 gated (sm_90a, RAW); with 2 warps 96 / 192 (default form: 0 / 56)
-    "inv_lean": {"inv_lean": True},
     # wy_bwd's key side in K slices (wy_bwd.py KS). sm_90a, RAW, K=128, ungated / gated spill bytes,
     # shared memory: default (8 warps) 44 / 112 B, 160 KiB (one CTA per SM); 4 slices 0 / 84 B,
     # 72 KiB; 4 slices at 4 warps 44 / 72 B, 72 KiB, 255 registers: two CTAs per SM
     "wy_bwd_k2": {"wy_bwd_ksplit": 2},
-    "wy_bwd_k4": {"wy_bwd_ksplit": 4},
-    "wy_bwd_k4_4w": {"wy_bwd_ksplit": 4, "wy_bwd": (4, 1, 64)},
-    # the "assoc" backward state kernel in its lean order (state_fused.py LEAN). sm_90a spills per
-    # thread (ptxas, K=V=128, 4 warps), ungated / gated: default (3 stages) 524 / 830 bytes, lean
-    # 520 / 504, lean with 1 stage 288 / 136, lean with 2 stages 320 / 512 (README "Register spills")
-    "bwd_lean": {"state_bwd_lean": True},
-    "bwd_lean_ns1": {"state_bwd_lean": True, "state_bwd_fused": (4, 1, 64)},
-    "bwd_ns1": {"state_bwd_fused": (4, 1, 64)},
+    "wy_bwd_k4_8w": {"wy_bwd_ksplit": 4, "wy_bwd": (8, 1, 64)},   # 1.03x the unsplit 8-warp time
+    "wy_bwd_k4_4w": {"wy_bwd_ksplit": 4, "wy_bwd": (4, 1, 64)},   # the default since 2026-11-25 (7th)
+    "wy_bwd_k1": {"wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)},       # the default before: 1.10-1.11x
+    # the "assoc" backward state kernel (state_fused.py LEAN). sm_90a spills per thread (ptxas,
+    # K=V=128, 4 warps), ungated / gated: first order (3 stages) 524 / 830 bytes, lean 520 / 504,
+    # lean with 1 stage 288 / 136 (the default since 2026-11-25, seventh session: H100 fwd+bwd
+    # 0.871-0.909x bwd_first at n_h 1-2; bwd_first_ns1 0.905-0.985x, bwd_lean_ns3 0.928-0.966x)
+    "bwd_first": {"state_bwd_lean": False, "state_bwd_fused": (4, 3, 64)},
+    "bwd_first_ns1": {"state_bwd_lean": False},
+    "bwd_lean_ns3": {"state_bwd_fused": (4, 3, 64)},
 }
 # (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
-DEFAULT_VARIANTS = ["default", "bwd_lean", "bwd_lean_ns1", "bwd_ns1", "wy_bwd_k4", "wy_bwd_k4_4w",
-                    "inv_2w", "inv_lean"]
+DEFAULT_VARIANTS = ["default", "bwd_first", "wy_bwd_k1"]
 ERR_BOUND = 5e-3
 DEVICE = "cuda"         # a CPU smoke test of the script's logic sets "cpu" (interpreter)
 

@@ -33,14 +33,13 @@ VARIANTS = {
     "recompute_states": ({"save_states": False}, _ALL),               # backward recomputes hs, Vn
     # dqkwg_bwd over two K slices, partial dG summed (needs K padded to >= 32)
     "dqkwg_k2": ({"dqkwg_ksplit": 2}, lambda C, K, V: K > 16),
-    # the "assoc" backward in its lean order (Q, dO loaded late, dots accumulate into the state)
-    "assoc_lean": ({"state_bwd_lean": True}, _ALL),
+    # the "assoc" backward in its first order (the lean order, Q and dO loaded late and dots
+    # accumulated into the state, is the default since 2026-11-25: 0.87-0.91x fwd+bwd on an H100)
+    "assoc_not_lean": ({"state_bwd_lean": False, "state_bwd_fused": (4, 3, 64)}, _ALL),
     "assoc_lean_bv16": ({"state_bwd_lean": True, "state_bwd_fused": (4, 3, 16)}, lambda C, K, V: V > 16),
-    # tri_inv64 column by column with keys re-loaded where used (also with the serial 16x16 inverses)
-    "inv_lean": ({"inv_lean": True}, _C64),
-    # wy_bwd's key side in two K slices (needs K padded to >= 32)
+    # wy_bwd's key side unsplit (the default splits it in 4 K slices, capped at BK // 16) and in two
+    "wy_bwd_k1": ({"wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)}, _ALL),
     "wy_bwd_k2": ({"wy_bwd_ksplit": 2}, lambda C, K, V: K > 16),
-    "inv_lean_serial": ({"inv_lean": True, "inv_batched": False, "fuse_wu": False}, _C64),
 }
 
 

@@ -33,9 +33,11 @@ TUNE = dict(
     dqkwg_ksplit=1,        # K slices of dqkwg_bwd (a third grid axis; 16 columns at least per slice):
                            # fewer fp32 accumulators per program, dO Vn^T recomputed per slice. H100
                            # 2026-11-25, K=128: 2 slices 1.005-1.058x the fwd+bwd time (README)
-    wy_bwd=(8, 1, 64),     # was (8, 3, 32)
-    wy_bwd_ksplit=1,       # wy_bwd's key side in K slices, two passes (wy_bwd.py KS): fewer live fp32
-                           # [C, K] tiles; sm_90a registers: README "Register spills"; not yet timed
+    # wy_bwd's key side in 4 K slices, two passes (wy_bwd.py KS), 4 warps: fewer live fp32 [C, K]
+    # tiles, 72 KiB shared memory (two CTAs per SM). H100 2026-11-25 (seventh session), B8 T4096
+    # H16 K=V=128 bf16: fwd+bwd 0.899-0.908x the time of (ksplit 1, 8 warps) at n_h 1-2
+    wy_bwd=(4, 1, 64),     # was (8, 1, 64); before that (8, 3, 32)
+    wy_bwd_ksplit=4,       # capped at BK // 16 (tl.dot needs 16 columns a slice)
     inter_16bit=False,     # W, U stored in the inputs' dtype: error ratio 5.5e-3 > 5e-3 bound, off
     vn_16bit=False,        # Vn stored in the inputs' dtype (the state update keeps fp32 registers)
     hs_16bit=True,         # chunk-start states stored in 16 bits for read-out and backward only;
@@ -48,12 +50,11 @@ TUNE = dict(
                            # beta, g (same dots). "assoc": Vn = A (diag(b) V - diag(b g) K H),
                            # W^T dVn = (diag(b g) K)^T A^T dVn
     state_fused=(4, 3, 64),      # state_fwd_fused_kernel (fuse_wu on)
-    state_bwd_fused=(4, 3, 64),  # state_bwd_fused_kernel (fuse_wu on)
-    state_bwd_lean=False,  # "assoc" backward with fewer live fp32 tiles (state_fused.py LEAN): sm_90a
-                           # spills per thread (ptxas, K=V=128) see README "Register spills"; not yet
-                           # timed on a GPU, so off
-    inv_lean=False,        # tri_inv64 column by column, keys re-loaded where used (wy64.py LEAN): sm_90a
-                           # spills at 1 warp see README "Register spills"; not yet timed on a GPU
+    state_bwd_fused=(4, 1, 64),  # state_bwd_fused_kernel (fuse_wu on); was (4, 3, 64)
+    # the "assoc" backward with fewer live fp32 tiles (state_fused.py LEAN) at 1 stage: H100
+    # 2026-11-25 (seventh session), B8 T4096 H16 K=V=128 bf16, fwd+bwd 0.871-0.909x the time of
+    # (False, 3 stages) at n_h 1-2, gated and not; sm_90a spills 830 -> 136 B gated (README)
+    state_bwd_lean=True,
     inv_batched=True,      # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
                            # (H100: 0.95x the time of four separate ones, n_h=1 fwd)
     # keep the forward's chunk-start states and Vn for the backward instead of recomputing them
@@ -203,7 +204,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             # two kernels: the 16x16 substitutions run with few warps, W/U with more (wy64.py)
             tri_inv64_kernel[(NC, H)](kf, bf, gf if use_g else bf, gcum, Ainv, ch["start"], ch["length"],
                                       H=H, K=K, NH=n_h, BK=BK, USE_G=use_g, DOT=dot, RAW=raw,
-                                      BATCHED=bool(TUNE["inv_batched"]), LEAN=bool(TUNE["inv_lean"]),
+                                      BATCHED=bool(TUNE["inv_batched"]),
                                       num_warps=TUNE["inv"][0], num_stages=TUNE["inv"][1])
             if not form:
                 wu_fwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, W, U, ch["start"], ch["length"], H=H, K=K,

@@ -42,8 +42,7 @@ def _inv16x4(L0, L1, L2, L3, r):
 
 @triton.jit
 def _kb(k, start, n, c0, h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
-    """Keys of the 16 rows from ``c0`` in the inputs' dtype (``_blk``; ``LEAN`` loads them again
-    where used, an L1 hit, instead of four ``[16, BK]`` tiles held in one warp's registers)."""
+    """Keys of the 16 rows from ``c0`` in the inputs' dtype."""
     r = c0 + tl.arange(0, 16)
     ck = tl.arange(0, BK)
     return tl.load(k + ((start + r) * H + h)[:, None] * K + ck[None, :],
@@ -88,76 +87,14 @@ def _mm(a, b):
 
 
 @triton.jit
-def _tri_inv64_lean(k, b0, b1, b2, b3, G0, G1, G2, G3, p, start, n, h, r, H: tl.constexpr,
-                    K: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
-                    BATCHED: tl.constexpr):
-    """The blocked inverse of ``tri_inv64_kernel`` column by column: each column of ``X`` is stored
-    when it is complete, the off-diagonal ``L`` blocks are formed where they are used (from keys
-    loaded again), so only the four diagonal inverses and one column stay live. Same formulas."""
-    if BATCHED:
-        X00, X11, X22, X33 = _inv16x4(
-            _Ld(_kb(k, start, n, 0, h, H, K, BK), b0, G0, r, DOT, RAW),
-            _Ld(_kb(k, start, n, 16, h, H, K, BK), b1, G1, r, DOT, RAW),
-            _Ld(_kb(k, start, n, 32, h, H, K, BK), b2, G2, r, DOT, RAW),
-            _Ld(_kb(k, start, n, 48, h, H, K, BK), b3, G3, r, DOT, RAW), r)
-    else:
-        X00 = _inv16(_Ld(_kb(k, start, n, 0, h, H, K, BK), b0, G0, r, DOT, RAW), r)
-        X11 = _inv16(_Ld(_kb(k, start, n, 16, h, H, K, BK), b1, G1, r, DOT, RAW), r)
-        X22 = _inv16(_Ld(_kb(k, start, n, 32, h, H, K, BK), b2, G2, r, DOT, RAW), r)
-        X33 = _inv16(_Ld(_kb(k, start, n, 48, h, H, K, BK), b3, G3, r, DOT, RAW), r)
-    z = tl.zeros([16, 16], dtype=tl.float32)
-    k0 = _kb(k, start, n, 0, h, H, K, BK)                                   # column 0
-    k1 = _kb(k, start, n, 16, h, H, K, BK)
-    X10 = -_mm(X11, _mm(_L(k1, b1, G1, k0, G0, DOT, RAW), X00))
-    k2 = _kb(k, start, n, 32, h, H, K, BK)
-    X20 = -_mm(X22, _mm(_L(k2, b2, G2, k0, G0, DOT, RAW), X00) + _mm(_L(k2, b2, G2, k1, G1, DOT, RAW), X10))
-    k3 = _kb(k, start, n, 48, h, H, K, BK)
-    X30 = -_mm(X33, _mm(_L(k3, b3, G3, k0, G0, DOT, RAW), X00) + _mm(_L(k3, b3, G3, k1, G1, DOT, RAW), X10)
-               + _mm(_L(k3, b3, G3, k2, G2, DOT, RAW), X20))
-    tl.store(p, X00)
-    tl.store(p + 1024, X10)
-    tl.store(p + 2048, X20)
-    tl.store(p + 3072, X30)
-    k1 = _kb(k, start, n, 16, h, H, K, BK)                                  # column 1
-    k2 = _kb(k, start, n, 32, h, H, K, BK)
-    X21 = -_mm(X22, _mm(_L(k2, b2, G2, k1, G1, DOT, RAW), X11))
-    k3 = _kb(k, start, n, 48, h, H, K, BK)
-    X31 = -_mm(X33, _mm(_L(k3, b3, G3, k1, G1, DOT, RAW), X11) + _mm(_L(k3, b3, G3, k2, G2, DOT, RAW), X21))
-    tl.store(p + 16, z)
-    tl.store(p + 1040, X11)
-    tl.store(p + 2064, X21)
-    tl.store(p + 3088, X31)
-    k2 = _kb(k, start, n, 32, h, H, K, BK)                                  # columns 2, 3
-    k3 = _kb(k, start, n, 48, h, H, K, BK)
-    X32 = -_mm(X33, _mm(_L(k3, b3, G3, k2, G2, DOT, RAW), X22))
-    tl.store(p + 32, z)
-    tl.store(p + 1056, z)
-    tl.store(p + 2080, X22)
-    tl.store(p + 3104, X32)
-    tl.store(p + 48, z)
-    tl.store(p + 1072, z)
-    tl.store(p + 2096, z)
-    tl.store(p + 3120, X33)
-
-
-@triton.jit
 def tri_inv64_kernel(k, beta, g, gcum, Ainv, start_ptr, len_ptr,
                      H: tl.constexpr, K: tl.constexpr, NH: tl.constexpr, BK: tl.constexpr,
-                     USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr, BATCHED: tl.constexpr,
-                     LEAN: tl.constexpr = False):
+                     USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr, BATCHED: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
     n = tl.load(len_ptr + c)
     r = tl.arange(0, 16)
-    if LEAN:   # TUNE["inv_lean"]: fewer live tiles (see _tri_inv64_lean)
-        _, b0, G0, o1 = _blk(k, beta, g, gcum, start, n, 0, h, 0., H, K, NH, BK, USE_G)
-        _, b1, G1, o2 = _blk(k, beta, g, gcum, start, n, 16, h, o1, H, K, NH, BK, USE_G)
-        _, b2, G2, o3 = _blk(k, beta, g, gcum, start, n, 32, h, o2, H, K, NH, BK, USE_G)
-        _, b3, G3, o4 = _blk(k, beta, g, gcum, start, n, 48, h, o3, H, K, NH, BK, USE_G)
-        _tri_inv64_lean(k, b0, b1, b2, b3, G0, G1, G2, G3, Ainv + (c * H + h) * 4096 + r[:, None] * 64
-                        + r[None, :], start, n, h, r, H, K, BK, DOT, RAW, BATCHED)
-        return
     k0, b0, G0, o1 = _blk(k, beta, g, gcum, start, n, 0, h, 0., H, K, NH, BK, USE_G)
     k1, b1, G1, o2 = _blk(k, beta, g, gcum, start, n, 16, h, o1, H, K, NH, BK, USE_G)
     k2, b2, G2, o3 = _blk(k, beta, g, gcum, start, n, 32, h, o2, H, K, NH, BK, USE_G)

@@ -210,8 +210,14 @@ def run_jobs(jobs: list[dict], out_dir: str, *, workers: int = 4, threads: int =
 
 # ----------------------------------------------------------------------------- summaries
 def load_records(path: str) -> list[dict]:
+    """The records of one ``results.jsonl``, the last one per run: a paused run that a later
+    launch of the same config continued, or finished, is appended to the file again (same group,
+    task, model, block size, LR and seed); only its latest state counts."""
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        records = [json.loads(line) for line in f if line.strip()]
+    latest = {(r.get("group"), r.get("task"), r.get("model"), r.get("block_size"), r.get("lr"),
+               r.get("seed")): r for r in records}
+    return list(latest.values())
 
 
 def best_records(records: list[dict], metric: str = "micro", merge_groups: bool = False) -> dict:

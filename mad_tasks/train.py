@@ -279,7 +279,7 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
 
     state = {"epoch": 0, "step": 0, "history": [], "best": None, "best_epoch": None,
              "stopped_early": False, "train_time": 0.0, "epochs_planned": cfg.epochs,
-             "time_limited": False}
+             "time_limited": False, "wall_time": 0.0}
     out_dir = cfg.out_dir
     ck_path = os.path.join(out_dir, "checkpoint.pt") if out_dir else None
     if out_dir and main:
@@ -309,6 +309,7 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
         state = ck["state"]
         state.setdefault("epochs_planned", cfg.epochs)
         state.setdefault("time_limited", False)
+        state.setdefault("wall_time", 0.0)     # checkpoints before 2026-11-25 did not keep it
         total_steps[0] = steps_per_epoch * state["epochs_planned"]
         resumed = True
     elif clear_log:
@@ -317,6 +318,8 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
     else:
         torch.manual_seed(cfg.seed + 1)       # training-time randomness (none by default)
 
+    # wall time summed over the calls that ran this run (a resumed run reports all of it)
+    wall_before = state["wall_time"]
     desc = f"{task.name}/{cfg.model}" + (f"-m{cfg.block_size}" if cfg.block_size else "")
     prog = Progress(cfg.progress if main else "none", total_steps[0], desc)
     src = getattr(model.blocks[0].layer, "layer_source", "?")
@@ -437,6 +440,7 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
                  + f" lr {rec['lr']:.2e} ({rec['epoch_time']:.1f}s)")
         log(event="epoch", **rec)
         if ck_path and main:
+            state["wall_time"] = wall_before + time.time() - t0
             _atomic_save({"config": cfg.to_dict(), "model": model.state_dict(),
                           "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                           "torch_rng": torch.get_rng_state(),
@@ -460,7 +464,7 @@ def train(cfg: TrainConfig | dict, task: TaskData | None = None, *,
               **{f"best_{k}": v for k, v in best.items()},
               **{f"final_{k[5:]}": v for k, v in final.items() if k.startswith("test_")},
               "final_lr": opt.param_groups[0]["lr"],
-              "train_time_s": state["train_time"], "wall_time_s": time.time() - t0,
+              "train_time_s": state["train_time"], "wall_time_s": wall_before + time.time() - t0,
               "epochs_planned": state["epochs_planned"], "time_limited": state["time_limited"],
               "paused": paused, "budget_estimate": state.get("budget_estimate"),
               "history": state["history"], "complete": state["epoch"] >= state["epochs_planned"]

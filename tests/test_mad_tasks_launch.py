@@ -158,6 +158,16 @@ def test_pause_mode_continues_runs_across_launches(tmp_path):
     assert [r["status"] for r in done] == ["ok"] * 2
     for a, b in zip(ref, done):
         assert (a["best_micro"], a["steps"], a["epochs_run"]) == (b["best_micro"], b["steps"], 3)
+    # the wall time of a continued run counts its first call too
+    for a, b in zip(part, done):
+        assert b["wall_time_s"] > a["wall_time_s"]
+    # one results file holding a run paused and then finished: only the finished record counts
+    both = tmp_path / "both.jsonl"
+    both.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "history"}) + "\n"
+                            for r in part + done))
+    latest = load_records(str(both))
+    assert [r["status"] for r in latest] == ["ok"] * 2
+    assert "Not finished" not in summary_markdown(latest)
     with pytest.raises(ValueError, match="checkpoints"):
         run_jobs(expand_jobs(_cfg(tmp_path / "n"))[:1], str(tmp_path / "n_out"), workers=1,
                  pause=True, log=quiet)

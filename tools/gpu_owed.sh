@@ -2,13 +2,13 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-25, sixth session; the m = 8 NaN was a benchmark race, resolved:
-#   kernels/block_diagonal/README.md): memcheck (every kernel family, fwd+bwd, under
-#   compute-sanitizer), bdrest (only forward_variants is left), then deltafla with
-#   DELTA_NH="3 4" (n_h 1-2 ran), then deltavar (GPU tests of the opt-ins state_bwd_lean, inv_lean,
-#   wy_bwd_ksplit, then their timing: kernels/delta_product/README.md), then train with
-#   TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json, then layers again (BD-LRU fwd+bwd 2.868 ms
-#   in the sixth session against 2.445 in the fifth).
+# Suggested order (written 2026-11-25, seventh session, after memcheck, bdrest, deltavar, deltafla
+#   n_h 1-4 and layers ran; two opt-ins became the delta backward defaults): train with
+#   TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json (S5 m4 restarts: its checkpoint was not
+#   kept), then deltaprof, then scan (issue 3 with the current kernels), then tests2 (the models
+#   with the new delta defaults). On an nvidia-h100-x2 machine, timings on one GPU and tests or
+#   training on the other halve the device time (the seventh session's calls: gpu_runs/s7_call*,
+#   not in git).
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal
@@ -23,10 +23,11 @@
 #        lookback — issue 3: m = 1 look-back forward and backward (both "auto" defaults) vs the
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
+#        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py, then delta_throughput.py --variants against
-#                   the default (2026-11-25, fifth session: dqkwg_o1_dqh + state_small measured 0.871x
-#                   gated fwd+bwd and made the default; bwd_lean, bwd_lean_ns1, bwd_ns1, wy_bwd_k4,
-#                   wy_bwd_k4_4w, inv_2w, inv_4w and inv_lean not yet timed)
+#                   the default (2026-11-25, seventh session: the lean backward state kernel at 1
+#                   stage and wy_bwd in 4 K slices at 4 warps won and are the default; the default
+#                   list times the old forms bwd_first and wy_bwd_k1 against it)
 #        memcheck — issues 3, 4: tools/memcheck_kernels.py under compute-sanitizer --tool memcheck with
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
@@ -51,7 +52,7 @@
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh memcheck|bdrest|deltafla|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
+stage=${1:?usage: gpu_owed.sh memcheck|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -71,9 +72,15 @@ case "$stage" in
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --lookback-compare --out "$OUT" \
       --results "$OUT/RESULTS_lookback.md" 2>&1 | tee "$OUT/lookback.log" | tail -40 ;;
   memcheck)
+    # one sanitizer process per family, all at once (2026-11-25: all six families in 374 s this way;
+    # 0 errors everywhere). FAMILIES narrows it
     cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)   # 2026-11-25: there
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${STAGE_TIMEOUT:-500} "$cs" --tool memcheck \
-      --print-limit 30 python3 tools/memcheck_kernels.py 2>&1 | tee "$OUT/memcheck.log" | tail -40 ;;
+    for f in ${FAMILIES:-block_diagonal diagonal fused_gates companion delta l2norm}; do
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${STAGE_TIMEOUT:-500} "$cs" --tool memcheck \
+        --print-limit 30 python3 tools/memcheck_kernels.py --family $f > "$OUT/memcheck_$f.log" 2>&1 &
+    done
+    wait
+    tail -n 12 "$OUT"/memcheck_*.log ;;
   bdrest)
     # block-diagonal GPU tests not yet run with the ring forward's x = I x0 start: full_size (all m,
     # fp32 and bf16) and long_chunked_varlen (m = 1, 2, 4, 8, 16) passed on 2026-11-25 (fifth and sixth
@@ -85,6 +92,11 @@ case "$stage" in
     # g=None; its gated backward with the #640 guard off, timing only, and fla-vs-ours differences)
     timeout ${STAGE_TIMEOUT:-300} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-1 2} --fla-unguarded \
       --out "$OUT" --results "$OUT/RESULTS_deltafla.md" 2>&1 | tee "$OUT/deltafla.log" | tail -30 ;;
+  deltaprof)
+    # issue 4: per-kernel CUDA times of one fwd+bwd at n_h 1 and 4 (the forward's gap to fla grew
+    # from 1.04x to 1.22x with n_h on 2026-11-25: which kernel grows faster than fla's?)
+    timeout ${STAGE_TIMEOUT:-300} python3 benchmarks/delta_throughput.py --profile --nh 1 4 \
+      2>&1 | tee "$OUT/deltaprof.log" | tail -60 ;;
   delta)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --modes fwd --out "$OUT" \
       --results "$OUT/RESULTS_delta.md" 2>&1 | tee "$OUT/delta.log" | tail -40 ;;
@@ -92,7 +104,7 @@ case "$stage" in
     timeout ${TEST_TIMEOUT:-250} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
     # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default)
     timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py \
-      --variants ${DELTA_VARIANTS:-default bwd_lean bwd_lean_ns1 wy_bwd_k4 wy_bwd_k4_4w inv_lean} --out "$OUT" \
+      --variants ${DELTA_VARIANTS:-default bwd_first wy_bwd_k1} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

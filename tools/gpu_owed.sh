@@ -4,8 +4,8 @@
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
 # Suggested order (written 2026-11-25, seventh session, after memcheck, bdrest, deltavar, deltafla
 #   n_h 1-4 and layers ran; two opt-ins became the delta backward defaults): train with
-#   TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next7.json (S5 m4 restarts: its checkpoint was not
-#   kept), then deltaprof, then scan (issue 3 with the current kernels), then tests2 (the models
+#   TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next8.json (S4 m4 with weight decay 0.1 or hidden
+#   1920, S5 m4 seeds 4 and 5: mad_tasks/RESULTS.md section 9), then deltaprof, then scan (issue 3 with the current kernels), then tests2 (the models
 #   with the new delta defaults). On an nvidia-h100-x2 machine, timings on one GPU and tests or
 #   training on the other halve the device time (the seventh session's calls: gpu_runs/s7_call*,
 #   not in git).

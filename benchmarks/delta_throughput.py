@@ -101,9 +101,13 @@ VARIANTS = {
     "bwd_first": {"state_bwd_lean": False, "state_bwd_fused": (4, 3, 64)},
     "bwd_first_ns1": {"state_bwd_lean": False},
     "bwd_lean_ns3": {"state_bwd_fused": (4, 3, 64)},
+    # a forward without gradients keeps one state per 64 tokens (as fla does) and runs the output
+    # over token chunks (output.py output_tok_fwd_kernel): n_h times fewer state bytes. Changes the
+    # "fwd" rows only (fwd+bwd keeps every chunk's state for the backward)
+    "tok_out": {"token_chunk_output": True},
 }
 # (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
-DEFAULT_VARIANTS = ["default", "bwd_first", "wy_bwd_k1"]
+DEFAULT_VARIANTS = ["default", "tok_out"]
 ERR_BOUND = 5e-3
 DEVICE = "cuda"         # a CPU smoke test of the script's logic sets "cpu" (interpreter)
 

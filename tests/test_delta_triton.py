@@ -113,6 +113,57 @@ def test_triton_no_grad_and_no_final_state(variant, monkeypatch):
     assert ((o.double() - o_r).norm() / o_r.norm()).item() < 2e-5
 
 
+TOKEN_CASES = [  # (T, n_h, gated, cu, K, V): chunk 64; token chunks of 1-4 chunks, sequences that
+    # end inside a token chunk and inside a chunk, an empty one, K, V not powers of two
+    (70, 2, True, None, 16, 16),
+    (50, 3, True, [0, 3, 3, 50], 20, 12),
+    (90, 4, False, [0, 17, 90], 16, 16),
+    (140, 2, True, [0, 64, 65, 140], 16, 16),
+]
+
+
+@pytest.mark.parametrize("T,n_h,gated,cu,K,V", TOKEN_CASES)
+def test_token_chunk_output_forward_matches_loop(T, n_h, gated, cu, K, V, monkeypatch):
+    """TUNE["token_chunk_output"]: without gradients the forward keeps one state per 64 tokens and
+    runs output_tok_fwd_kernel; outputs and final states against the fp64 loop, and the launch
+    really took that path (the state buffer has one entry per token chunk)."""
+    from lrnn_scan.kernels.delta_product import function as fn
+    monkeypatch.setitem(fn.TUNE, "token_chunk_output", True)
+    launched = []
+    real = fn.output_tok_fwd_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+    monkeypatch.setattr(fn, "output_tok_fwd_kernel", Spy())
+    N = len(cu) - 1 if cu else 1
+    q, k, v, beta, g, h0 = make_inputs(1, T, n_h, 2, K, V, gated, 2.0, N=N, seed=T + n_h,
+                                       dtype=torch.float32)
+    cus = torch.tensor(cu, dtype=torch.int64) if cu else None
+    o, f = chunk_delta_product(q, k, v, beta, g, initial_state=h0, output_final_state=True,
+                               cu_seqlens=cus, chunk_size=64, backend="triton")
+    lens = [b - a for a, b in zip(cu[:-1], cu[1:])] if cu else [T]
+    assert launched and launched[0][1] == sum(-(-n // 64) for n in lens)
+    o_r, f_r = loop_fp64(q.double(), k.double(), v.double(), beta.double(),
+                         g.double() if gated else None, h0.double(), K ** -0.5, cu)
+    for name, a, b in (("o", o, o_r), ("final", f, f_r)):
+        assert torch.isfinite(a).all(), name
+        assert ((a.double() - b).norm() / b.norm()).item() < 2e-5, name
+
+
+def test_token_chunk_output_not_taken_with_gradients(monkeypatch):
+    """With inputs that need gradients the backward reads every chunk's state: the per-chunk path."""
+    from lrnn_scan.kernels.delta_product import function as fn
+    monkeypatch.setitem(fn.TUNE, "token_chunk_output", True)
+    monkeypatch.setattr(fn, "output_tok_fwd_kernel", None)     # a launch would raise TypeError
+    q, k, v, beta, g, _ = make_inputs(1, 40, 2, 1, 16, 16, True, 2.0, dtype=torch.float32)
+    q.requires_grad_()
+    o, _ = chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")
+    o.sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
 def test_triton_rejects_bad_chunk():
     q, k, v, beta, g, _ = make_inputs(1, 4, 1, 1, 16, 16, False, 1.0, dtype=torch.float32)
     with pytest.raises(ValueError, match="chunk_size"):

@@ -5,10 +5,11 @@
 # Suggested order (written 2026-11-25, seventh session, after memcheck, bdrest, deltavar, deltafla
 #   n_h 1-4 and layers ran; two opt-ins became the delta backward defaults): train with
 #   TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next8.json (S4 m4 with weight decay 0.1 or hidden
-#   1920, S5 m4 seeds 4 and 5: mad_tasks/RESULTS.md section 9), then deltaprof, then scan (issue 3 with the current kernels), then tests2 (the models
-#   with the new delta defaults). On an nvidia-h100-x2 machine, timings on one GPU and tests or
-#   training on the other halve the device time (the seventh session's calls: gpu_runs/s7_call*,
-#   not in git).
+#   1920, S5 m4 seeds 4 and 5: mad_tasks/RESULTS.md section 9), then deltavar (GPU tests, then
+#   tok_out's forward timing), then deltaprof, then scan (issue 3 with the current kernels), then
+#   tests2 (the models with the new delta defaults). On an nvidia-h100-x2 machine, timings on one
+#   GPU and tests or training on the other halve the device time (the seventh session's calls:
+#   gpu_runs/s7_call*, not in git).
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal
@@ -26,8 +27,9 @@
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py, then delta_throughput.py --variants against
 #                   the default (2026-11-25, seventh session: the lean backward state kernel at 1
-#                   stage and wy_bwd in 4 K slices at 4 warps won and are the default; the default
-#                   list times the old forms bwd_first and wy_bwd_k1 against it)
+#                   stage and wy_bwd in 4 K slices at 4 warps won and are the default). Default
+#                   list: tok_out (TUNE["token_chunk_output"], the forward without gradients with
+#                   one state per 64 tokens) at n_h 2 and 4; its "fwd" rows are the ones it changes
 #        memcheck — issues 3, 4: tools/memcheck_kernels.py under compute-sanitizer --tool memcheck with
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
@@ -103,8 +105,8 @@ case "$stage" in
   deltavar)
     timeout ${TEST_TIMEOUT:-250} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
     # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default)
-    timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py \
-      --variants ${DELTA_VARIANTS:-default bwd_first wy_bwd_k1} --out "$OUT" \
+    timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-2 4} \
+      --variants ${DELTA_VARIANTS:-default tok_out} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

@@ -33,3 +33,25 @@ def build_chunks(B: int, T: int, n_h: int, C: int, cu_seqlens, device):
     length = torch.clamp(lens[seq] - i * C, max=C).to(torch.int32)
     return dict(start=start.to(device), length=length.to(device), seq_ptr=seq_ptr.to(device),
                 NC=NC, N=len(lens))
+
+
+def build_token_chunks(ch: dict, n_h: int, device) -> dict:
+    """Token chunks over the sub-step chunks of :func:`build_chunks`: each groups ``n_h`` consecutive
+    chunks of a sequence (``C`` tokens; the last group of a sequence may hold fewer chunks).
+
+    Returns ``dict(first, count, seq_ptr, NT)``: ``first`` (int64) the first chunk of each token
+    chunk, ``count`` (int32) how many chunks it holds, ``seq_ptr`` (int64) where each sequence's
+    token chunks start. The forward that keeps one state per token chunk
+    (``function.TUNE["token_chunk_output"]``) indexes its states with them.
+    """
+    seq_ptr = ch["seq_ptr"].to("cpu")
+    nc = seq_ptr[1:] - seq_ptr[:-1]
+    nt = (nc + n_h - 1) // n_h
+    tseq = torch.zeros(len(nc) + 1, dtype=torch.int64)
+    tseq[1:] = nt.cumsum(0)
+    NT = int(tseq[-1])
+    seq = torch.repeat_interleave(torch.arange(len(nc)), nt)
+    j = torch.arange(NT) - tseq[seq]
+    first = seq_ptr[seq] + j * n_h
+    count = torch.clamp(nc[seq] - j * n_h, max=n_h).to(torch.int32)
+    return dict(first=first.to(device), count=count.to(device), seq_ptr=tseq.to(device), NT=NT)

@@ -8,9 +8,9 @@ import os
 import torch
 
 from .._host import cdiv, next_pow2
-from .chunks import build_chunks
+from .chunks import build_chunks, build_token_chunks
 from .dqkwg_bwd import dqkwg_bwd_kernel
-from .output import output_fwd_kernel
+from .output import output_fwd_kernel, output_tok_fwd_kernel
 from .state import dv_local_kernel, state_bwd_kernel, state_fwd_kernel
 from .state_fused import state_bwd_fused_kernel, state_fwd_fused_kernel
 from .wy import wy_fwd_kernel
@@ -55,6 +55,11 @@ TUNE = dict(
     # 2026-11-25 (seventh session), B8 T4096 H16 K=V=128 bf16, fwd+bwd 0.871-0.909x the time of
     # (False, 3 stages) at n_h 1-2, gated and not; sm_90a spills 830 -> 136 B gated (README)
     state_bwd_lean=True,
+    # forward without gradients at n_h > 1: one chunk-start state per 64 tokens instead of per 64
+    # sub-steps (as fla keeps them), and an output kernel over token chunks (output.py
+    # output_tok_fwd_kernel): n_h times fewer state bytes (at n_h = 4, B8 T4096 H16 K=V=128:
+    # 0.27 GB instead of 1.07 GB, written and read). Interpreter-tested; not yet timed on a GPU
+    token_chunk_output=False,
     inv_batched=True,      # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
                            # (H100: 0.95x the time of four separate ones, n_h=1 fwd)
     # keep the forward's chunk-start states and Vn for the backward instead of recomputing them
@@ -146,14 +151,16 @@ def _store_dtype(x_dtype, key):
     return x_dtype if TUNE[key] and x_dtype in (torch.float16, torch.bfloat16) else torch.float32
 
 
-def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, dot, fused=None):
+def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, dot, fused=None,
+               tch=None):
     """Chunk-start states, ``Vn`` and the final state. ``fused = (form, v, beta, Ainv)``: ``W``, ``U``
-    are not stored and the fused kernel forms them (state_fused.py)."""
+    are not stored and the fused kernel forms them (state_fused.py). ``tch`` (fused only, from
+    :func:`build_token_chunks`): one state per token chunk instead of one per chunk."""
     NC, N = ch["NC"], ch["N"]
     key = "state_fused" if fused else "state_fwd"
     nw, ns, _ = TUNE[key]
     BV = _bv(key, BVf)
-    hs = _empty((NC, H, K, V), k.device, _store_dtype(k.dtype, "hs_16bit"))
+    hs = _empty((tch["NT"] if tch else NC, H, K, V), k.device, _store_dtype(k.dtype, "hs_16bit"))
     vn = _empty((k.shape[0], H, V), k.device, _store_dtype(k.dtype, "vn_16bit"))
     hT = _empty((N, H, K, V), k.device, torch.float32) if want_final else hs
     if fused:
@@ -162,6 +169,7 @@ def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, d
             k, v, beta, gcum, Ainv, h0 if h0 is not None else hs, hs, vn, hT, ch["start"], ch["length"],
             ch["seq_ptr"], H=H, K=K, V=V, BC=BC, BK=BK, BV=BV, USE_G=use_g, USE_H0=h0 is not None,
             STORE_HT=want_final, FORM=form, DOT=dot,
+            **(dict(tseq_ptr=tch["seq_ptr"], HS_EVERY=tch["every"]) if tch else {}),
             num_warps=nw, num_stages=ns)
         return hs, vn, (hT if want_final else None)
     state_fwd_kernel[(cdiv(V, BV), N * H)](
@@ -217,18 +225,30 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                                    BK=BK, BV=min(BVf, 64), USE_G=use_g, DOT=dot, STORE_WU=not form,
                                    num_warps=TUNE["wy"][0], num_stages=TUNE["wy"][1])
         fused = (form, vf, bf, Ainv) if form else None
+        # one state per token chunk (n_h chunks) when nothing needs the per-chunk states later: a
+        # forward without gradients (the backward reads every chunk's state)
+        tch = None
+        if (TUNE["token_chunk_output"] and form and n_h > 1 and NC > 0 and BC == 64
+                and TUNE["wy_split"] and own and not any(ctx.needs_input_grad)):
+            tch = dict(build_token_chunks(ch, n_h, dev), every=n_h)
         hs, vn, hT = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BVf, use_g,
-                                output_final_state, dot, fused)
+                                output_final_state, dot, fused, tch)
         if output_final_state and NC == 0:
             hT = h0c.clone() if h0c is not None else torch.zeros(ch["N"], H, K, V, device=dev)
         o = _empty((B * T, H, V), dev, q.dtype)
-        if NC > 0:
+        if tch:
+            BVo = _bv("output", BVf)
+            output_tok_fwd_kernel[(cdiv(V, BVo), tch["NT"], H)](
+                qf, kf, gcum, hs, vn, o, tch["first"], tch["count"], ch["start"], ch["length"], scale,
+                H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw,
+                num_warps=TUNE["output"][0], num_stages=TUNE["output"][1])
+        elif NC > 0:
             BVo = _bv("output", BVf)
             output_fwd_kernel[(cdiv(V, BVo), NC, H)](
                 qf, kf, gcum, hs, vn, o, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
                 BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw,
                 num_warps=TUNE["output"][0], num_stages=TUNE["output"][1])
-        keep = own and TUNE["save_states"] and NC > 0
+        keep = own and TUNE["save_states"] and NC > 0 and tch is None
         ctx.save_for_backward(qf, kf, vf, bf, gf, h0c, gcum, Ainv, W, U,
                               hs if keep else None, vn if keep else None)
         ctx.form = form             # the backward follows the forward's choice, whatever TUNE says then

@@ -44,3 +44,70 @@ def output_fwd_kernel(q, k, gcum, hs, vn, o, start_ptr, len_ptr, scale,
     out = tl.dot(qq, st, input_precision=DOT) + tl.dot(P, vnew, input_precision=DOT)
     tl.store(o + (tok * H + h)[:, None] * V + cv[None, :], out.to(o.dtype.element_ty),
              mask=qm[:, None] & (cv < V)[None, :])
+
+
+@triton.jit
+def output_tok_fwd_kernel(q, k, gcum, hs, vn, o, first_ptr, count_ptr, start_ptr, len_ptr, scale,
+                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
+                          BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                          USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
+    """The output over a token chunk (``BC`` tokens = ``NH`` chunks of ``BC`` sub-steps) from the
+    one state ``H`` kept at its start (``TUNE["token_chunk_output"]``):
+    ``O = scale·[diag(γ) Q H + Σ_i ((Q K_i^T) ⊙ Γ_i ⊙ M_i) Vn_i]`` over its chunks ``i``, with
+    ``γ``, ``Γ`` taken from the token chunk's start (``gcum`` restarts at every chunk: the chunks'
+    gate totals are added back). Same sums as ``output_fwd_kernel`` run on every chunk, since each
+    chunk's ``Vn`` is taken against the state at that chunk's start."""
+    iv = tl.program_id(0)
+    tc = tl.program_id(1)
+    h = tl.program_id(2)
+    cf = tl.load(first_ptr + tc)
+    nsub = tl.load(count_ptr + tc)
+    s0 = tl.load(start_ptr + cf)
+    s_end = tl.load(start_ptr + cf + nsub - 1) + tl.load(len_ptr + cf + nsub - 1)
+    r = tl.arange(0, BC)
+    tm = r < (s_end - s0) // NH                 # the chunk's tokens
+    tok = s0 // NH + r
+    sq = s0 + r * NH + NH - 1                   # each token's last sub-step: its query row
+    ck = tl.arange(0, BK)
+    cv = iv * BV + tl.arange(0, BV)
+    qr = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=tm[:, None] & (ck < K)[None, :],
+                 other=0.)
+    st = tl.load(hs + ((tc * H + h) * K + ck[:, None]) * V + cv[None, :],
+                 mask=(ck < K)[:, None] & (cv < V)[None, :], other=0.).to(tl.float32)
+    if USE_G:
+        # the query's gate from the token chunk's start: its chunk-local value plus the totals of
+        # the chunks before its own
+        Gq = tl.load(gcum + sq * H + h, mask=tm, other=0.)
+        for i in tl.static_range(NH - 1):
+            ci = cf + i
+            before = i < nsub - 1
+            last = tl.load(start_ptr + ci, mask=before, other=0) + tl.load(len_ptr + ci, mask=before, other=1) - 1
+            tot = tl.load(gcum + last * H + h, mask=before, other=0.)
+            Gq += tl.where((sq - s0) // BC > i, tot, 0.)
+    else:
+        Gq = tl.zeros([BC], dtype=tl.float32)
+    qq = qr.to(tl.float32) * (scale * tl.exp(Gq))[:, None]
+    out = tl.dot(qq, st, input_precision=DOT)
+    goff = 0.
+    for i in tl.static_range(NH):
+        ci = cf + i
+        live = i < nsub
+        start = tl.load(start_ptr + ci, mask=live, other=0)
+        ln = tl.load(len_ptr + ci, mask=live, other=0)
+        rm = r < ln
+        s = start + r
+        kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :],
+                     other=0.)
+        vnew = tl.load(vn + (s * H + h)[:, None] * V + cv[None, :],
+                       mask=rm[:, None] & (cv < V)[None, :], other=0.).to(tl.float32)
+        if USE_G:
+            Gs = goff + tl.load(gcum + s * H + h, mask=rm, other=0.)
+            goff += tl.load(gcum + (start + ln - 1) * H + h, mask=live & (ln > 0), other=0.)
+        else:
+            Gs = tl.zeros([BC], dtype=tl.float32)
+        causal = (sq[:, None] >= s[None, :]) & rm[None, :]
+        gam = tl.exp(tl.where(causal, Gq[:, None] - Gs[None, :], float("-inf"))) * scale
+        P = dot_abt(qr, kr, DOT, RAW) * gam
+        out += tl.dot(P, vnew, input_precision=DOT)
+    tl.store(o + (tok * H + h)[:, None] * V + cv[None, :], out.to(o.dtype.element_ty),
+             mask=tm[:, None] & (cv < V)[None, :])

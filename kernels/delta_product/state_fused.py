@@ -38,11 +38,15 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
                            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                            BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                           FORM: tl.constexpr, DOT: tl.constexpr):
+                           FORM: tl.constexpr, DOT: tl.constexpr,
+                           tseq_ptr=None, HS_EVERY: tl.constexpr = 1):
     """``Vn = U − W H`` with ``W``, ``U`` formed here, ``H ← γ_C H + (diag(γ_C/γ) K)^T Vn``;
     stores the chunk-start states ``H``, ``Vn`` and the final state (as ``state_fwd_kernel``).
     FORM 2: the row scalings ``diag(βγ)``, ``diag(γ_C/γ)`` go on the ``[C, BV]`` side of each dot
-    instead of the ``[C, K]`` keys (no scaled copies of the key tile)."""
+    instead of the ``[C, K]`` keys (no scaled copies of the key tile).
+    ``HS_EVERY = n_h`` (``TUNE["token_chunk_output"]``): ``H`` is stored at the start of every
+    ``n_h``-th chunk of a sequence only (token-chunk starts, indexed from ``tseq_ptr``), for
+    ``output_tok_fwd_kernel``: ``n_h`` times fewer state bytes written and read."""
     iv = tl.program_id(0)
     nh = tl.program_id(1)
     n = nh // H
@@ -57,13 +61,21 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
         st = tl.zeros([BK, BV], dtype=tl.float32)
     c0 = tl.load(seq_ptr + n)
     c1 = tl.load(seq_ptr + n + 1)
+    if HS_EVERY != 1:
+        t0 = tl.load(tseq_ptr + n)
     for c in range(c0, c1):
         start = tl.load(start_ptr + c)
         ln = tl.load(len_ptr + c)
         rm = r < ln
         s = start + r
         mv = rm[:, None] & (cv < V)[None, :]
-        tl.store(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], st.to(hs.dtype.element_ty), mask=kvm)
+        if HS_EVERY == 1:
+            tl.store(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], st.to(hs.dtype.element_ty),
+                     mask=kvm)
+        elif (c - c0) % HS_EVERY == 0:
+            tc = t0 + (c - c0) // HS_EVERY
+            tl.store(hs + ((tc * H + h) * K + ck[:, None]) * V + cv[None, :], st.to(hs.dtype.element_ty),
+                     mask=kvm)
         A, kk, b = _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H, K, BC)
         vv = tl.load(v + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.).to(tl.float32)
         if USE_G:

@@ -116,3 +116,25 @@ def test_reflections_correlated_keys_finite():
     _, o_r, f_r = _run("torch", ref_in)
     print(f"\n[delta bf16 beta=1.99 corr keys] o ratio {_ratio(o_t, o_r):.2e} final {_ratio(f_t, f_r):.2e}")
     assert _ratio(o_t, o_r) <= 3e-2 and _ratio(f_t, f_r) <= 3e-2
+
+
+@pytest.mark.parametrize("n_h,gated", [(2, True), (3, False), (4, True)])
+def test_token_chunk_output_forward_bf16(n_h, gated, monkeypatch):
+    """TUNE["token_chunk_output"] (a forward without gradients keeps one state per 64 tokens):
+    bf16 outputs and final state against fp64, varlen with sequences ending inside token chunks."""
+    from lrnn_scan.kernels.delta_product import function as fn
+    monkeypatch.setitem(fn.TUNE, "token_chunk_output", True)
+    T, H, K, V = 1000, 4, 128, 128
+    cu = torch.tensor([0, 1, 63, 130, 130, T], device="cuda")
+    ref_in, lo_in = _inputs(1, T, n_h, H, K, V, gated, 2.0, torch.bfloat16, seed=n_h)
+    ref_in[5] = ref_in[5].new_zeros(5, H, K, V).normal_() * 0.1
+    lo_in[5] = ref_in[5].float()
+    outs = []
+    for backend, xs in (("torch", ref_in), ("triton", lo_in)):
+        with torch.no_grad():
+            outs.append(chunk_delta_product(*xs[:5], initial_state=xs[5], output_final_state=True,
+                                            cu_seqlens=cu, backend=backend))
+    (o_r, f_r), (o_t, f_t) = outs
+    for name, a, b in (("o", o_t, o_r), ("final", f_t, f_r)):
+        err = _ratio(a, b)
+        assert err == err and err <= 5e-3, (name, err)

@@ -38,12 +38,19 @@ def _cu(T, dev, small):
 def _grads(outs, inputs):
     """Backward of ``sum(<random, o>)`` over the outputs; non-finite counts of every gradient."""
     outs = [o for o in outs if o is not None and o.requires_grad]
+    if not outs:                        # a forward-only case
+        return []
     torch.autograd.backward(outs, [torch.randn_like(o) for o in outs])
     return [int((~torch.isfinite(x.grad)).sum()) for x in inputs if x.grad is not None]
 
 
 def _leaf(x, dtype):
     return x.to(dtype).requires_grad_()
+
+
+def _cast(x, dtype):
+    """``_leaf`` for forward-only cases."""
+    return x.to(dtype)
 
 
 def _cases(family, dev, small):
@@ -108,22 +115,34 @@ def _cases(family, dev, small):
             if small:
                 K, V = (32, 16) if K == 128 else (20, 12)
 
-            def run(n_h=n_h, gated=gated, K=K, V=V):
+            def run(n_h=n_h, gated=gated, K=K, V=V, grad=True):
+                leaf = _leaf if grad else _cast
                 H, T = 2, (37 if small else 1000)
                 cu = torch.tensor([0, 3, 17, 17, T], device=dev, dtype=torch.int64) if small else \
                     torch.tensor([0, 1, 63, 130, 130, T], device=dev, dtype=torch.int64)
                 dt = torch.float32 if small else torch.bfloat16
-                q = _leaf(torch.randn(1, T, H, K, device=dev), dt)
-                k = _leaf(torch.nn.functional.normalize(torch.randn(1, T, n_h, H, K, device=dev), dim=-1), dt)
-                v = _leaf(torch.randn(1, T, n_h, H, V, device=dev), dt)
-                beta = _leaf(torch.rand(1, T, n_h, H, device=dev) * 2, dt)
-                g = _leaf(torch.nn.functional.logsigmoid(torch.randn(1, T, H, device=dev) + 3), dt) \
+                q = leaf(torch.randn(1, T, H, K, device=dev), dt)
+                k = leaf(torch.nn.functional.normalize(torch.randn(1, T, n_h, H, K, device=dev), dim=-1), dt)
+                v = leaf(torch.randn(1, T, n_h, H, V, device=dev), dt)
+                beta = leaf(torch.rand(1, T, n_h, H, device=dev) * 2, dt)
+                g = leaf(torch.nn.functional.logsigmoid(torch.randn(1, T, H, device=dev) + 3), dt) \
                     if gated else None
-                h0 = _leaf(torch.randn(cu.numel() - 1, H, K, V, device=dev), torch.float32)
+                h0 = leaf(torch.randn(cu.numel() - 1, H, K, V, device=dev), torch.float32)
                 xs = [x for x in (q, k, v, beta, g, h0) if x is not None]
                 return chunk_delta_product(q, k, v, beta, g, initial_state=h0, output_final_state=True,
                                            cu_seqlens=cu, backend="triton"), xs
             yield f"nh{n_h}_{'gated' if gated else 'ungated'}_K{K}_V{V}_varlen", run
+
+        def run_tok(K=K, V=V):
+            """Forward only (no gradients) with TUNE["token_chunk_output"]: one state per token chunk."""
+            from lrnn_scan.kernels.delta_product import function as fn
+            saved = fn.TUNE["token_chunk_output"]
+            fn.TUNE["token_chunk_output"] = True
+            try:
+                return run(n_h=3, gated=True, K=K, V=V, grad=False)
+            finally:
+                fn.TUNE["token_chunk_output"] = saved
+        yield f"nh3_gated_K{K}_V{V}_varlen_fwd_token_chunks", run_tok
     elif family == "l2norm":
         def run():
             x = _leaf(torch.randn(37 if small else 4099, 100, device=dev), torch.bfloat16)

@@ -129,3 +129,13 @@ def test_delta_throughput_agreement_names_the_worst_difference():
     assert worse[1] == "dq" and worse[0] > 1e-3
     nan = dt._agreement(lambda: x * w, lambda: x * float("nan"), None, None)
     assert nan[1] == "o" and nan[0] != nan[0]
+
+
+def test_delta_throughput_variants_name_existing_tune_keys():
+    """Every --variants override names a key of function.TUNE (a removed option, e.g. inv_lean,
+    must leave the list too), and the default list names known variants."""
+    import benchmarks.delta_throughput as dt
+    from lrnn_scan.kernels.delta_product import function as fn
+    bad = {name: key for name, over in dt.VARIANTS.items() for key in over if key not in fn.TUNE}
+    assert not bad, bad
+    assert set(dt.DEFAULT_VARIANTS) <= set(dt.VARIANTS)

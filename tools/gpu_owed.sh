@@ -29,7 +29,8 @@
 #                   the default (2026-11-25, seventh session: the lean backward state kernel at 1
 #                   stage and wy_bwd in 4 K slices at 4 warps won and are the default). Default
 #                   list: tok_out (TUNE["token_chunk_output"], the forward without gradients with
-#                   one state per 64 tokens) at n_h 2 and 4; its "fwd" rows are the ones it changes
+#                   one state per 64 tokens), also with bf16 Vn, at n_h 2 and 4; their "fwd" rows
+#                   are the ones they change (vn_16bit also changes fwd+bwd)
 #        memcheck — issues 3, 4: tools/memcheck_kernels.py under compute-sanitizer --tool memcheck with
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
@@ -106,7 +107,7 @@ case "$stage" in
     timeout ${TEST_TIMEOUT:-250} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
     # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default)
     timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-2 4} \
-      --variants ${DELTA_VARIANTS:-default tok_out} --out "$OUT" \
+      --variants ${DELTA_VARIANTS:-default tok_out tok_out_vn16} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

@@ -118,12 +118,15 @@ def test_reflections_correlated_keys_finite():
     assert _ratio(o_t, o_r) <= 3e-2 and _ratio(f_t, f_r) <= 3e-2
 
 
-@pytest.mark.parametrize("n_h,gated", [(2, True), (3, False), (4, True)])
-def test_token_chunk_output_forward_bf16(n_h, gated, monkeypatch):
-    """TUNE["token_chunk_output"] (a forward without gradients keeps one state per 64 tokens):
+@pytest.mark.parametrize("n_h,gated,vn16", [(2, True, False), (3, False, False), (4, True, False),
+                                             (4, True, True), (2, False, True)])
+def test_token_chunk_output_forward_bf16(n_h, gated, vn16, monkeypatch):
+    """TUNE["token_chunk_output"] (a forward without gradients keeps one state per 64 tokens), also
+    with the pseudo-values stored in bf16 (vn_16bit: off by default for the backward's dk error):
     bf16 outputs and final state against fp64, varlen with sequences ending inside token chunks."""
     from lrnn_scan.kernels.delta_product import function as fn
     monkeypatch.setitem(fn.TUNE, "token_chunk_output", True)
+    monkeypatch.setitem(fn.TUNE, "vn_16bit", vn16)
     T, H, K, V = 1000, 4, 128, 128
     cu = torch.tensor([0, 1, 63, 130, 130, T], device="cuda")
     ref_in, lo_in = _inputs(1, T, n_h, H, K, V, gated, 2.0, torch.bfloat16, seed=n_h)

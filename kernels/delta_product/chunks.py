@@ -23,16 +23,22 @@ def build_chunks(B: int, T: int, n_h: int, C: int, cu_seqlens, device):
         return dict(start=start, length=length, seq_ptr=seq_ptr, NC=B * nc, N=B)
     cu = cu_seqlens.detach().to("cpu", torch.int64) * n_h
     lens = cu[1:] - cu[:-1]
-    nc = (lens + C - 1) // C
-    seq_ptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
-    seq_ptr[1:] = nc.cumsum(0)
-    NC = int(seq_ptr[-1])
-    seq = torch.repeat_interleave(torch.arange(len(lens)), nc)
-    i = torch.arange(NC) - seq_ptr[seq]
-    start = cu[seq] + i * C
-    length = torch.clamp(lens[seq] - i * C, max=C).to(torch.int32)
-    return dict(start=start.to(device), length=length.to(device), seq_ptr=seq_ptr.to(device),
-                NC=NC, N=len(lens))
+    seq_ptr, seq, offset, length = _pieces(lens, C)
+    start = cu[seq] + offset
+    return dict(start=start.to(device), length=length.to(torch.int32).to(device),
+                seq_ptr=seq_ptr.to(device), NC=int(seq_ptr[-1]), N=len(lens))
+
+
+def _pieces(lens: torch.Tensor, size: int):
+    """Cuts each of ``lens`` (int64, CPU) into pieces of ``size`` (the last one may be short).
+    Returns ``(ptr, owner, offset, length)``: where each item's pieces start (``len(lens) + 1``
+    entries) and, per piece, its item, its offset within the item and its length."""
+    n = (lens + size - 1) // size
+    ptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
+    ptr[1:] = n.cumsum(0)
+    owner = torch.repeat_interleave(torch.arange(len(lens)), n)
+    offset = (torch.arange(int(ptr[-1])) - ptr[owner]) * size
+    return ptr, owner, offset, torch.clamp(lens[owner] - offset, max=size)
 
 
 def build_token_chunks(ch: dict, n_h: int, device) -> dict:
@@ -45,13 +51,6 @@ def build_token_chunks(ch: dict, n_h: int, device) -> dict:
     (``function.TUNE["token_chunk_output"]``) indexes its states with them.
     """
     seq_ptr = ch["seq_ptr"].to("cpu")
-    nc = seq_ptr[1:] - seq_ptr[:-1]
-    nt = (nc + n_h - 1) // n_h
-    tseq = torch.zeros(len(nc) + 1, dtype=torch.int64)
-    tseq[1:] = nt.cumsum(0)
-    NT = int(tseq[-1])
-    seq = torch.repeat_interleave(torch.arange(len(nc)), nt)
-    j = torch.arange(NT) - tseq[seq]
-    first = seq_ptr[seq] + j * n_h
-    count = torch.clamp(nc[seq] - j * n_h, max=n_h).to(torch.int32)
-    return dict(first=first.to(device), count=count.to(device), seq_ptr=tseq.to(device), NT=NT)
+    tseq, seq, offset, count = _pieces(seq_ptr[1:] - seq_ptr[:-1], n_h)
+    return dict(first=(seq_ptr[seq] + offset).to(device), count=count.to(torch.int32).to(device),
+                seq_ptr=tseq.to(device), NT=int(tseq[-1]))

@@ -152,6 +152,18 @@ def test_token_chunk_output_forward_matches_loop(T, n_h, gated, cu, K, V, monkey
         assert ((a.double() - b).norm() / b.norm()).item() < 2e-5, name
 
 
+@pytest.mark.parametrize("B,T,n_h", [(1, 70, 2), (3, 50, 3), (2, 1, 4), (2, 64, 2), (1, 300, 4)])
+def test_token_chunk_tables_equal_lengths_match_varlen(B, T, n_h):
+    """The closed form for equal lengths (no device-to-host copy) gives the varlen tables."""
+    from lrnn_scan.kernels.delta_product.chunks import build_chunks, build_token_chunks
+    a = build_token_chunks(build_chunks(B, T, n_h, 64, None, "cpu"), n_h, "cpu")
+    cu = torch.arange(B + 1, dtype=torch.int64) * T
+    b = build_token_chunks(build_chunks(B, T, n_h, 64, cu, "cpu"), n_h, "cpu")
+    assert a["NT"] == b["NT"]
+    for key in ("first", "count", "seq_ptr"):
+        assert torch.equal(a[key], b[key]), key
+
+
 def test_token_chunk_output_not_taken_with_gradients(monkeypatch):
     """With inputs that need gradients the backward reads every chunk's state: the per-chunk path."""
     from lrnn_scan.kernels.delta_product import function as fn

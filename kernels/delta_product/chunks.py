@@ -26,7 +26,8 @@ def build_chunks(B: int, T: int, n_h: int, C: int, cu_seqlens, device):
     seq_ptr, seq, offset, length = _pieces(lens, C)
     start = cu[seq] + offset
     return dict(start=start.to(device), length=length.to(torch.int32).to(device),
-                seq_ptr=seq_ptr.to(device), NC=int(seq_ptr[-1]), N=len(lens))
+                seq_ptr=seq_ptr.to(device), NC=int(seq_ptr[-1]), N=len(lens),
+                seq_ptr_cpu=seq_ptr)       # for build_token_chunks, without a device-to-host copy
 
 
 def _pieces(lens: torch.Tensor, size: int):
@@ -50,7 +51,14 @@ def build_token_chunks(ch: dict, n_h: int, device) -> dict:
     token chunks start. The forward that keeps one state per token chunk
     (``function.TUNE["token_chunk_output"]``) indexes its states with them.
     """
-    seq_ptr = ch["seq_ptr"].to("cpu")
+    seq_ptr = ch.get("seq_ptr_cpu")
+    if seq_ptr is None:         # equal lengths: the same closed form as build_chunks, on the device
+        N, nc = ch["N"], ch["NC"] // max(ch["N"], 1)
+        nt = -(-nc // n_h)
+        t = torch.arange(N * nt, device=device, dtype=torch.int64)
+        n, j = t // nt, t % nt
+        return dict(first=n * nc + j * n_h, count=torch.clamp(nc - j * n_h, max=n_h).to(torch.int32),
+                    seq_ptr=torch.arange(N + 1, device=device, dtype=torch.int64) * nt, NT=N * nt)
     tseq, seq, offset, count = _pieces(seq_ptr[1:] - seq_ptr[:-1], n_h)
     return dict(first=(seq_ptr[seq] + offset).to(device), count=count.to(torch.int32).to(device),
                 seq_ptr=tseq.to(device), NT=int(tseq[-1]))

@@ -245,10 +245,23 @@ def _model_name(model, m):
             "deltanet": "DeltaNet[-1,1]", "lstm": "LSTM", "mamba2": "Mamba2"}.get(model, model)
 
 
+def _run_label(r: dict, metric: str) -> str:
+    """``lr:seed=accuracy`` of one run, with its hidden size and weight decay where they are not
+    the protocol's 960 and 0 (``5e-4:0 h1920=0.665``): a merged row may mix them."""
+    cfg = r.get("config") or {}
+    extra = ""
+    if r.get("hidden_size", cfg.get("hidden_size", 960)) not in (None, 960):
+        extra += f" h{r.get('hidden_size', cfg.get('hidden_size'))}"
+    if cfg.get("weight_decay") not in (None, 0, 0.0):
+        extra += f" wd{cfg['weight_decay']:g}"
+    return f"{r['lr']:g}:{r['seed']}{extra}={r.get(f'best_{metric}', float('nan')):.3f}"
+
+
 def summary_markdown(records: list[dict], metric: str = "micro", merge_groups: bool = False) -> str:
     """One row per (group, task, model): ours (best over the runs) beside the paper's number
     (``merge_groups``: one row per (task, model) over all groups, see :func:`best_records`)."""
-    lines = ["| group | task | model | runs (lr:seed) | ours: best micro | macro | scaled | "
+    lines = ["| group | task | model | runs (lr:seed, hidden / weight decay if not 960 / 0) | "
+             "ours: best micro | macro | scaled | "
              "best epoch / run / planned | stop | steps | wall s | paper | diff |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = best_records(records, metric, merge_groups).items()
@@ -256,8 +269,7 @@ def summary_markdown(records: list[dict], metric: str = "micro", merge_groups: b
         rows = sorted(rows, key=lambda kv: (kv[0][1], kv[0][2], kv[0][3] or 0))
     for (group, task, model, m), (r, allr) in rows:
         paper = paper_value(task, model, m)
-        runs = ", ".join(f"{x['lr']:g}:{x['seed']}={x.get(f'best_{metric}', float('nan')):.3f}"
-                         for x in allr)
+        runs = ", ".join(_run_label(x, metric) for x in allr)
         stop = ("early" if r.get("stopped_early") else "time" if r.get("time_limited")
                 else "end")
         ours = r.get(f"best_{metric}", float("nan"))

@@ -307,6 +307,36 @@ def _bf16_errors(n_h, gated):
     return [((a.double() - b).norm() / b.norm()).item() for a, b in zip((o, f) + grads, (o_r, f_r) + grads_r)]
 
 
+@pytest.mark.parametrize("n_h", [1, 3])
+def test_vn_16bit_only_without_gradients(n_h, monkeypatch):
+    """TUNE["vn_16bit"] == "no_grad" (the default): bf16 inputs keep Vn in bf16 when no backward
+    reads it, in fp32 when one does; with True it is bf16 either way, with False fp32. The forward
+    without gradients still matches the fp64 loop (interpreter bound, see below)."""
+    from lrnn_scan.kernels.delta_product import function as fn
+    seen = []
+    real = fn._state_fwd
+
+    def spy(*a, **kw):
+        out = real(*a, **kw)
+        seen.append(out[1].dtype)
+        return out
+    monkeypatch.setattr(fn, "_state_fwd", spy)
+    q, k, v, beta, g, h0 = make_inputs(1, 70, n_h, 1, 32, 32, True, 2.0, dtype=torch.float32, seed=7)
+    lo = [x.bfloat16() for x in (q, k, v, beta, g)]
+    for setting, grad, want in (("no_grad", False, torch.bfloat16), ("no_grad", True, torch.float32),
+                                (True, True, torch.bfloat16), (False, False, torch.float32)):
+        monkeypatch.setitem(fn.TUNE, "vn_16bit", setting)
+        xs = [x.detach().requires_grad_(grad) for x in lo]
+        seen.clear()
+        o, _ = chunk_delta_product(*xs, chunk_size=64, backend="triton")
+        assert seen == [want], (setting, grad, seen)
+        if not grad:
+            o_r, _ = loop_fp64(*(x.double() for x in lo), torch.zeros(1, 1, 32, 32, dtype=torch.float64),
+                               32 ** -0.5)
+            err = ((o.double() - o_r).norm() / o_r.norm()).item()
+            assert err < 2e-2, (setting, err)
+
+
 @pytest.mark.parametrize("over", [{"fuse_wu": "wu"}, {"fuse_wu": "assoc", "inv_batched": True},
                                   {"a_16bit": True}, {"fuse_wu": "assoc", "a_16bit": True}])
 def test_bf16_inputs_variants_as_exact_as_default(over, monkeypatch):

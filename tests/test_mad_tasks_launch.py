@@ -206,7 +206,11 @@ def test_paper_numbers_lookup():
                             "block_size": None, "lr": 1e-3, "seed": 0, "best_micro": 0.9,
                             "best_macro": 0.9, "best_epoch": 1, "epochs_run": 1,
                             "epochs_planned": 1, "steps": 1, "wall_time_s": 1.0}])
-    assert "1.000 (Table 4) | -0.100" in md
+    assert "1.000 (Table 4) | -0.100" in md and "| 0.001:0=0.900 |" in md
+    md = summary_markdown([{"status": "ok", "group": "g", "task": "s4_50k", "model": "bdlru",
+                            "block_size": 4, "lr": 5e-4, "seed": 0, "best_micro": 1.0,
+                            "hidden_size": 1920, "config": {"weight_decay": 0.1}}])
+    assert "| 0.0005:0 h1920 wd0.1=1.000 |" in md
 
 
 def test_retry_without_amp(tmp_path, monkeypatch):

@@ -39,7 +39,11 @@ TUNE = dict(
     wy_bwd=(4, 1, 64),     # was (8, 1, 64); before that (8, 3, 32)
     wy_bwd_ksplit=4,       # capped at BK // 16 (tl.dot needs 16 columns a slice)
     inter_16bit=False,     # W, U stored in the inputs' dtype: error ratio 5.5e-3 > 5e-3 bound, off
-    vn_16bit=False,        # Vn stored in the inputs' dtype (the state update keeps fp32 registers)
+    # Vn stored in the inputs' 16-bit dtype (the state update keeps fp32 registers). "no_grad": only
+    # in a forward without gradients, where the output kernel is its one reader (H200 2026-11-26, B8
+    # T4096 H16 K=V=128 bf16, with token_chunk_output: fwd 0.83-0.95x the fp32-Vn time at n_h 2-4);
+    # True: also when the backward reads it (its dk error 4.78e-3 is too close to the 5e-3 bound)
+    vn_16bit="no_grad",
     hs_16bit=True,         # chunk-start states stored in 16 bits for read-out and backward only;
                            # the recurrence stays fp32 in registers (error 4.68e-3 -> 4.71e-3)
     # W, U formed in the state kernels (state_fused.py) instead of stored by wu_fwd. Measured on an
@@ -58,8 +62,9 @@ TUNE = dict(
     # forward without gradients at n_h > 1: one chunk-start state per 64 tokens instead of per 64
     # sub-steps (as fla keeps them), and an output kernel over token chunks (output.py
     # output_tok_fwd_kernel): n_h times fewer state bytes (at n_h = 4, B8 T4096 H16 K=V=128:
-    # 0.27 GB instead of 1.07 GB, written and read). Interpreter-tested; not yet timed on a GPU
-    token_chunk_output=False,
+    # 0.27 GB instead of 1.07 GB, written and read). H200 2026-11-26 (eighth session), bf16 Vn: fwd
+    # 0.946 / 0.904 (n_h 2, ungated / gated) and 0.850 / 0.833 (n_h 4) the per-chunk time
+    token_chunk_output=True,
     inv_batched=True,      # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
                            # (H100: 0.95x the time of four separate ones, n_h=1 fwd)
     # keep the forward's chunk-start states and Vn for the backward instead of recomputing them
@@ -146,22 +151,25 @@ def _wy_ksplit(BK):
     return max(1, min(ks, BK // 16))
 
 
-def _store_dtype(x_dtype, key):
-    """float32, or the inputs' 16-bit dtype where TUNE[key] asks for it (halves those bytes)."""
-    return x_dtype if TUNE[key] and x_dtype in (torch.float16, torch.bfloat16) else torch.float32
+def _store_dtype(x_dtype, key, no_grad=False):
+    """float32, or the inputs' 16-bit dtype where TUNE[key] asks for it (halves those bytes):
+    ``True``, or ``"no_grad"`` in a forward whose results no backward reads."""
+    want = TUNE[key] is True or (TUNE[key] == "no_grad" and no_grad)
+    return x_dtype if want and x_dtype in (torch.float16, torch.bfloat16) else torch.float32
 
 
 def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, dot, fused=None,
-               tch=None):
+               tch=None, no_grad=False):
     """Chunk-start states, ``Vn`` and the final state. ``fused = (form, v, beta, Ainv)``: ``W``, ``U``
     are not stored and the fused kernel forms them (state_fused.py). ``tch`` (fused only, from
-    :func:`build_token_chunks`): one state per token chunk instead of one per chunk."""
+    :func:`build_token_chunks`): one state per token chunk instead of one per chunk. ``no_grad``:
+    no backward reads ``Vn`` (``TUNE["vn_16bit"] == "no_grad"`` stores it in 16 bits then)."""
     NC, N = ch["NC"], ch["N"]
     key = "state_fused" if fused else "state_fwd"
     nw, ns, _ = TUNE[key]
     BV = _bv(key, BVf)
     hs = _empty((tch["NT"] if tch else NC, H, K, V), k.device, _store_dtype(k.dtype, "hs_16bit"))
-    vn = _empty((k.shape[0], H, V), k.device, _store_dtype(k.dtype, "vn_16bit"))
+    vn = _empty((k.shape[0], H, V), k.device, _store_dtype(k.dtype, "vn_16bit", no_grad))
     hT = _empty((N, H, K, V), k.device, torch.float32) if want_final else hs
     if fused:
         form, v, beta, Ainv = fused
@@ -228,11 +236,12 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         # one state per token chunk (n_h chunks) when nothing needs the per-chunk states later: a
         # forward without gradients (the backward reads every chunk's state)
         tch = None
+        no_grad = own and not any(ctx.needs_input_grad)
         if (TUNE["token_chunk_output"] and form and n_h > 1 and NC > 0 and BC == 64
-                and TUNE["wy_split"] and own and not any(ctx.needs_input_grad)):
+                and TUNE["wy_split"] and no_grad):
             tch = dict(build_token_chunks(ch, n_h, dev), every=n_h)
         hs, vn, hT = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BVf, use_g,
-                                output_final_state, dot, fused, tch)
+                                output_final_state, dot, fused, tch, no_grad)
         if output_final_state and NC == 0:
             hT = h0c.clone() if h0c is not None else torch.zeros(ch["N"], H, K, V, device=dev)
         o = _empty((B * T, H, V), dev, q.dtype)

@@ -119,11 +119,12 @@ def test_reflections_correlated_keys_finite():
 
 
 @pytest.mark.parametrize("n_h,gated,vn16", [(2, True, False), (3, False, False), (4, True, False),
-                                             (4, True, True), (2, False, True)])
+                                             (4, True, "no_grad"), (2, False, "no_grad"),
+                                             (1, True, "no_grad"), (1, False, "no_grad")])
 def test_token_chunk_output_forward_bf16(n_h, gated, vn16, monkeypatch):
-    """TUNE["token_chunk_output"] (a forward without gradients keeps one state per 64 tokens), also
-    with the pseudo-values stored in bf16 (vn_16bit: off by default for the backward's dk error):
-    bf16 outputs and final state against fp64, varlen with sequences ending inside token chunks."""
+    """The forward without gradients (defaults: TUNE["token_chunk_output"], one state per 64 tokens
+    at n_h > 1, and vn_16bit="no_grad", the pseudo-values in bf16), also with fp32 Vn: bf16 outputs
+    and final state against fp64, varlen with sequences ending inside token chunks."""
     from lrnn_scan.kernels.delta_product import function as fn
     monkeypatch.setitem(fn.TUNE, "token_chunk_output", True)
     monkeypatch.setitem(fn.TUNE, "vn_16bit", vn16)

@@ -2,14 +2,15 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-25, seventh session, after memcheck, bdrest, deltavar, deltafla
-#   n_h 1-4 and layers ran; two opt-ins became the delta backward defaults): train with
-#   TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next8.json (S4 m4 with weight decay 0.1 or hidden
-#   1920, S5 m4 seeds 4 and 5: mad_tasks/RESULTS.md section 9), then deltavar (GPU tests, then
-#   tok_out's forward timing), then deltaprof, then scan (issue 3 with the current kernels), then
-#   tests2 (the models with the new delta defaults). On an nvidia-h100-x2 machine, timings on one
-#   GPU and tests or training on the other halve the device time (the seventh session's calls:
-#   gpu_runs/s7_call*, not in git).
+# Suggested order (written 2026-11-26, eighth session, after train (next8-10), deltavar, deltaprof,
+#   scan, tests2 and deltafla ran on two H200s; the token-chunk forward and bf16 Vn without
+#   gradients became the default): deltavar with DELTA_VARIANTS naming any new backward opt-ins
+#   (the backward holds 0.93 ms of the 1.04 ms fwd+bwd gap to fla at n_h 1, dqkwg_bwd the largest
+#   kernel), then tests (the whole GPU suite on one card), then train with a config continuing
+#   mad_tasks/RESULTS.md section 10 (S4 H-LRU m5 / DeltaNet, S5 H-LRU at other hidden sizes and LRs).
+#   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other
+#   (the seventh and eighth sessions' calls: gpu_runs/s7_call*, s8_call*, not in git). The
+#   eighth session's numbers are H200's: rerun baselines in the same call.
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal

@@ -109,6 +109,9 @@ VARIANTS = {
     "fp32vn": {"vn_16bit": False},
     # Vn in bf16 for the backward too (dk error 4.78e-3 on 2026-11-24, close to the 5e-3 bound)
     "vn16_always": {"vn_16bit": True},
+    # the backward's dH chunk states in bf16 (fla keeps them in the inputs' dtype): 268 MB less
+    # written by the state kernel and read by dqkwg_bwd at n_h = 1, B8 T4096 H16 K=V=128
+    "dhs16": {"dhs_16bit": True},
 }
 # (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
 DEFAULT_VARIANTS = ["default", "per_chunk_fp32vn", "per_chunk", "fp32vn"]

@@ -338,7 +338,8 @@ def test_vn_16bit_only_without_gradients(n_h, monkeypatch):
 
 
 @pytest.mark.parametrize("over", [{"fuse_wu": "wu"}, {"fuse_wu": "assoc", "inv_batched": True},
-                                  {"a_16bit": True}, {"fuse_wu": "assoc", "a_16bit": True}])
+                                  {"a_16bit": True}, {"fuse_wu": "assoc", "a_16bit": True},
+                                  {"dhs_16bit": True}])
 def test_bf16_inputs_variants_as_exact_as_default(over, monkeypatch):
     """bf16 inputs (fp32 inputs never take a 16-bit A): each opt-in variant within 10 % (+2e-4) of the
     default path's error on every output and gradient. The GPU bound is 5e-3 at full size; the

@@ -52,9 +52,9 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
         cv = v0 + tl.arange(0, BV)
         mv = rm[:, None] & (cv < V)[None, :]
         mkv = (ck < K)[:, None] & (cv < V)[None, :]
-        # H, Vn may be stored in 16 bits (function.TUNE); all products accumulate in fp32
+        # H, Vn, dH may be stored in 16 bits (function.TUNE); all products accumulate in fp32
         st = tl.load(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], mask=mkv, other=0.).to(tl.float32)
-        dst = tl.load(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], mask=mkv, other=0.)
+        dst = tl.load(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], mask=mkv, other=0.).to(tl.float32)
         vnew = tl.load(vn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.).to(tl.float32)
         dvnew = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.)
         dout = tl.load(do + (tok * H + h)[:, None] * V + cv[None, :], mask=qm[:, None] & (cv < V)[None, :],

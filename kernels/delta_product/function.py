@@ -44,6 +44,11 @@ TUNE = dict(
     # T4096 H16 K=V=128 bf16, with token_chunk_output: fwd 0.83-0.95x the fp32-Vn time at n_h 2-4);
     # True: also when the backward reads it (its dk error 4.78e-3 is too close to the 5e-3 bound)
     vn_16bit="no_grad",
+    # the backward's chunk-start state gradients dH stored in 16 bits (fla stores them in the inputs'
+    # dtype): 2 bytes instead of 4 per element written by the state kernel and read by dqkwg_bwd
+    # (B8 T4096 H16 K=V=128 n_h=1: 268 MB less each way); the recurrence stays fp32 in registers.
+    # Opt-in, not yet timed on a GPU (2026-11-26)
+    dhs_16bit=False,
     hs_16bit=True,         # chunk-start states stored in 16 bits for read-out and backward only;
                            # the recurrence stays fp32 in registers (error 4.68e-3 -> 4.71e-3)
     # W, U formed in the state kernels (state_fused.py) instead of stored by wu_fwd. Measured on an
@@ -280,7 +285,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         fused = (form, vf, bf, Ainv) if form else None
         if hs is None:              # recompute (default): the forward did not keep them
             hs, vn, _ = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BVf, use_g, False, dot, fused)
-        dhs = _empty((NC, H, K, V), dev, torch.float32)
+        dhs = _empty((NC, H, K, V), dev, _store_dtype(kf.dtype, "dhs_16bit"))
         dvn = _empty((Ls, H, V), dev, torch.float32)
         dh0 = _empty((N, H, K, V), dev, torch.float32)
         dhTc = dhT.float().contiguous() if dhT is not None else None

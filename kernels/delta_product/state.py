@@ -122,7 +122,7 @@ def state_bwd_kernel(q, k, W, gcum, do, dhT, dhs, dvn, dh0, start_ptr, len_ptr, 
         ln = tl.load(len_ptr + c)
         rm = r < ln
         s = start + r
-        tl.store(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], dst, mask=kvm)
+        tl.store(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], dst.to(dhs.dtype.element_ty), mask=kvm)
         qm = rm & (s % NH == NH - 1)
         tok = s // NH
         qq = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],

@@ -172,7 +172,7 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
         rm = r < ln
         s = start + r
         mv = rm[:, None] & (cv < V)[None, :]
-        tl.store(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], dst, mask=kvm)
+        tl.store(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], dst.to(dhs.dtype.element_ty), mask=kvm)
         if LEAN:
             dst = _state_bwd_lean_step(q, k, beta, gcum, Ainv, do, dvn, dst, c, h, s, start, ln, rm, mv,
                                        r, ck, cv, scale, H, K, V, NH, BC, USE_G, DOT)

@@ -72,10 +72,15 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
         if HS_EVERY == 1:
             tl.store(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], st.to(hs.dtype.element_ty),
                      mask=kvm)
-        elif (c - c0) % HS_EVERY == 0:
+        else:
+            # a predicated store, not a branch: with `if` the ungated kernel spilled 696 / 672 B a
+            # thread, with the mask 152 / 128 (HS_EVERY = 1: 120-208; sm_90a, Triton 3.6's ptxas,
+            # K=V=128). The predicate is a [BK, 1] tile (a scalar mask fails in the interpreter):
+            # all true at a token chunk's first chunk, all false at the others
             tc = t0 + (c - c0) // HS_EVERY
+            first = (ck < K - ((c - c0) % HS_EVERY) * K)[:, None]
             tl.store(hs + ((tc * H + h) * K + ck[:, None]) * V + cv[None, :], st.to(hs.dtype.element_ty),
-                     mask=kvm)
+                     mask=kvm & first)
         A, kk, b = _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H, K, BC)
         vv = tl.load(v + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.).to(tl.float32)
         if USE_G:

@@ -112,6 +112,10 @@ VARIANTS = {
     # the backward's dH chunk states in bf16 (fla keeps them in the inputs' dtype): 268 MB less
     # written by the state kernel and read by dqkwg_bwd at n_h = 1, B8 T4096 H16 K=V=128
     "dhs16": {"dhs_16bit": True},
+    # the lean backward state step reloads its key tile (sm_90a spills 288 -> 156 B ungated,
+    # 136 -> 24 gated at n_h = 1)
+    "bwd_reload_k": {"state_bwd_reload_k": True},
+    "bwd_reload_k_dhs16": {"state_bwd_reload_k": True, "dhs_16bit": True},
 }
 # (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
 DEFAULT_VARIANTS = ["default", "per_chunk_fp32vn", "per_chunk", "fp32vn"]

@@ -40,6 +40,8 @@ VARIANTS = {
     # wy_bwd's key side unsplit (the default splits it in 4 K slices, capped at BK // 16) and in two
     "wy_bwd_k1": ({"wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)}, _ALL),
     "wy_bwd_k2": ({"wy_bwd_ksplit": 2}, lambda C, K, V: K > 16),
+    # the lean backward step loading its key tile again for the second dot (fewer sm_90a spills)
+    "bwd_reload_k": ({"state_bwd_reload_k": True}, _ALL),
 }
 
 

@@ -4,9 +4,10 @@
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
 # Suggested order (written 2026-11-26, eighth session, after train (next8-10), deltavar, deltaprof,
 #   scan, tests2 and deltafla ran on two H200s; the token-chunk forward and bf16 Vn without
-#   gradients became the default): deltavar with DELTA_VARIANTS naming any new backward opt-ins
-#   (the backward holds 0.93 ms of the 1.04 ms fwd+bwd gap to fla at n_h 1, dqkwg_bwd the largest
-#   kernel), then tests (the whole GPU suite on one card), then train with a config continuing
+#   gradients became the default): deltavar (its default list: the untimed backward opt-ins
+#   bwd_reload_k and dhs16, alone and together, and per_chunk, which shows whether the predicated
+#   token-chunk state store of 2026-11-26 removed the n_h = 2 ungated loss; the backward holds
+#   0.93 ms of the 1.04 ms fwd+bwd gap to fla at n_h 1; DELTA_NH="1 2 4"), then tests (the whole GPU suite on one card), then train with a config continuing
 #   mad_tasks/RESULTS.md section 10 (S4 H-LRU m5 / DeltaNet, S5 H-LRU at other hidden sizes and LRs).
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other
 #   (the seventh and eighth sessions' calls: gpu_runs/s7_call*, s8_call*, not in git). The
@@ -27,11 +28,10 @@
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py, then delta_throughput.py --variants against
-#                   the default (2026-11-25, seventh session: the lean backward state kernel at 1
-#                   stage and wy_bwd in 4 K slices at 4 warps won and are the default). Default
-#                   list: tok_out (TUNE["token_chunk_output"], the forward without gradients with
-#                   one state per 64 tokens), also with bf16 Vn, at n_h 2 and 4; their "fwd" rows
-#                   are the ones they change (vn_16bit also changes fwd+bwd)
+#                   the default (2026-11-26, eighth session: the token-chunk forward with bf16 Vn
+#                   won and is the default without gradients). Default list: bwd_reload_k
+#                   (TUNE["state_bwd_reload_k"]), dhs16 (TUNE["dhs_16bit"]: 0.982-0.988x at
+#                   n_h 1 on an H200), both, and per_chunk, at DELTA_NH (default "2 4")
 #        memcheck — issues 3, 4: tools/memcheck_kernels.py under compute-sanitizer --tool memcheck with
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
@@ -108,7 +108,7 @@ case "$stage" in
     timeout ${TEST_TIMEOUT:-250} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
     # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default)
     timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-2 4} \
-      --variants ${DELTA_VARIANTS:-default per_chunk_fp32vn per_chunk fp32vn} --out "$OUT" \
+      --variants ${DELTA_VARIANTS:-default bwd_reload_k dhs16 bwd_reload_k_dhs16 per_chunk} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

@@ -65,6 +65,11 @@ TUNE = dict(
     # 2026-11-25 (seventh session), B8 T4096 H16 K=V=128 bf16, fwd+bwd 0.871-0.909x the time of
     # (False, 3 stages) at n_h 1-2, gated and not; sm_90a spills 830 -> 136 B gated (README)
     state_bwd_lean=True,
+    # the lean step loads its key tile again (an L2 hit) for the K^T t dot instead of keeping the
+    # fp32 [C, K] tile live across the A^T dVn dot: sm_90a spills (Triton 3.6 ptxas, K=V=128, n_h=1,
+    # tools/aot_check.py) 288/252 -> 156/120 B a thread ungated, 136/100 -> 24/12 gated. Opt-in:
+    # not yet timed on a GPU (2026-11-26)
+    state_bwd_reload_k=False,
     # forward without gradients at n_h > 1: one chunk-start state per 64 tokens instead of per 64
     # sub-steps (as fla keeps them), and an output kernel over token chunks (output.py
     # output_tok_fwd_kernel): n_h times fewer state bytes (at n_h = 4, B8 T4096 H16 K=V=128:
@@ -302,6 +307,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                     ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
                     BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, FORM=form,
                     DOT=dot, LEAN=bool(TUNE["state_bwd_lean"]) and form == 2,
+                    RELOAD_K=bool(TUNE["state_bwd_reload_k"]) and bool(TUNE["state_bwd_lean"]) and form == 2,
                     num_warps=TUNE["state_bwd_fused"][0],
                     num_stages=TUNE["state_bwd_fused"][1])
             else:

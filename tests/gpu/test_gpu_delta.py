@@ -58,7 +58,9 @@ def _ratio(a, b):
     # measured 0.90x fwd+bwd)
     (2, True, 2.0, {"wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)}),
     # the backward's dH chunk states in bf16 (opt-in since 2026-11-26: its error decides)
-    (1, False, 2.0, {"dhs_16bit": True}), (2, True, 2.0, {"dhs_16bit": True})])
+    (1, False, 2.0, {"dhs_16bit": True}), (2, True, 2.0, {"dhs_16bit": True}),
+    # the lean backward state step reloading its key tile (opt-in since 2026-11-26)
+    (1, True, 2.0, {"state_bwd_reload_k": True}), (2, False, 2.0, {"state_bwd_reload_k": True})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     for key, val in tune.items():

@@ -7,8 +7,11 @@
 #   gradients became the default): deltavar (its default list: the untimed backward opt-ins
 #   bwd_reload_k and dhs16, alone and together, and per_chunk, which shows whether the predicated
 #   token-chunk state store of 2026-11-26 removed the n_h = 2 ungated loss; the backward holds
-#   0.93 ms of the 1.04 ms fwd+bwd gap to fla at n_h 1; DELTA_NH="1 2 4"), then tests (the whole GPU suite on one card), then train with a config continuing
-#   mad_tasks/RESULTS.md section 10 (S4 H-LRU m5 / DeltaNet, S5 H-LRU at other hidden sizes and LRs).
+#   0.93 ms of the 1.04 ms fwd+bwd gap to fla at n_h 1; DELTA_NH="1 2 4"; also deltafla, since
+#   wy_bwd's store order changed untimed), then tests (the whole GPU suite on one card), then
+#   train with a config continuing mad_tasks/RESULTS.md section 10: TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next11.json (S4
+#   H-LRU m1 / m5 at LR 1e-3 and hidden 1920, DeltaNet at 2e-4, S5 BD-LRU m4 seeds 8 and 9, S5
+#   H-LRU m3 / m5 at 1e-3 and hidden 1920, S5 BD-LRU m1 at hidden 1920; 8 processes, 400 s).
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other
 #   (the seventh and eighth sessions' calls: gpu_runs/s7_call*, s8_call*, not in git). The
 #   eighth session's numbers are H200's: rerun baselines in the same call.

@@ -44,7 +44,7 @@ PEERS_FLA_H200 = {  # (n_h, gated, mode) -> ms
 }
 
 
-# settings of lrnn_scan.kernels.delta_product.function.TUNE (README "Fused W/U"), each a set
+# settings of lrnn_scan.kernels.delta_product.function.TUNE (TUNING.md "Fused W/U"), each a set
 # of overrides; the combinations compile nothing beyond their parts
 VARIANTS = {
     "default": {},                                   # fuse_wu "assoc" + inv_batched (H100 2026-11-24),

@@ -17,7 +17,7 @@ The gate term ``rowsum((Q H) ⊙ dO)`` is read as ``rowsum(Q ⊙ (dO H^T))`` off
 accumulator that ``dq`` needs anyway, not from a ``Q H`` dot per V tile, and ``dW`` is stored right
 after the loop: for sm_90a (Triton 3.6's ptxas, K = V = 128) the gated kernel's spills went from
 300-308 / 244-252 bytes per thread to none and its shared memory from 196 to 120 KiB; on an H100
-the gated forward+backward took 0.885x the time of the ``Q H`` form (2026-11-25, README.md). The
+the gated forward+backward took 0.885x the time of the ``Q H`` form (2026-11-25, TUNING.md). The
 ``Q H`` form was removed after that run; its GPU numbers are in benchmarks/RESULTS.md.
 """
 import triton

@@ -19,7 +19,7 @@ from .wy_bwd import wy_bwd_kernel
 
 # Launch settings, (num_warps, num_stages[, BV]) per kernel, and storage choices. Module-level
 # rather than call arguments so that benchmark sweeps can set them on the device;
-# the values are the measured choice (H200, README.md "Tuning"). Old settings in comments.
+# the values are the measured choice (H200, TUNING.md). Old settings in comments.
 TUNE = dict(
     wy_split=True,         # C = 64: tri_inv64 + wu_fwd (wy64.py), 1.63 -> 0.72 ms (n_h=1 fwd)
     wy=(4, 3),             # wy_fwd_kernel (C != 64, or wy_split off)
@@ -32,7 +32,7 @@ TUNE = dict(
     dqkwg=(8, 3, 32),      # (8, 1, 32): same split as state_bwd
     dqkwg_ksplit=1,        # K slices of dqkwg_bwd (a third grid axis; 16 columns at least per slice):
                            # fewer fp32 accumulators per program, dO Vn^T recomputed per slice. H100
-                           # 2026-11-25, K=128: 2 slices 1.005-1.058x the fwd+bwd time (README)
+                           # 2026-11-25, K=128: 2 slices 1.005-1.058x the fwd+bwd time (TUNING.md)
     # wy_bwd's key side in 4 K slices, two passes (wy_bwd.py KS), 4 warps: fewer live fp32 [C, K]
     # tiles, 72 KiB shared memory (two CTAs per SM). H100 2026-11-25 (seventh session), B8 T4096
     # H16 K=V=128 bf16: fwd+bwd 0.899-0.908x the time of (ksplit 1, 8 warps) at n_h 1-2
@@ -53,7 +53,7 @@ TUNE = dict(
     hs_16bit=True,         # chunk-start states stored in 16 bits for read-out and backward only;
                            # the recurrence stays fp32 in registers (error 4.68e-3 -> 4.71e-3)
     # W, U formed in the state kernels (state_fused.py) instead of stored by wu_fwd. Measured on an
-    # H100 (2026-11-24, B8 T4096 H16 K=V=128 bf16, README.md "Fused W/U"): "assoc" with inv_batched
+    # H100 (2026-11-24, B8 T4096 H16 K=V=128 bf16, TUNING.md "Fused W/U"): "assoc" with inv_batched
     # fwd 1.904 -> 1.294 ms (n_h=1), 3.640 -> 2.472 (n_h=2); fwd+bwd 6.669 -> 5.831, 12.79 -> 11.15.
     # "wu" was 1.09x slower than False. On the torch.compile custom-op route W, U stay stored.
     fuse_wu="assoc",       # False: wu_fwd stores W, U (fp32). "wu": W, U in registers from A, K, V,
@@ -63,7 +63,7 @@ TUNE = dict(
     state_bwd_fused=(4, 1, 64),  # state_bwd_fused_kernel (fuse_wu on); was (4, 3, 64)
     # the "assoc" backward with fewer live fp32 tiles (state_fused.py LEAN) at 1 stage: H100
     # 2026-11-25 (seventh session), B8 T4096 H16 K=V=128 bf16, fwd+bwd 0.871-0.909x the time of
-    # (False, 3 stages) at n_h 1-2, gated and not; sm_90a spills 830 -> 136 B gated (README)
+    # (False, 3 stages) at n_h 1-2, gated and not; sm_90a spills 830 -> 136 B gated (TUNING.md)
     state_bwd_lean=True,
     # the lean step loads its key tile again (an L2 hit) for the K^T t dot instead of keeping the
     # fp32 [C, K] tile live across the A^T dVn dot: sm_90a spills (Triton 3.6 ptxas, K=V=128, n_h=1,
@@ -82,13 +82,13 @@ TUNE = dict(
     # there (one state-kernel launch fewer per backward, the same values bit for bit); memory:
     # NC·H·K·V 16-bit states + Ls·H·V float32 Vn alive between forward and backward (B8 T4096 H16
     # K=V=128, n_h=1: 268 + 268 MB). H100, 2026-11-25 (delta_throughput.py --variants, bf16,
-    # README "Saved states"): fwd+bwd 0.903-0.909x the recomputing time at n_h 1-2, gated or not
+    # TUNING.md "Saved states"): fwd+bwd 0.903-0.909x the recomputing time at n_h 1-2, gated or not
     # (n_h=1 ungated 5.896 -> 5.337 ms). False: recompute (less memory). The torch.compile custom
     # op always recomputes.
     save_states=True,
     a_16bit=False,         # A stored in float16 for 16-bit inputs (fp32 in registers; the dots read it as
                            # tf32, 10 mantissa bits like fp16). bf16 A: error +9 %, fails; fp16 overflows
-                           # past 65504 (adversarial keys), so opt-in only (README "Fused W/U")
+                           # past 65504 (adversarial keys), so opt-in only (TUNING.md "Fused W/U")
 )
 
 _FORMS = {False: 0, None: 0, "wu": 1, True: 1, "assoc": 2}

@@ -12,11 +12,11 @@ the cumulative log-gate, and forms what it needs in fp32 registers. Two forms (c
   the serial chain and the rounding differs (``U − W H`` cancels after, here before, the ``A`` dot).
 
 The backward kernel needs ``W^T dVn``: ``FORM == 1`` recomputes ``W``; ``FORM == 2`` uses
-``W^T dVn = (diag(βγ) K)^T (A^T dVn)``. README.md "Fused W/U" has the FLOP/byte count.
+``W^T dVn = (diag(βγ) K)^T (A^T dVn)``. TUNING.md "Fused W/U" has the FLOP/byte count.
 ``FORM == 2`` puts every row scaling (β, the gates) on the ``[C, BV]`` side of its dot instead of
 scaling copies of the ``[C, K]`` keys and queries: ``(diag(βγ) K) H = diag(βγ) (K H)``, etc. (fewer
 live fp32 tiles: the gated forward's sm_90a spills 360 -> 212 bytes per thread; on an H100 the gated
-forward took 0.891x the time of the scaled-copy form, 2026-11-25; README.md "Register spills").
+forward took 0.891x the time of the scaled-copy form, 2026-11-25; TUNING.md "Register spills").
 ``FORM == 1`` keeps the scaled copies (it forms ``W`` from them)."""
 import triton
 import triton.language as tl

@@ -116,6 +116,8 @@ VARIANTS = {
     # 136 -> 24 gated at n_h = 1)
     "bwd_reload_k": {"state_bwd_reload_k": True},
     "bwd_reload_k_dhs16": {"state_bwd_reload_k": True, "dhs_16bit": True},
+    # the output kernels' Q H on the stored bf16 tiles (registers 168 -> ~96, smem 80 -> 64 KiB)
+    "out_raw_h": {"output_raw_h": True},
 }
 # (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
 DEFAULT_VARIANTS = ["default", "per_chunk_fp32vn", "per_chunk", "fp32vn"]

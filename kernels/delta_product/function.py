@@ -76,6 +76,11 @@ TUNE = dict(
     # 0.27 GB instead of 1.07 GB, written and read). H200 2026-11-26 (eighth session), bf16 Vn: fwd
     # 0.946 / 0.904 (n_h 2, ungated / gated) and 0.850 / 0.833 (n_h 4) the per-chunk time
     token_chunk_output=True,
+    # the output kernels' Q H on the 16-bit q and H tiles as stored (output.py RAW_H; bf16 MMA at
+    # twice the tf32 rate, exact products): sm_90a registers 168 -> 94-102, shared memory 80 -> 64
+    # KiB (K=V=128, tools/aot_check.py). Opt-in: GPU-only (the interpreter has no bf16 dot), not yet
+    # tested or timed on a GPU (2026-11-26)
+    output_raw_h=False,
     inv_batched=True,      # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
                            # (H100: 0.95x the time of four separate ones, n_h=1 fwd)
     # keep the forward's chunk-start states and Vn for the backward instead of recomputing them
@@ -256,17 +261,18 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         if output_final_state and NC == 0:
             hT = h0c.clone() if h0c is not None else torch.zeros(ch["N"], H, K, V, device=dev)
         o = _empty((B * T, H, V), dev, q.dtype)
+        raw_h = bool(TUNE["output_raw_h"]) and raw and hs.dtype == q.dtype
         if tch:
             BVo = _bv("output", BVf)
             output_tok_fwd_kernel[(cdiv(V, BVo), tch["NT"], H)](
                 qf, kf, gcum, hs, vn, o, tch["first"], tch["count"], ch["start"], ch["length"], scale,
-                H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw,
+                H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw, RAW_H=raw_h,
                 num_warps=TUNE["output"][0], num_stages=TUNE["output"][1])
         elif NC > 0:
             BVo = _bv("output", BVf)
             output_fwd_kernel[(cdiv(V, BVo), NC, H)](
                 qf, kf, gcum, hs, vn, o, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
-                BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw,
+                BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw, RAW_H=raw_h,
                 num_warps=TUNE["output"][0], num_stages=TUNE["output"][1])
         keep = own and TUNE["save_states"] and NC > 0 and tch is None
         ctx.save_for_backward(qf, kf, vf, bf, gf, h0c, gcum, Ainv, W, U,

@@ -10,7 +10,11 @@ from .mm import dot_abt
 def output_fwd_kernel(q, k, gcum, hs, vn, o, start_ptr, len_ptr, scale,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                       BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
+                      USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
+                      RAW_H: tl.constexpr = False):
+    """``RAW_H`` (``function.TUNE["output_raw_h"]``; 16-bit ``q`` and ``H`` of one dtype): ``Q H`` on
+    the stored 16-bit tiles as they are (exact products, fp32 accumulate, twice the tf32 MMA rate,
+    no fp32 copies), its rows scaled by ``scale·γ`` after the dot instead of ``Q``'s before."""
     iv = tl.program_id(0)
     c = tl.program_id(1)
     h = tl.program_id(2)
@@ -29,7 +33,9 @@ def output_fwd_kernel(q, k, gcum, hs, vn, o, start_ptr, len_ptr, scale,
                  other=0.)
     # H and Vn may be stored in 16 bits (function.TUNE); the products accumulate in fp32
     st = tl.load(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :],
-                 mask=(ck < K)[:, None] & (cv < V)[None, :], other=0.).to(tl.float32)
+                 mask=(ck < K)[:, None] & (cv < V)[None, :], other=0.)
+    if not RAW_H:
+        st = st.to(tl.float32)
     vnew = tl.load(vn + (s * H + h)[:, None] * V + cv[None, :], mask=rm[:, None] & (cv < V)[None, :],
                    other=0.).to(tl.float32)
     if USE_G:
@@ -40,8 +46,12 @@ def output_fwd_kernel(q, k, gcum, hs, vn, o, start_ptr, len_ptr, scale,
     gam = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf"))) * scale
     # Q K^T on the inputs' own dtype: exact for 16-bit inputs (fp32 accumulate), scale applied after
     P = dot_abt(qr, kr, DOT, RAW) * gam
-    qq = qr.to(tl.float32) * (scale * tl.exp(G))[:, None]
-    out = tl.dot(qq, st, input_precision=DOT) + tl.dot(P, vnew, input_precision=DOT)
+    if RAW_H:
+        out = tl.dot(qr, st, input_precision=DOT) * (scale * tl.exp(G))[:, None] + \
+            tl.dot(P, vnew, input_precision=DOT)
+    else:
+        qq = qr.to(tl.float32) * (scale * tl.exp(G))[:, None]
+        out = tl.dot(qq, st, input_precision=DOT) + tl.dot(P, vnew, input_precision=DOT)
     tl.store(o + (tok * H + h)[:, None] * V + cv[None, :], out.to(o.dtype.element_ty),
              mask=qm[:, None] & (cv < V)[None, :])
 
@@ -50,13 +60,15 @@ def output_fwd_kernel(q, k, gcum, hs, vn, o, start_ptr, len_ptr, scale,
 def output_tok_fwd_kernel(q, k, gcum, hs, vn, o, first_ptr, count_ptr, start_ptr, len_ptr, scale,
                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                           BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                          USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
+                          USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
+                          RAW_H: tl.constexpr = False):
     """The output over a token chunk (``BC`` tokens = ``NH`` chunks of ``BC`` sub-steps) from the
     one state ``H`` kept at its start (``TUNE["token_chunk_output"]``):
     ``O = scale·[diag(γ) Q H + Σ_i ((Q K_i^T) ⊙ Γ_i ⊙ M_i) Vn_i]`` over its chunks ``i``, with
     ``γ``, ``Γ`` taken from the token chunk's start (``gcum`` restarts at every chunk: the chunks'
     gate totals are added back). Same sums as ``output_fwd_kernel`` run on every chunk, since each
-    chunk's ``Vn`` is taken against the state at that chunk's start."""
+    chunk's ``Vn`` is taken against the state at that chunk's start. ``RAW_H``: as in
+    ``output_fwd_kernel``."""
     iv = tl.program_id(0)
     tc = tl.program_id(1)
     h = tl.program_id(2)
@@ -73,7 +85,9 @@ def output_tok_fwd_kernel(q, k, gcum, hs, vn, o, first_ptr, count_ptr, start_ptr
     qr = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=tm[:, None] & (ck < K)[None, :],
                  other=0.)
     st = tl.load(hs + ((tc * H + h) * K + ck[:, None]) * V + cv[None, :],
-                 mask=(ck < K)[:, None] & (cv < V)[None, :], other=0.).to(tl.float32)
+                 mask=(ck < K)[:, None] & (cv < V)[None, :], other=0.)
+    if not RAW_H:
+        st = st.to(tl.float32)
     if USE_G:
         # the query's gate from the token chunk's start: its chunk-local value plus the totals of
         # the chunks before its own
@@ -86,8 +100,11 @@ def output_tok_fwd_kernel(q, k, gcum, hs, vn, o, first_ptr, count_ptr, start_ptr
             Gq += tl.where((sq - s0) // BC > i, tot, 0.)
     else:
         Gq = tl.zeros([BC], dtype=tl.float32)
-    qq = qr.to(tl.float32) * (scale * tl.exp(Gq))[:, None]
-    out = tl.dot(qq, st, input_precision=DOT)
+    if RAW_H:
+        out = tl.dot(qr, st, input_precision=DOT) * (scale * tl.exp(Gq))[:, None]
+    else:
+        qq = qr.to(tl.float32) * (scale * tl.exp(Gq))[:, None]
+        out = tl.dot(qq, st, input_precision=DOT)
     goff = 0.
     for i in tl.static_range(NH):
         ci = cf + i

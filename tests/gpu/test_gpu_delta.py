@@ -60,7 +60,9 @@ def _ratio(a, b):
     # the backward's dH chunk states in bf16 (opt-in since 2026-11-26: its error decides)
     (1, False, 2.0, {"dhs_16bit": True}), (2, True, 2.0, {"dhs_16bit": True}),
     # the lean backward state step reloading its key tile (opt-in since 2026-11-26)
-    (1, True, 2.0, {"state_bwd_reload_k": True}), (2, False, 2.0, {"state_bwd_reload_k": True})])
+    (1, True, 2.0, {"state_bwd_reload_k": True}), (2, False, 2.0, {"state_bwd_reload_k": True}),
+    # the output kernels' Q H on the stored bf16 tiles (opt-in since 2026-11-26, GPU-only)
+    (1, False, 2.0, {"output_raw_h": True}), (2, True, 2.0, {"output_raw_h": True})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     for key, val in tune.items():
@@ -122,16 +124,20 @@ def test_reflections_correlated_keys_finite():
     assert _ratio(o_t, o_r) <= 3e-2 and _ratio(f_t, f_r) <= 3e-2
 
 
-@pytest.mark.parametrize("n_h,gated,vn16", [(2, True, False), (3, False, False), (4, True, False),
-                                             (4, True, "no_grad"), (2, False, "no_grad"),
-                                             (1, True, "no_grad"), (1, False, "no_grad")])
-def test_token_chunk_output_forward_bf16(n_h, gated, vn16, monkeypatch):
+@pytest.mark.parametrize("n_h,gated,vn16,raw_h", [
+    (2, True, False, False), (3, False, False, False), (4, True, False, False),
+    (4, True, "no_grad", False), (2, False, "no_grad", False), (1, True, "no_grad", False),
+    (1, False, "no_grad", False),
+    # TUNE["output_raw_h"] (Q H on the stored bf16 tiles), per-chunk (n_h 1) and token-chunk kernels
+    (1, True, "no_grad", True), (2, False, "no_grad", True), (4, True, "no_grad", True)])
+def test_token_chunk_output_forward_bf16(n_h, gated, vn16, raw_h, monkeypatch):
     """The forward without gradients (defaults: TUNE["token_chunk_output"], one state per 64 tokens
     at n_h > 1, and vn_16bit="no_grad", the pseudo-values in bf16), also with fp32 Vn: bf16 outputs
     and final state against fp64, varlen with sequences ending inside token chunks."""
     from lrnn_scan.kernels.delta_product import function as fn
     monkeypatch.setitem(fn.TUNE, "token_chunk_output", True)
     monkeypatch.setitem(fn.TUNE, "vn_16bit", vn16)
+    monkeypatch.setitem(fn.TUNE, "output_raw_h", raw_h)
     T, H, K, V = 1000, 4, 128, 128
     cu = torch.tensor([0, 1, 63, 130, 130, T], device="cuda")
     ref_in, lo_in = _inputs(1, T, n_h, H, K, V, gated, 2.0, torch.bfloat16, seed=n_h)

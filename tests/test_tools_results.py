@@ -139,3 +139,23 @@ def test_delta_throughput_variants_name_existing_tune_keys():
     bad = {name: key for name, over in dt.VARIANTS.items() for key in over if key not in fn.TUNE}
     assert not bad, bad
     assert set(dt.DEFAULT_VARIANTS) <= set(dt.VARIANTS)
+
+
+def test_gpu_pair_splits_stage_lists_per_card(tmp_path):
+    """tools/gpu_pair.sh (dry run): each card runs its own stages in order, VAR=value words apply
+    to that card's later stages only, commas in a value become spaces, and every stage named is
+    one tools/gpu_owed.sh knows."""
+    import subprocess
+    out = subprocess.run(
+        ["bash", str(ROOT / "tools" / "gpu_pair.sh"),
+         "STAGE_TIMEOUT=500 TRAIN_CONFIG=x.json train", "DELTA_NH=1,2,4 deltavar STAGE_TIMEOUT=9 deltafla"],
+        env={"OUT": str(tmp_path), "GPU_PAIR_DRY": "1", "PATH": "/usr/bin:/bin"}, cwd=ROOT,
+        capture_output=True, text=True, check=True).stdout.splitlines()
+    card0 = [x for x in out if x.startswith("card 0")]
+    card1 = [x for x in out if x.startswith("card 1")]
+    assert card0 == ["card 0: train (STAGE_TIMEOUT=500 DELTA_NH= TRAIN_CONFIG=x.json)"]
+    assert card1 == ["card 1: deltavar (STAGE_TIMEOUT= DELTA_NH=1 2 4 TRAIN_CONFIG=)",
+                     "card 1: deltafla (STAGE_TIMEOUT=9 DELTA_NH=1 2 4 TRAIN_CONFIG=)"]
+    owed = (ROOT / "tools" / "gpu_owed.sh").read_text()
+    for stage in ("train", "deltavar", "deltafla"):
+        assert f"\n  {stage})" in owed, stage

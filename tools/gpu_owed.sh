@@ -12,9 +12,10 @@
 #   train with a config continuing mad_tasks/RESULTS.md section 10: TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next11.json (S4
 #   H-LRU m1 / m5 at LR 1e-3 and hidden 1920, DeltaNet at 2e-4, S5 BD-LRU m4 seeds 8 and 9, S5
 #   H-LRU m3 / m5 at 1e-3 and hidden 1920, S5 BD-LRU m1 at hidden 1920; 8 processes, 400 s).
-#   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other
-#   (the seventh and eighth sessions' calls: gpu_runs/s7_call*, s8_call*, not in git). The
-#   eighth session's numbers are H200's: rerun baselines in the same call.
+#   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other:
+#   tools/gpu_pair.sh "<card 0 stages>" "<card 1 stages>" (the seventh and eighth sessions' calls:
+#   gpu_runs/s7_call*, s8_call*, not in git). The eighth session's numbers are H200's: rerun
+#   baselines in the same call.
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal

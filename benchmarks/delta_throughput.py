@@ -118,6 +118,10 @@ VARIANTS = {
     "bwd_reload_k_dhs16": {"state_bwd_reload_k": True, "dhs_16bit": True},
     # the output kernels' Q H on the stored bf16 tiles (registers 168 -> ~96, smem 80 -> 64 KiB)
     "out_raw_h": {"output_raw_h": True},
+    # the sliced wy_bwd stores dbeta, dg before its second pass (spills 44 -> 0 / 72 -> 24 B);
+    # the token-chunk state store predicated (ungated spills 696 -> 152 B; the "fwd" rows)
+    "wy_early_db": {"wy_bwd_early_db": True},
+    "tok_pred": {"token_state_pred": True},
 }
 # (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
 DEFAULT_VARIANTS = ["default", "per_chunk_fp32vn", "per_chunk", "fp32vn"]

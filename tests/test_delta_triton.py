@@ -42,6 +42,8 @@ VARIANTS = {
     "wy_bwd_k2": ({"wy_bwd_ksplit": 2}, lambda C, K, V: K > 16),
     # the lean backward step loading its key tile again for the second dot (fewer sm_90a spills)
     "bwd_reload_k": ({"state_bwd_reload_k": True}, _ALL),
+    # the sliced wy_bwd storing dbeta and dg before its second pass (needs K slices: K > 16)
+    "wy_bwd_early_db": ({"wy_bwd_early_db": True}, lambda C, K, V: K > 16),
 }
 
 
@@ -124,13 +126,15 @@ TOKEN_CASES = [  # (T, n_h, gated, cu, K, V): chunk 64; token chunks of 1-4 chun
 ]
 
 
+@pytest.mark.parametrize("pred", [False, True])      # TUNE["token_state_pred"]: predicated store
 @pytest.mark.parametrize("T,n_h,gated,cu,K,V", TOKEN_CASES)
-def test_token_chunk_output_forward_matches_loop(T, n_h, gated, cu, K, V, monkeypatch):
+def test_token_chunk_output_forward_matches_loop(T, n_h, gated, cu, K, V, pred, monkeypatch):
     """TUNE["token_chunk_output"]: without gradients the forward keeps one state per 64 tokens and
     runs output_tok_fwd_kernel; outputs and final states against the fp64 loop, and the launch
     really took that path (the state buffer has one entry per token chunk)."""
     from lrnn_scan.kernels.delta_product import function as fn
     monkeypatch.setitem(fn.TUNE, "token_chunk_output", True)
+    monkeypatch.setitem(fn.TUNE, "token_state_pred", pred)
     launched = []
     real = fn.output_tok_fwd_kernel
 

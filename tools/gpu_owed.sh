@@ -112,7 +112,7 @@ case "$stage" in
     timeout ${TEST_TIMEOUT:-250} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
     # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default)
     timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-2 4} \
-      --variants ${DELTA_VARIANTS:-default bwd_reload_k dhs16 bwd_reload_k_dhs16 out_raw_h per_chunk} --out "$OUT" \
+      --variants ${DELTA_VARIANTS:-default bwd_reload_k dhs16 bwd_reload_k_dhs16 out_raw_h wy_early_db tok_pred per_chunk} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

@@ -38,6 +38,10 @@ TUNE = dict(
     # H16 K=V=128 bf16: fwd+bwd 0.899-0.908x the time of (ksplit 1, 8 warps) at n_h 1-2
     wy_bwd=(4, 1, 64),     # was (8, 1, 64); before that (8, 3, 32)
     wy_bwd_ksplit=4,       # capped at BK // 16 (tl.dot needs 16 columns a slice)
+    # the sliced wy_bwd stores dβ and dg before its second pass (same arithmetic): sm_90a spills of
+    # the bf16 launches 44 -> 0 B a thread ungated, 72 -> 24 gated (tools/aot_check.py, K=V=128).
+    # Opt-in: not yet run on a GPU (2026-11-26)
+    wy_bwd_early_db=False,
     inter_16bit=False,     # W, U stored in the inputs' dtype: error ratio 5.5e-3 > 5e-3 bound, off
     # Vn stored in the inputs' 16-bit dtype (the state update keeps fp32 registers). "no_grad": only
     # in a forward without gradients, where the output kernel is its one reader (H200 2026-11-26, B8
@@ -76,6 +80,10 @@ TUNE = dict(
     # 0.27 GB instead of 1.07 GB, written and read). H200 2026-11-26 (eighth session), bf16 Vn: fwd
     # 0.946 / 0.904 (n_h 2, ungated / gated) and 0.850 / 0.833 (n_h 4) the per-chunk time
     token_chunk_output=True,
+    # the token-chunk state store predicated instead of branched (state_fused.py HS_PRED): sm_90a
+    # spills of the ungated kernel 696 / 672 -> 152 / 128 B a thread. Opt-in: not yet run on a GPU
+    # (the branched store is the form the eighth session timed)
+    token_state_pred=False,
     # the output kernels' Q H on the 16-bit q and H tiles as stored (output.py RAW_H; bf16 MMA at
     # twice the tf32 rate, exact products): sm_90a registers 168 -> 94-102, shared memory 80 -> 64
     # KiB (K=V=128, tools/aot_check.py). Opt-in: GPU-only (the interpreter has no bf16 dot), not yet
@@ -193,7 +201,8 @@ def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, d
             k, v, beta, gcum, Ainv, h0 if h0 is not None else hs, hs, vn, hT, ch["start"], ch["length"],
             ch["seq_ptr"], H=H, K=K, V=V, BC=BC, BK=BK, BV=BV, USE_G=use_g, USE_H0=h0 is not None,
             STORE_HT=want_final, FORM=form, DOT=dot,
-            **(dict(tseq_ptr=tch["seq_ptr"], HS_EVERY=tch["every"]) if tch else {}),
+            **(dict(tseq_ptr=tch["seq_ptr"], HS_EVERY=tch["every"],
+                    HS_PRED=bool(TUNE["token_state_pred"])) if tch else {}),
             num_warps=nw, num_stages=ns)
         return hs, vn, (hT if want_final else None)
     state_fwd_kernel[(cdiv(V, BV), N * H)](
@@ -346,7 +355,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             wy_bwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
                                    ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK,
                                    BV=_bv("wy_bwd", BVf), USE_G=use_g, DOT=dot, RAW=raw,
-                                   KS=_wy_ksplit(BK),
+                                   KS=_wy_ksplit(BK), EARLY=bool(TUNE["wy_bwd_early_db"]),
                                    num_warps=TUNE["wy_bwd"][0], num_stages=TUNE["wy_bwd"][1])
         else:
             for x in (dq, dk, dv, db, dg):

@@ -39,14 +39,15 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
                            BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
                            FORM: tl.constexpr, DOT: tl.constexpr,
-                           tseq_ptr=None, HS_EVERY: tl.constexpr = 1):
+                           tseq_ptr=None, HS_EVERY: tl.constexpr = 1, HS_PRED: tl.constexpr = False):
     """``Vn = U − W H`` with ``W``, ``U`` formed here, ``H ← γ_C H + (diag(γ_C/γ) K)^T Vn``;
     stores the chunk-start states ``H``, ``Vn`` and the final state (as ``state_fwd_kernel``).
     FORM 2: the row scalings ``diag(βγ)``, ``diag(γ_C/γ)`` go on the ``[C, BV]`` side of each dot
     instead of the ``[C, K]`` keys (no scaled copies of the key tile).
     ``HS_EVERY = n_h`` (``TUNE["token_chunk_output"]``): ``H`` is stored at the start of every
     ``n_h``-th chunk of a sequence only (token-chunk starts, indexed from ``tseq_ptr``), for
-    ``output_tok_fwd_kernel``: ``n_h`` times fewer state bytes written and read."""
+    ``output_tok_fwd_kernel``: ``n_h`` times fewer state bytes written and read. ``HS_PRED``
+    (``TUNE["token_state_pred"]``): that store predicated instead of branched."""
     iv = tl.program_id(0)
     nh = tl.program_id(1)
     n = nh // H
@@ -72,7 +73,7 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
         if HS_EVERY == 1:
             tl.store(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], st.to(hs.dtype.element_ty),
                      mask=kvm)
-        else:
+        elif HS_PRED:
             # a predicated store, not a branch: with `if` the ungated kernel spilled 696 / 672 B a
             # thread, with the mask 152 / 128 (HS_EVERY = 1: 120-208; sm_90a, Triton 3.6's ptxas,
             # K=V=128). The predicate is a [BK, 1] tile (a scalar mask fails in the interpreter):
@@ -81,6 +82,10 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
             first = (ck < K - ((c - c0) % HS_EVERY) * K)[:, None]
             tl.store(hs + ((tc * H + h) * K + ck[:, None]) * V + cv[None, :], st.to(hs.dtype.element_ty),
                      mask=kvm & first)
+        elif (c - c0) % HS_EVERY == 0:
+            tc = t0 + (c - c0) // HS_EVERY
+            tl.store(hs + ((tc * H + h) * K + ck[:, None]) * V + cv[None, :], st.to(hs.dtype.element_ty),
+                     mask=kvm)
         A, kk, b = _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H, K, BC)
         vv = tl.load(v + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.).to(tl.float32)
         if USE_G:

@@ -13,10 +13,12 @@ from .mm import dot_abt
 def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg, start_ptr, len_ptr,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                   BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr, KS: tl.constexpr = 1):
+                  USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr, KS: tl.constexpr = 1,
+                  EARLY: tl.constexpr = False):
     """``KS > 1`` (``function.TUNE["wy_bwd_ksplit"]``): the key-side work in ``KS`` slices of
     ``BK // KS`` columns, in two passes (``_wy_bwd_k_sliced``) instead of ``[C, BK]`` fp32 tiles of
-    ``K``, ``dW``, ``A^T dW`` and ``dK`` live at once."""
+    ``K``, ``dW``, ``A^T dW`` and ``dK`` live at once. ``EARLY`` (``KS > 1``,
+    ``function.TUNE["wy_bwd_early_db"]``): dβ and dg stored before the second pass."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
@@ -46,7 +48,7 @@ def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
         dA += tl.dot(dvnew, tl.trans(vv * b[:, None]), input_precision=DOT)
     if KS > 1:
         _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, A, dA, dbb, b, eg, G, s, rm, r, h, H, K, NH,
-                         BK // KS, KS, USE_G, DOT, RAW)
+                         BK // KS, KS, USE_G, DOT, RAW, EARLY)
         return
     kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
     kk = kr.to(tl.float32)
@@ -87,7 +89,8 @@ def _wy_bwd_store_db_dg(db, dg, dGp, dbb, dS, kkt, beg, kdw, s, rm, h, H: tl.con
 @triton.jit
 def _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, A, dA, dbb, b, eg, G, s, rm, r, h,
                      H: tl.constexpr, K: tl.constexpr, NH: tl.constexpr, BKS: tl.constexpr,
-                     KS: tl.constexpr, USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
+                     KS: tl.constexpr, USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
+                     EARLY: tl.constexpr):
     """The key-side part of ``wy_bwd_kernel`` over ``KS`` column slices. Pass 1 sums what needs all
     of ``K``: ``k·(A^T dW)`` per row, ``dA``, ``K K^T``. Pass 2 forms ``dK`` slice by slice from
     ``dK_part + diag(βγ) A^T dW + (dS + dS^T) K``, recomputing the ``A^T dW`` slice (one more
@@ -111,10 +114,11 @@ def _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, A, dA, dbb, b, eg, G, s, r
     E = tl.where(strict, dL, 0.) * gam
     dbb += tl.sum(E * kkt, 1)
     dS = E * b[:, None]
-    # dβ and dg need nothing from pass 2: stored before it, so K K^T, k·(A^T dW) and G are not live
-    # through it (sm_90a, Triton 3.6 ptxas, K=V=128, bf16 launches: spills 44 -> 0 B a thread
-    # ungated, 72 -> 24 gated)
-    _wy_bwd_store_db_dg(db, dg, dGp, dbb, dS, kkt, beg, kdw, s, rm, h, H, NH, USE_G)
+    if EARLY:
+        # dβ and dg need nothing from pass 2: stored before it, so K K^T, k·(A^T dW) and G are not
+        # live through it (sm_90a, Triton 3.6 ptxas, K=V=128, bf16 launches: spills 44 -> 0 B a
+        # thread ungated, 72 -> 24 gated)
+        _wy_bwd_store_db_dg(db, dg, dGp, dbb, dS, kkt, beg, kdw, s, rm, h, H, NH, USE_G)
     dSS = dS + tl.trans(dS)
     for j in tl.static_range(KS):
         ck = j * BKS + tl.arange(0, BKS)
@@ -125,3 +129,5 @@ def _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, A, dA, dbb, b, eg, G, s, r
         dkk += beg[:, None] * tl.dot(tl.trans(A), dw, input_precision=DOT)
         dkk += tl.dot(dSS, kk, input_precision=DOT)
         tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
+    if not EARLY:
+        _wy_bwd_store_db_dg(db, dg, dGp, dbb, dS, kkt, beg, kdw, s, rm, h, H, NH, USE_G)

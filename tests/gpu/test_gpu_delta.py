@@ -62,7 +62,9 @@ def _ratio(a, b):
     # the lean backward state step reloading its key tile (opt-in since 2026-11-26)
     (1, True, 2.0, {"state_bwd_reload_k": True}), (2, False, 2.0, {"state_bwd_reload_k": True}),
     # the output kernels' Q H on the stored bf16 tiles (opt-in since 2026-11-26, GPU-only)
-    (1, False, 2.0, {"output_raw_h": True}), (2, True, 2.0, {"output_raw_h": True})])
+    (1, False, 2.0, {"output_raw_h": True}), (2, True, 2.0, {"output_raw_h": True}),
+    # the sliced wy_bwd storing dbeta and dg before its second pass (opt-in since 2026-11-26)
+    (1, True, 2.0, {"wy_bwd_early_db": True}), (2, False, 2.0, {"wy_bwd_early_db": True})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     for key, val in tune.items():
@@ -138,6 +140,7 @@ def test_token_chunk_output_forward_bf16(n_h, gated, vn16, raw_h, monkeypatch):
     monkeypatch.setitem(fn.TUNE, "token_chunk_output", True)
     monkeypatch.setitem(fn.TUNE, "vn_16bit", vn16)
     monkeypatch.setitem(fn.TUNE, "output_raw_h", raw_h)
+    monkeypatch.setitem(fn.TUNE, "token_state_pred", raw_h)   # the predicated state store too
     T, H, K, V = 1000, 4, 128, 128
     cu = torch.tensor([0, 1, 63, 130, 130, T], device="cuda")
     ref_in, lo_in = _inputs(1, T, n_h, H, K, V, gated, 2.0, torch.bfloat16, seed=n_h)

@@ -122,6 +122,21 @@ VARIANTS = {
     # the token-chunk state store predicated (ungated spills 696 -> 152 B; the "fwd" rows)
     "wy_early_db": {"wy_bwd_early_db": True},
     "tok_pred": {"token_state_pred": True},
+    # the ninth session (2026-11-26) changed these defaults: the eighth session's settings
+    # together (s8_default) and one at a time, and the key reload with the gate too
+    "s8_default": {"output_raw_h": False, "token_state_pred": False, "state_bwd_reload_k": False,
+                   "dqkwg_dg_grads": False},
+    "no_raw_h": {"output_raw_h": False},
+    "tok_branch": {"token_state_pred": False},
+    "no_reload_k": {"state_bwd_reload_k": False},
+    "reload_k_always": {"state_bwd_reload_k": True},
+    # the gated dqkwg_bwd's gate term as rowsum(Q dQ) - rowsum(K dK) (no second Q K^T, no [64, 64]
+    # row and column sums; default since 2026-11-26), and the Z form before it; gated fwd+bwd only
+    "dg_grads": {"dqkwg_dg_grads": True},
+    "dg_z": {"dqkwg_dg_grads": False},
+    # tri_inv64's Gram blocks over key slices (sm_90a spills 1052-1168 -> 880-908 B a thread)
+    "inv_ks16": {"inv_kslice": 16},
+    "inv_ks32": {"inv_kslice": 32},
 }
 # (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
 DEFAULT_VARIANTS = ["default", "per_chunk_fp32vn", "per_chunk", "fp32vn"]

@@ -40,8 +40,17 @@ VARIANTS = {
     # wy_bwd's key side unsplit (the default splits it in 4 K slices, capped at BK // 16) and in two
     "wy_bwd_k1": ({"wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)}, _ALL),
     "wy_bwd_k2": ({"wy_bwd_ksplit": 2}, lambda C, K, V: K > 16),
-    # the lean backward step loading its key tile again for the second dot (fewer sm_90a spills)
+    # the lean backward step loading its key tile again for the second dot (fewer sm_90a spills):
+    # the default reloads it without the gate only ("ungated"); these rows take it always / never
     "bwd_reload_k": ({"state_bwd_reload_k": True}, _ALL),
+    "bwd_no_reload_k": ({"state_bwd_reload_k": False}, _ALL),
+    # tri_inv64's Gram blocks over key slices of 16 columns (one slice when K = 16; several, with
+    # masked columns, at K = 20 and 32)
+    "inv_kslice16": ({"inv_kslice": 16}, _C64),
+    # the gated dqkwg_bwd's gate term as rowsum(Z) - colsum(Z) + ... (the default reads it off its
+    # own dq, dk tiles since 2026-11-26), one K slice and two
+    "dqkwg_dg_z": ({"dqkwg_dg_grads": False}, _ALL),
+    "dqkwg_k2_dg_z": ({"dqkwg_ksplit": 2, "dqkwg_dg_grads": False}, lambda C, K, V: K > 16),
     # the sliced wy_bwd storing dbeta and dg before its second pass (needs K slices: K > 16)
     "wy_bwd_early_db": ({"wy_bwd_early_db": True}, lambda C, K, V: K > 16),
 }
@@ -104,6 +113,24 @@ def test_triton_interpreter_matches_loop(T, C, n_h, gated, bmax, cu, K, V, varia
           f"({max(errs, key=errs.get)})")
     for name, err in errs.items():
         assert err < 2e-5, (name, err)
+
+
+@pytest.mark.parametrize("case", [(100, 64, 2, True, 2.0, [0, 37, 100], 40, 16),
+                                  (70, 64, 1, False, 2.0, None, 32, 16)])
+@pytest.mark.parametrize("variant", ["default", "inv_kslice16"])
+def test_tri_inv64_key_slices_match_loop(case, variant, monkeypatch):
+    """TUNE["inv_kslice"] at K = 40 (four slices of 16, the last masked) and K = 32 (two), chunk 64,
+    against the fp64 loop, with the default beside it."""
+    test_triton_interpreter_matches_loop(*case, variant, monkeypatch)
+
+
+def test_inv_kslice_bad_value_is_refused(monkeypatch):
+    from lrnn_scan.kernels.delta_product import function as fn
+
+    q, k, v, beta, g, _ = make_inputs(1, 5, 1, 1, 16, 16, True, 2.0, dtype=torch.float32)
+    monkeypatch.setitem(fn.TUNE, "inv_kslice", 24)
+    with pytest.raises(ValueError, match="inv_kslice"):
+        chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")
 
 
 @pytest.mark.parametrize("variant", ["default", "stored_wu", "fuse_wu"])
@@ -252,6 +279,17 @@ def test_dqkwg_ksplit_bad_value_is_refused(monkeypatch):
     o, _ = chunk_delta_product(*xs, chunk_size=16, backend="triton")
     monkeypatch.setitem(fn.TUNE, "dqkwg_ksplit", 3)
     with pytest.raises(ValueError, match="dqkwg_ksplit"):
+        o.sum().backward()
+
+
+def test_state_bwd_reload_k_bad_value_is_refused(monkeypatch):
+    from lrnn_scan.kernels.delta_product import function as fn
+
+    q, k, v, beta, g, _ = make_inputs(1, 5, 1, 1, 16, 16, False, 2.0, dtype=torch.float32)
+    xs = [x.requires_grad_() for x in (q, k, v, beta)]
+    o, _ = chunk_delta_product(*xs, None, chunk_size=16, backend="triton")
+    monkeypatch.setitem(fn.TUNE, "state_bwd_reload_k", "gated")
+    with pytest.raises(ValueError, match="state_bwd_reload_k"):
         o.sum().backward()
 
 

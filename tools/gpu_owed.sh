@@ -2,20 +2,19 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-26, eighth session, after train (next8-10), deltavar, deltaprof,
-#   scan, tests2 and deltafla ran on two H200s; the token-chunk forward and bf16 Vn without
-#   gradients became the default): deltavar (its default list: the untimed backward opt-ins
-#   bwd_reload_k and dhs16, alone and together, and per_chunk, which shows whether the predicated
-#   token-chunk state store of 2026-11-26 removed the n_h = 2 ungated loss; the backward holds
-#   0.93 ms of the 1.04 ms fwd+bwd gap to fla at n_h 1; DELTA_NH="1 2 4"; also deltafla, since
-#   wy_bwd's store order changed untimed), then tests (the whole GPU suite on one card), then
-#   train with a config continuing mad_tasks/RESULTS.md section 10: TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next11.json (S4
-#   H-LRU m1 / m5 at LR 1e-3 and hidden 1920, DeltaNet at 2e-4, S5 BD-LRU m4 seeds 8 and 9, S5
-#   H-LRU m3 / m5 at 1e-3 and hidden 1920, S5 BD-LRU m1 at hidden 1920; 8 processes, 400 s).
+# Suggested order (written 2026-11-26, ninth session, after deltavar, train (next11, next12),
+#   deltafla, tests2, memcheck (delta) and deltaprof ran on H200s; output_raw_h, token_state_pred
+#   and state_bwd_reload_k="ungated" became defaults): tests (the whole GPU suite on one card: the
+#   block-diagonal GPU tests have not run in full since 2026-11-25), deltafla (the gated
+#   dqkwg_bwd's gate term changed after the ninth session's fla run: 0.97-0.98x gated fwd+bwd, not
+#   yet against fla), then TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next13.json train
+#   (continuing mad_tasks/RESULTS.md section 11: S4 BD-LRU m3 at LR 1e-3 to keep a record, S4
+#   H-LRU m5 / DeltaNet seeds, S5 H-LRU m1 / m3 / m5, S5 BD-LRU m1 and m4 seeds), and deltaprof
+#   after any backward change (the backward holds the whole fwd+bwd gap to fla).
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other:
-#   tools/gpu_pair.sh "<card 0 stages>" "<card 1 stages>" (the seventh and eighth sessions' calls:
-#   gpu_runs/s7_call*, s8_call*, not in git). The eighth session's numbers are H200's: rerun
-#   baselines in the same call.
+#   tools/gpu_pair.sh "<card 0 stages>" "<card 1 stages>" (the seventh to ninth sessions' calls:
+#   gpu_runs/s7_call*, s8_call*, s9_call*, not in git). The eighth and ninth sessions' numbers are
+#   H200's: rerun baselines in the same call.
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal
@@ -31,15 +30,16 @@
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
-#        deltavar — issue 4: tests/gpu/test_gpu_delta.py, then delta_throughput.py --variants against
-#                   the default (2026-11-26, eighth session: the token-chunk forward with bf16 Vn
-#                   won and is the default without gradients). Default list: bwd_reload_k
-#                   (TUNE["state_bwd_reload_k"]), dhs16 (TUNE["dhs_16bit"]: 0.982-0.988x at
-#                   n_h 1 on an H200), both, and per_chunk, at DELTA_NH (default "2 4")
+#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (31 rows, 233 s on an H200), then
+#                   delta_throughput.py --variants against the default at DELTA_NH (default
+#                   "2 4"). Default list: tri_inv64 over key slices (inv_ks16, inv_ks32: compiled
+#                   on a CPU machine only, not yet run on a GPU), the opt-ins left off after the
+#                   ninth session's timings (dhs16, reload_k_always, wy_early_db) and the eighth
+#                   session's settings (s8_default); DELTA_VARIANTS picks others
 #        memcheck — issues 3, 4: tools/memcheck_kernels.py under compute-sanitizer --tool memcheck with
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
-#        deltafla — issue 4: ours vs fla, fwd and fwd+bwd, one run (DELTA_NH, default "1 2")
+#        deltafla — issue 4: ours vs fla, fwd and fwd+bwd, one run (DELTA_NH, default "1 2 3 4")
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
 #        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients)
@@ -98,7 +98,8 @@ case "$stage" in
   deltafla)
     # issue 4: ours against fla, forward and forward+backward in one run (fla's ungated path with
     # g=None; its gated backward with the #640 guard off, timing only, and fla-vs-ours differences)
-    timeout ${STAGE_TIMEOUT:-300} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-1 2} --fla-unguarded \
+    # issue 4 names n_h 1-4; 1, 2, 4 took about 300 s on an H200 (2026-11-26, ninth session)
+    timeout ${STAGE_TIMEOUT:-420} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-1 2 3 4} --fla-unguarded \
       --out "$OUT" --results "$OUT/RESULTS_deltafla.md" 2>&1 | tee "$OUT/deltafla.log" | tail -30 ;;
   deltaprof)
     # issue 4: per-kernel CUDA times of one fwd+bwd at n_h 1 and 4 (the forward's gap to fla grew
@@ -112,7 +113,7 @@ case "$stage" in
     timeout ${TEST_TIMEOUT:-250} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
     # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default)
     timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-2 4} \
-      --variants ${DELTA_VARIANTS:-default bwd_reload_k dhs16 bwd_reload_k_dhs16 out_raw_h wy_early_db tok_pred per_chunk} --out "$OUT" \
+      --variants ${DELTA_VARIANTS:-default inv_ks16 inv_ks32 dhs16 reload_k_always wy_early_db s8_default} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

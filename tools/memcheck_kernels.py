@@ -133,16 +133,18 @@ def _cases(family, dev, small):
                                            cu_seqlens=cu, backend="triton"), xs
             yield f"nh{n_h}_{'gated' if gated else 'ungated'}_K{K}_V{V}_varlen", run
 
-        def run_tok(K=K, V=V):
+        def run_tok(n_h, gated, K=K, V=V):
             """Forward only (no gradients) with TUNE["token_chunk_output"]: one state per token chunk."""
             from lrnn_scan.kernels.delta_product import function as fn
             saved = fn.TUNE["token_chunk_output"]
             fn.TUNE["token_chunk_output"] = True
             try:
-                return run(n_h=3, gated=True, K=K, V=V, grad=False)
+                return run(n_h=n_h, gated=gated, K=K, V=V, grad=False)
             finally:
                 fn.TUNE["token_chunk_output"] = saved
-        yield f"nh3_gated_K{K}_V{V}_varlen_fwd_token_chunks", run_tok
+        yield f"nh3_gated_K{K}_V{V}_varlen_fwd_token_chunks", lambda: run_tok(3, True)
+        Kt, Vt = (32, 16) if small else (128, 128)
+        yield f"nh2_ungated_K{Kt}_V{Vt}_varlen_fwd_token_chunks", lambda: run_tok(2, False, Kt, Vt)
     elif family == "l2norm":
         def run():
             x = _leaf(torch.randn(37 if small else 4099, 100, device=dev), torch.bfloat16)

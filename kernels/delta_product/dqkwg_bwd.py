@@ -19,6 +19,12 @@ after the loop: for sm_90a (Triton 3.6's ptxas, K = V = 128) the gated kernel's 
 300-308 / 244-252 bytes per thread to none and its shared memory from 196 to 120 KiB; on an H100
 the gated forward+backward took 0.885x the time of the ``Q H`` form (2026-11-25, TUNING.md). The
 ``Q H`` form was removed after that run; its GPU numbers are in benchmarks/RESULTS.md.
+
+The gated sum has a shorter form (``DG_GRADS``, the default since 2026-11-26: 0.97-0.98x the
+gated fwd+bwd time on an H200, TUNING.md): with ``Q~ = scale Q`` and this program's
+``dQ~ = γ ⊙ dO H^T + dP~ K`` and ``dK~ = dP~^T Q~ + (γ_C/γ) ⊙ Vn dH'^T``,
+``rowsum(Q~ ⊙ dQ~) − rowsum(K ⊙ dK~) = γ ⊙ rowsum(Q~ ⊙ dO H^T) + rowsum(Z) − colsum(Z) − <K~, dK~>``
+(``Z = dP~ ⊙ Q~ K^T``), the gate gradient that fla also reads off ``q ⊙ dq − k ⊙ dk``.
 """
 import triton
 import triton.language as tl
@@ -30,7 +36,12 @@ from .mm import dot_abt
 def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_ptr, len_ptr, scale,
                      GSTRIDE, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                      BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                     USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
+                     USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
+                     DG_GRADS: tl.constexpr = False):
+    """``DG_GRADS`` (``function.TUNE["dqkwg_dg_grads"]``): the gate term read off this program's
+    own gradients, ``dG = rowsum(Q ⊙ dQ) − rowsum(K ⊙ dK)`` (module docstring), instead of
+    ``γ ⊙ rowsum(Q ⊙ dO H^T) + rowsum(Z) − colsum(Z) − <K~, dK~>`` with ``Z = dP~ ⊙ Q K^T``: no
+    second ``Q K^T`` dot and no ``[BC, BC]`` row and column sums."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     ks = tl.program_id(2)            # K slice (0 unless the grid splits K)
@@ -88,11 +99,17 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
     tl.store(dq + (tok * H + h)[:, None] * K + ck[None, :], dqq * scale, mask=qm[:, None] & (ck < K)[None, :])
     tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
     if USE_G:
-        # dP_raw ⊙ P; Q K^T on the inputs' dtype (exact for 16-bit inputs), scale applied after
-        qr = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :], other=0.)
-        Z = dPg * (dot_abt(qr, kr, DOT, RAW) * scale)
         zt = tl.sum(dkt * kk, 1) * edec                                           # <K~_r, dK~_r>
-        dG = eg * o1 + tl.sum(Z, 1) - tl.sum(Z, 0) - zt
+        if DG_GRADS:
+            # rowsum(Q~ ⊙ dQ~) = γ ⊙ rowsum(Q~ ⊙ dO H^T) + rowsum(Z) and rowsum(K ⊙ dK~) =
+            # colsum(Z) + <K~, dK~>: the same sum, from tiles already in registers
+            dG = tl.sum(qq * dqq, 1) - tl.sum(kk * dkk, 1)
+        else:
+            # dP_raw ⊙ P; Q K^T on the inputs' dtype (exact for 16-bit inputs), scale applied after
+            qr = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
+                         other=0.)
+            Z = dPg * (dot_abt(qr, kr, DOT, RAW) * scale)
+            dG = eg * o1 + tl.sum(Z, 1) - tl.sum(Z, 0) - zt
         dgC = tl.sum(sdh, 0) * tl.exp(gC) + tl.sum(zt, 0)
         dG += tl.where(r == ln - 1, dgC, 0.)
         tl.store(dGp + ks.to(tl.int64) * GSTRIDE + s * H + h, dG, mask=rm)

@@ -30,6 +30,13 @@ TUNE = dict(
     dv_local=(4, 2, 128),  # was (4, 3, 64)
     state_bwd=(4, 3, 64),  # (4, 1, 32): faster at n_h=2 gated, slower at n_h=1 ungated
     dqkwg=(8, 3, 32),      # (8, 1, 32): same split as state_bwd
+    # the gated dqkwg_bwd's gate term as rowsum(Q ⊙ dQ) − rowsum(K ⊙ dK) off its own gradient tiles
+    # (dqkwg_bwd.py DG_GRADS): no second Q K^T dot, no [64, 64] row and column sums (the gated
+    # tail's cross-warp reductions, TUNING.md): sm_90a SASS of the gated bf16 launch 2464 -> 2136
+    # instructions, BAR 77 -> 63, SHFL 77 -> 40, HGMMA 40 -> 32. H200 2026-11-26 (ninth session), B8
+    # T4096 H16 K=V=128 bf16, gated fwd+bwd 0.981 / 0.979 / 0.969x at n_h 1 / 2 / 4; dg error 2.58e-3
+    # -> 2.80e-3 (n_h 1; tf32 dots feed it where False sums exact bf16 products). False: that form
+    dqkwg_dg_grads=True,
     dqkwg_ksplit=1,        # K slices of dqkwg_bwd (a third grid axis; 16 columns at least per slice):
                            # fewer fp32 accumulators per program, dO Vn^T recomputed per slice. H100
                            # 2026-11-25, K=128: 2 slices 1.005-1.058x the fwd+bwd time (TUNING.md)
@@ -39,8 +46,8 @@ TUNE = dict(
     wy_bwd=(4, 1, 64),     # was (8, 1, 64); before that (8, 3, 32)
     wy_bwd_ksplit=4,       # capped at BK // 16 (tl.dot needs 16 columns a slice)
     # the sliced wy_bwd stores dβ and dg before its second pass (same arithmetic): sm_90a spills of
-    # the bf16 launches 44 -> 0 B a thread ungated, 72 -> 24 gated (tools/aot_check.py, K=V=128).
-    # Opt-in: not yet run on a GPU (2026-11-26)
+    # the bf16 launches 44 -> 0 B a thread ungated, 72 -> 24 gated (tools/aot_check.py, K=V=128),
+    # but no faster: H200 2026-11-26 (ninth session) fwd+bwd 1.001-1.005x at n_h 1-4. Off
     wy_bwd_early_db=False,
     inter_16bit=False,     # W, U stored in the inputs' dtype: error ratio 5.5e-3 > 5e-3 bound, off
     # Vn stored in the inputs' 16-bit dtype (the state update keeps fp32 registers). "no_grad": only
@@ -51,8 +58,9 @@ TUNE = dict(
     # the backward's chunk-start state gradients dH stored in 16 bits (fla stores them in the inputs'
     # dtype): 2 bytes instead of 4 per element written by the state kernel and read by dqkwg_bwd
     # (B8 T4096 H16 K=V=128 n_h=1: 268 MB less each way); the recurrence stays fp32 in registers.
-    # H200 2026-11-26, n_h=1: fwd+bwd 0.982x / 0.988x (ungated / gated), dk error 4.06e-3 -> 4.18e-3.
-    # Opt-in until its GPU test rows have run
+    # H200 2026-11-26, n_h=1: fwd+bwd 0.982x / 0.988x (ungated / gated), dk error 4.06e-3 -> 4.18e-3;
+    # ninth session: 0.984 / 0.988 (n_h 1), 0.990 / 1.018 (n_h 2), 0.990 / 1.012 (n_h 4), and with
+    # state_bwd_reload_k no gain over it alone. Off (a mixed result for a larger error)
     dhs_16bit=False,
     hs_16bit=True,         # chunk-start states stored in 16 bits for read-out and backward only;
                            # the recurrence stays fp32 in registers (error 4.68e-3 -> 4.71e-3)
@@ -71,9 +79,11 @@ TUNE = dict(
     state_bwd_lean=True,
     # the lean step loads its key tile again (an L2 hit) for the K^T t dot instead of keeping the
     # fp32 [C, K] tile live across the A^T dVn dot: sm_90a spills (Triton 3.6 ptxas, K=V=128, n_h=1,
-    # tools/aot_check.py) 288/252 -> 156/120 B a thread ungated, 136/100 -> 24/12 gated. Opt-in:
-    # not yet timed on a GPU (2026-11-26)
-    state_bwd_reload_k=False,
+    # tools/aot_check.py) 288/252 -> 156/120 B a thread ungated, 136/100 -> 24/12 gated. H200
+    # 2026-11-26 (ninth session), B8 T4096 H16 K=V=128 bf16, fwd+bwd: ungated 0.987 / 0.972 / 0.964x
+    # at n_h 1 / 2 / 4, gated 1.005 / 1.001 / 0.999x. "ungated": reload only without the gate;
+    # True / False: always / never
+    state_bwd_reload_k="ungated",
     # forward without gradients at n_h > 1: one chunk-start state per 64 tokens instead of per 64
     # sub-steps (as fla keeps them), and an output kernel over token chunks (output.py
     # output_tok_fwd_kernel): n_h times fewer state bytes (at n_h = 4, B8 T4096 H16 K=V=128:
@@ -81,16 +91,21 @@ TUNE = dict(
     # 0.946 / 0.904 (n_h 2, ungated / gated) and 0.850 / 0.833 (n_h 4) the per-chunk time
     token_chunk_output=True,
     # the token-chunk state store predicated instead of branched (state_fused.py HS_PRED): sm_90a
-    # spills of the ungated kernel 696 / 672 -> 152 / 128 B a thread. Opt-in: not yet run on a GPU
-    # (the branched store is the form the eighth session timed)
-    token_state_pred=False,
+    # spills of the ungated kernel 696 / 672 -> 152 / 128 B a thread. H200 2026-11-26 (ninth
+    # session), fwd: 0.875 / 0.883x the branched store's time ungated at n_h 2 / 4, 0.990 / 0.995x gated
+    token_state_pred=True,
     # the output kernels' Q H on the 16-bit q and H tiles as stored (output.py RAW_H; bf16 MMA at
     # twice the tf32 rate, exact products): sm_90a registers 168 -> 94-102, shared memory 80 -> 64
-    # KiB (K=V=128, tools/aot_check.py). Opt-in: GPU-only (the interpreter has no bf16 dot), not yet
-    # tested or timed on a GPU (2026-11-26)
-    output_raw_h=False,
+    # KiB (K=V=128, tools/aot_check.py). GPU-only (the interpreter has no bf16 dot: _raw). H200
+    # 2026-11-26 (ninth session), B8 T4096 H16 K=V=128 bf16: fwd 0.837-0.959x, fwd+bwd 0.954-0.964x
+    # the fp32-copy form's time at n_h 1-4, gated or not; the same bf16 error ratios
+    output_raw_h=True,
     inv_batched=True,      # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
                            # (H100: 0.95x the time of four separate ones, n_h=1 fwd)
+    # tri_inv64's ten 16x16 Gram blocks K_i K_j^T summed over key slices of this many columns (0:
+    # the whole [64, K] keys live at once, in one warp; sm_90a spills 1052-1168 B a thread for
+    # bf16, K=128). A power of two >= 16; the batched inverse. Opt-in: not yet run on a GPU
+    inv_kslice=0,
     # keep the forward's chunk-start states and Vn for the backward instead of recomputing them
     # there (one state-kernel launch fewer per backward, the same values bit for bit); memory:
     # NC·H·K·V 16-bit states + Ls·H·V float32 Vn alive between forward and backward (B8 T4096 H16
@@ -150,6 +165,25 @@ def _raw(x):
     """Whether input-by-input products (Q K^T, K K^T) take the 16-bit inputs as they are (mm.py):
     not for float32, and not under the CPU interpreter, whose bf16 dot is wrong."""
     return x.dtype in (torch.float16, torch.bfloat16) and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _inv_kslice(BK):
+    """``TUNE["inv_kslice"]``: 0, or key slices of that many columns (a power of two >= 16, capped
+    at ``BK``) for ``tri_inv64_kernel``'s Gram blocks."""
+    ks = TUNE["inv_kslice"]
+    if ks in (0, None, False):
+        return 0
+    if not isinstance(ks, int) or ks < 16 or ks & (ks - 1):
+        raise ValueError(f'TUNE["inv_kslice"] must be 0 or a power of two >= 16, got {ks!r}')
+    return min(ks, BK)
+
+
+def _reload_k(use_g):
+    """``TUNE["state_bwd_reload_k"]``: True, False or "ungated" (reload only without the gate)."""
+    val = TUNE["state_bwd_reload_k"]
+    if val not in (True, False, "ungated"):
+        raise ValueError(f'TUNE["state_bwd_reload_k"] must be True, False or "ungated", got {val!r}')
+    return val is True or (val == "ungated" and not use_g)
 
 
 def _bv(name, BVf):
@@ -245,7 +279,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             # two kernels: the 16x16 substitutions run with few warps, W/U with more (wy64.py)
             tri_inv64_kernel[(NC, H)](kf, bf, gf if use_g else bf, gcum, Ainv, ch["start"], ch["length"],
                                       H=H, K=K, NH=n_h, BK=BK, USE_G=use_g, DOT=dot, RAW=raw,
-                                      BATCHED=bool(TUNE["inv_batched"]),
+                                      BATCHED=bool(TUNE["inv_batched"]), KS=_inv_kslice(BK),
                                       num_warps=TUNE["inv"][0], num_stages=TUNE["inv"][1])
             if not form:
                 wu_fwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, W, U, ch["start"], ch["length"], H=H, K=K,
@@ -322,7 +356,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                     ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
                     BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, FORM=form,
                     DOT=dot, LEAN=bool(TUNE["state_bwd_lean"]) and form == 2,
-                    RELOAD_K=bool(TUNE["state_bwd_reload_k"]) and bool(TUNE["state_bwd_lean"]) and form == 2,
+                    RELOAD_K=_reload_k(use_g) and bool(TUNE["state_bwd_lean"]) and form == 2,
                     num_warps=TUNE["state_bwd_fused"][0],
                     num_stages=TUNE["state_bwd_fused"][1])
             else:
@@ -348,7 +382,8 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             dqkwg_bwd_kernel[(NC, H, ks)](qf, kf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
                                           ch["start"], ch["length"], scale, Ls * H, H=H, K=K, V=V,
                                           NH=n_h, BC=BC, BK=BK // ks, BV=_bv("dqkwg", BVf), USE_G=use_g,
-                                          DOT=dot, RAW=raw, num_warps=TUNE["dqkwg"][0],
+                                          DOT=dot, RAW=raw, DG_GRADS=bool(TUNE["dqkwg_dg_grads"]),
+                                          num_warps=TUNE["dqkwg"][0],
                                           num_stages=TUNE["dqkwg"][1])
             if use_g:
                 dGp = dGp[0] if ks == 1 else dGp.sum(0)   # the K slices' partial dG

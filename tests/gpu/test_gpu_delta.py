@@ -59,12 +59,20 @@ def _ratio(a, b):
     (2, True, 2.0, {"wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)}),
     # the backward's dH chunk states in bf16 (opt-in since 2026-11-26: its error decides)
     (1, False, 2.0, {"dhs_16bit": True}), (2, True, 2.0, {"dhs_16bit": True}),
-    # the lean backward state step reloading its key tile (opt-in since 2026-11-26)
-    (1, True, 2.0, {"state_bwd_reload_k": True}), (2, False, 2.0, {"state_bwd_reload_k": True}),
-    # the output kernels' Q H on the stored bf16 tiles (opt-in since 2026-11-26, GPU-only)
-    (1, False, 2.0, {"output_raw_h": True}), (2, True, 2.0, {"output_raw_h": True}),
+    # the lean backward state step reloading its key tile: the default does without the gate only
+    # (since the ninth session, 2026-11-26); these rows with the gate, and without it the old form
+    (1, True, 2.0, {"state_bwd_reload_k": True}), (2, False, 2.0, {"state_bwd_reload_k": False}),
+    # the output kernels' Q H on fp32 copies of the bf16 tiles (the default takes them as stored
+    # since the ninth session, 2026-11-26)
+    (1, False, 2.0, {"output_raw_h": False}), (2, True, 2.0, {"output_raw_h": False}),
     # the sliced wy_bwd storing dbeta and dg before its second pass (opt-in since 2026-11-26)
-    (1, True, 2.0, {"wy_bwd_early_db": True}), (2, False, 2.0, {"wy_bwd_early_db": True})])
+    (1, True, 2.0, {"wy_bwd_early_db": True}), (2, False, 2.0, {"wy_bwd_early_db": True}),
+    # the gated dqkwg_bwd's gate term from Z = dP~ ⊙ Q K^T (exact bf16 products; the default reads
+    # it off its own dq, dk tiles since 2026-11-26, ninth session), one K slice and two
+    (1, True, 2.0, {"dqkwg_dg_grads": False}), (4, True, 1.0, {"dqkwg_dg_grads": False}),
+    (2, True, 2.0, {"dqkwg_dg_grads": False, "dqkwg_ksplit": 2}),
+    # tri_inv64's Gram blocks summed over key slices (opt-in since 2026-11-26, ninth session)
+    (1, True, 2.0, {"inv_kslice": 32}), (3, False, 2.0, {"inv_kslice": 16})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     for key, val in tune.items():
@@ -130,7 +138,8 @@ def test_reflections_correlated_keys_finite():
     (2, True, False, False), (3, False, False, False), (4, True, False, False),
     (4, True, "no_grad", False), (2, False, "no_grad", False), (1, True, "no_grad", False),
     (1, False, "no_grad", False),
-    # TUNE["output_raw_h"] (Q H on the stored bf16 tiles), per-chunk (n_h 1) and token-chunk kernels
+    # TUNE["output_raw_h"] (Q H on the stored bf16 tiles) with the predicated token-chunk state
+    # store, per-chunk (n_h 1) and token-chunk kernels: both the default since 2026-11-26
     (1, True, "no_grad", True), (2, False, "no_grad", True), (4, True, "no_grad", True)])
 def test_token_chunk_output_forward_bf16(n_h, gated, vn16, raw_h, monkeypatch):
     """The forward without gradients (defaults: TUNE["token_chunk_output"], one state per 64 tokens

@@ -137,6 +137,9 @@ VARIANTS = {
     # tri_inv64's Gram blocks over key slices (sm_90a spills 1052-1168 -> 880-908 B a thread)
     "inv_ks16": {"inv_kslice": 16},
     "inv_ks32": {"inv_kslice": 32},
+    # ... and at 2 or 4 warps, where sm_90a spills none (1 warp: 888 B; the whole keys at 2 warps: 56)
+    "inv_ks32_w2": {"inv_kslice": 32, "inv": (2, 1)},
+    "inv_ks32_w4": {"inv_kslice": 32, "inv": (4, 1)},
 }
 # (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
 DEFAULT_VARIANTS = ["default", "per_chunk_fp32vn", "per_chunk", "fp32vn"]

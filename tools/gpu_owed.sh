@@ -32,10 +32,12 @@
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py (31 rows, 233 s on an H200), then
 #                   delta_throughput.py --variants against the default at DELTA_NH (default
-#                   "2 4"). Default list: tri_inv64 over key slices (inv_ks16, inv_ks32: compiled
-#                   on a CPU machine only, not yet run on a GPU), the opt-ins left off after the
-#                   ninth session's timings (dhs16, reload_k_always, wy_early_db) and the eighth
-#                   session's settings (s8_default); DELTA_VARIANTS picks others
+#                   "2 4"). Default list: tri_inv64 over key slices and at 2 / 4 warps (inv_ks16,
+#                   inv_ks32, inv_ks32_w2, inv_ks32_w4, and inv_2w, which lost by 3-4 % on an H100
+#                   on 2026-11-25, as their baseline: compiled on a CPU machine only, not
+#                   yet run on a GPU), the opt-ins left off after the ninth session's timings
+#                   (dhs16, reload_k_always) and the eighth session's settings (s8_default);
+#                   DELTA_VARIANTS picks others
 #        memcheck — issues 3, 4: tools/memcheck_kernels.py under compute-sanitizer --tool memcheck with
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
@@ -113,7 +115,7 @@ case "$stage" in
     timeout ${TEST_TIMEOUT:-250} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
     # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default)
     timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-2 4} \
-      --variants ${DELTA_VARIANTS:-default inv_ks16 inv_ks32 dhs16 reload_k_always wy_early_db s8_default} --out "$OUT" \
+      --variants ${DELTA_VARIANTS:-default inv_ks16 inv_ks32 inv_ks32_w2 inv_ks32_w4 inv_2w dhs16 reload_k_always s8_default} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

@@ -139,6 +139,11 @@ def test_delta_throughput_variants_name_existing_tune_keys():
     bad = {name: key for name, over in dt.VARIANTS.items() for key in over if key not in fn.TUNE}
     assert not bad, bad
     assert set(dt.DEFAULT_VARIANTS) <= set(dt.VARIANTS)
+    # and tools/gpu_owed.sh deltavar's default list (a typo there costs a GPU call)
+    import re
+    owed = (ROOT / "tools" / "gpu_owed.sh").read_text()
+    names = re.search(r"DELTA_VARIANTS:-([^}]*)\}", owed).group(1).split()
+    assert names and set(names) <= set(dt.VARIANTS), set(names) - set(dt.VARIANTS)
 
 
 def test_gpu_pair_splits_stage_lists_per_card(tmp_path):

@@ -10,7 +10,14 @@
 #   yet against fla), then TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next13.json train
 #   (continuing mad_tasks/RESULTS.md section 11: S4 BD-LRU m3 at LR 1e-3 to keep a record, S4
 #   H-LRU m5 / DeltaNet seeds, S5 H-LRU m1 / m3 / m5, S5 BD-LRU m1 and m4 seeds), and deltaprof
-#   after any backward change (the backward holds the whole fwd+bwd gap to fla).
+#   after any backward change (the backward holds the whole fwd+bwd gap to fla). Two calls that
+#   cover it on two GPUs (the whole delta GPU test file runs first in deltavar: dqkwg_dg_grads,
+#   the default since the ninth session, has run in 3 of its rows only):
+#     tools/gpu_pair.sh "STAGE_TIMEOUT=480 TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next13.json train" \
+#                       "DELTA_NH=1,2,4 STAGE_TIMEOUT=200 deltavar"
+#     tools/gpu_pair.sh "STAGE_TIMEOUT=150 tests" "DELTA_NH=1,2,3,4 deltafla"
+#   (tests gives each of its six pytest runs STAGE_TIMEOUT; the whole block-diagonal file needs
+#   more than 230 s, so it may want a call of its own)
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other:
 #   tools/gpu_pair.sh "<card 0 stages>" "<card 1 stages>" (the seventh to ninth sessions' calls:
 #   gpu_runs/s7_call*, s8_call*, s9_call*, not in git). The eighth and ninth sessions' numbers are

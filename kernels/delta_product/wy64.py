@@ -42,43 +42,12 @@ def _inv16x4(L0, L1, L2, L3, r):
 
 @triton.jit
 def _kb(k, start, n, c0, h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
-    """Keys of the 16 rows from ``c0`` in the inputs' dtype."""
+    """Keys of the 16 rows from ``c0`` in the inputs' dtype (``_kbs`` with ``kc = 0`` computes the
+    same, but its runtime column offset costs the compiler the alignment it proves here)."""
     r = c0 + tl.arange(0, 16)
     ck = tl.arange(0, BK)
     return tl.load(k + ((start + r) * H + h)[:, None] * K + ck[None, :],
                    mask=(r < n)[:, None] & (ck < K)[None, :], other=0.)
-
-
-@triton.jit
-def _blk(k, beta, g, gcum, start, n, c0, h, goff, H: tl.constexpr, K: tl.constexpr, NH: tl.constexpr,
-         BK: tl.constexpr, USE_G: tl.constexpr):
-    r = c0 + tl.arange(0, 16)
-    rm = r < n
-    s = start + r
-    kk = _kb(k, start, n, c0, h, H, K, BK)
-    b = tl.load(beta + s * H + h, mask=rm, other=0.).to(tl.float32)
-    if USE_G:
-        gs = tl.load(g + (s // NH) * H + h, mask=rm & (s % NH == 0), other=0.).to(tl.float32)
-        G = goff + tl.cumsum(gs, 0)
-        tl.store(gcum + s * H + h, G, mask=rm)
-        gnext = goff + tl.sum(gs, 0)
-    else:
-        G = tl.zeros([16], dtype=tl.float32)
-        gnext = goff
-    return kk, b, G, gnext
-
-
-@triton.jit
-def _L(ki, bi, Gi, kj, Gj, DOT: tl.constexpr, RAW: tl.constexpr):
-    # keys in their own dtype: a 16-bit K K^T is exact on the tensor cores (fp32 accumulate)
-    return bi[:, None] * tl.exp(Gi[:, None] - Gj[None, :]) * dot_abt(ki, kj, DOT, RAW)
-
-
-@triton.jit
-def _Ld(ki, bi, Gi, r, DOT: tl.constexpr, RAW: tl.constexpr):
-    strict = r[:, None] > r[None, :]
-    gm = tl.exp(tl.where(strict, Gi[:, None] - Gi[None, :], float("-inf")))
-    return tl.where(strict, bi[:, None] * gm * dot_abt(ki, ki, DOT, RAW), 0.)
 
 
 @triton.jit
@@ -88,6 +57,47 @@ def _kbs(k, start, n, c0, h, kc, H: tl.constexpr, K: tl.constexpr, KS: tl.conste
     ck = kc + tl.arange(0, KS)
     return tl.load(k + ((start + r) * H + h)[:, None] * K + ck[None, :],
                    mask=(r < n)[:, None] & (ck < K)[None, :], other=0.)
+
+
+@triton.jit
+def _blk(k, beta, g, gcum, start, n, c0, h, goff, H: tl.constexpr, K: tl.constexpr, NH: tl.constexpr,
+         BK: tl.constexpr, USE_G: tl.constexpr):
+    """Keys (all ``BK`` columns), ``β``, chunk-local cumulative log-gate ``G`` of the 16 rows from
+    ``c0`` (``G`` stored to ``gcum``), and the gate total carried to the next block."""
+    kk = _kb(k, start, n, c0, h, H, K, BK)
+    b, G, gnext = _bg(beta, g, gcum, start, n, c0, h, goff, H, NH, USE_G)
+    return kk, b, G, gnext
+
+
+@triton.jit
+def _bg(beta, g, gcum, start, n, c0, h, goff, H: tl.constexpr, NH: tl.constexpr, USE_G: tl.constexpr):
+    r = c0 + tl.arange(0, 16)
+    rm = r < n
+    s = start + r
+    b = tl.load(beta + s * H + h, mask=rm, other=0.).to(tl.float32)
+    if USE_G:
+        gs = tl.load(g + (s // NH) * H + h, mask=rm & (s % NH == 0), other=0.).to(tl.float32)
+        G = goff + tl.cumsum(gs, 0)
+        tl.store(gcum + s * H + h, G, mask=rm)
+        gnext = goff + tl.sum(gs, 0)
+    else:
+        G = tl.zeros([16], dtype=tl.float32)
+        gnext = goff
+    return b, G, gnext
+
+
+@triton.jit
+def _L(ki, bi, Gi, kj, Gj, DOT: tl.constexpr, RAW: tl.constexpr):
+    # keys in their own dtype: a 16-bit K K^T is exact on the tensor cores (fp32 accumulate)
+    # (the product after the gate factors, as _Ls cannot have it: this order is the one timed)
+    return bi[:, None] * tl.exp(Gi[:, None] - Gj[None, :]) * dot_abt(ki, kj, DOT, RAW)
+
+
+@triton.jit
+def _Ld(ki, bi, Gi, r, DOT: tl.constexpr, RAW: tl.constexpr):
+    strict = r[:, None] > r[None, :]
+    gm = tl.exp(tl.where(strict, Gi[:, None] - Gi[None, :], float("-inf")))
+    return tl.where(strict, bi[:, None] * gm * dot_abt(ki, ki, DOT, RAW), 0.)
 
 
 @triton.jit
@@ -152,10 +162,10 @@ def _tri_inv64_kslice(k, beta, g, gcum, Ainv, c, h, start, n, r, H: tl.constexpr
                       RAW: tl.constexpr, KS: tl.constexpr):
     """``tri_inv64_kernel`` with its Gram blocks summed over key slices (``KS``); the batched
     diagonal inverse."""
-    _, b0, G0, o1 = _blk(k, beta, g, gcum, start, n, 0, h, 0., H, K, NH, 16, USE_G)
-    _, b1, G1, o2 = _blk(k, beta, g, gcum, start, n, 16, h, o1, H, K, NH, 16, USE_G)
-    _, b2, G2, o3 = _blk(k, beta, g, gcum, start, n, 32, h, o2, H, K, NH, 16, USE_G)
-    _, b3, G3, o4 = _blk(k, beta, g, gcum, start, n, 48, h, o3, H, K, NH, 16, USE_G)
+    b0, G0, o1 = _bg(beta, g, gcum, start, n, 0, h, 0., H, NH, USE_G)
+    b1, G1, o2 = _bg(beta, g, gcum, start, n, 16, h, o1, H, NH, USE_G)
+    b2, G2, o3 = _bg(beta, g, gcum, start, n, 32, h, o2, H, NH, USE_G)
+    b3, G3, o4 = _bg(beta, g, gcum, start, n, 48, h, o3, H, NH, USE_G)
     S00 = tl.zeros([16, 16], dtype=tl.float32)
     S11 = tl.zeros([16, 16], dtype=tl.float32)
     S22 = tl.zeros([16, 16], dtype=tl.float32)

@@ -44,9 +44,6 @@ VARIANTS = {
     # the default reloads it without the gate only ("ungated"); these rows take it always / never
     "bwd_reload_k": ({"state_bwd_reload_k": True}, _ALL),
     "bwd_no_reload_k": ({"state_bwd_reload_k": False}, _ALL),
-    # tri_inv64's Gram blocks over key slices of 16 columns (one slice when K = 16; several, with
-    # masked columns, at K = 20 and 32)
-    "inv_kslice16": ({"inv_kslice": 16}, _C64),
     # the gated dqkwg_bwd's gate term as rowsum(Z) - colsum(Z) + ... (the default reads it off its
     # own dq, dk tiles since 2026-11-26), one K slice and two
     "dqkwg_dg_z": ({"dqkwg_dg_grads": False}, _ALL),
@@ -117,20 +114,10 @@ def test_triton_interpreter_matches_loop(T, C, n_h, gated, bmax, cu, K, V, varia
 
 @pytest.mark.parametrize("case", [(100, 64, 2, True, 2.0, [0, 37, 100], 40, 16),
                                   (70, 64, 1, False, 2.0, None, 32, 16)])
-@pytest.mark.parametrize("variant", ["default", "inv_kslice16"])
-def test_tri_inv64_key_slices_match_loop(case, variant, monkeypatch):
-    """TUNE["inv_kslice"] at K = 40 (four slices of 16, the last masked) and K = 32 (two), chunk 64,
-    against the fp64 loop, with the default beside it."""
-    test_triton_interpreter_matches_loop(*case, variant, monkeypatch)
-
-
-def test_inv_kslice_bad_value_is_refused(monkeypatch):
-    from lrnn_scan.kernels.delta_product import function as fn
-
-    q, k, v, beta, g, _ = make_inputs(1, 5, 1, 1, 16, 16, True, 2.0, dtype=torch.float32)
-    monkeypatch.setitem(fn.TUNE, "inv_kslice", 24)
-    with pytest.raises(ValueError, match="inv_kslice"):
-        chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")
+def test_tri_inv64_key_widths_match_loop(case, monkeypatch):
+    """tri_inv64 (chunk 64) at K = 40 (a key block with masked columns) and K = 32, varlen with a
+    boundary inside the first chunk, against the fp64 loop."""
+    test_triton_interpreter_matches_loop(*case, "default", monkeypatch)
 
 
 @pytest.mark.parametrize("variant", ["default", "stored_wu", "fuse_wu"])

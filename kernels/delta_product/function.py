@@ -102,10 +102,6 @@ TUNE = dict(
     output_raw_h=True,
     inv_batched=True,      # tri_inv64: the four 16x16 diagonal substitutions as one [4, 16, 16] tile
                            # (H100: 0.95x the time of four separate ones, n_h=1 fwd)
-    # tri_inv64's ten 16x16 Gram blocks K_i K_j^T summed over key slices of this many columns (0:
-    # the whole [64, K] keys live at once, in one warp; sm_90a spills 1052-1168 B a thread for
-    # bf16, K=128). A power of two >= 16; the batched inverse. Opt-in: not yet run on a GPU
-    inv_kslice=0,
     # keep the forward's chunk-start states and Vn for the backward instead of recomputing them
     # there (one state-kernel launch fewer per backward, the same values bit for bit); memory:
     # NC·H·K·V 16-bit states + Ls·H·V float32 Vn alive between forward and backward (B8 T4096 H16
@@ -165,17 +161,6 @@ def _raw(x):
     """Whether input-by-input products (Q K^T, K K^T) take the 16-bit inputs as they are (mm.py):
     not for float32, and not under the CPU interpreter, whose bf16 dot is wrong."""
     return x.dtype in (torch.float16, torch.bfloat16) and os.environ.get("TRITON_INTERPRET") != "1"
-
-
-def _inv_kslice(BK):
-    """``TUNE["inv_kslice"]``: 0, or key slices of that many columns (a power of two >= 16, capped
-    at ``BK``) for ``tri_inv64_kernel``'s Gram blocks."""
-    ks = TUNE["inv_kslice"]
-    if ks in (0, None, False):
-        return 0
-    if not isinstance(ks, int) or ks < 16 or ks & (ks - 1):
-        raise ValueError(f'TUNE["inv_kslice"] must be 0 or a power of two >= 16, got {ks!r}')
-    return min(ks, BK)
 
 
 def _reload_k(use_g):
@@ -279,7 +264,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             # two kernels: the 16x16 substitutions run with few warps, W/U with more (wy64.py)
             tri_inv64_kernel[(NC, H)](kf, bf, gf if use_g else bf, gcum, Ainv, ch["start"], ch["length"],
                                       H=H, K=K, NH=n_h, BK=BK, USE_G=use_g, DOT=dot, RAW=raw,
-                                      BATCHED=bool(TUNE["inv_batched"]), KS=_inv_kslice(BK),
+                                      BATCHED=bool(TUNE["inv_batched"]),
                                       num_warps=TUNE["inv"][0], num_stages=TUNE["inv"][1])
             if not form:
                 wu_fwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, W, U, ch["start"], ch["length"], H=H, K=K,

@@ -42,19 +42,9 @@ def _inv16x4(L0, L1, L2, L3, r):
 
 @triton.jit
 def _kb(k, start, n, c0, h, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr):
-    """Keys of the 16 rows from ``c0`` in the inputs' dtype (``_kbs`` with ``kc = 0`` computes the
-    same, but its runtime column offset costs the compiler the alignment it proves here)."""
+    """Keys of the 16 rows from ``c0`` in the inputs' dtype."""
     r = c0 + tl.arange(0, 16)
     ck = tl.arange(0, BK)
-    return tl.load(k + ((start + r) * H + h)[:, None] * K + ck[None, :],
-                   mask=(r < n)[:, None] & (ck < K)[None, :], other=0.)
-
-
-@triton.jit
-def _kbs(k, start, n, c0, h, kc, H: tl.constexpr, K: tl.constexpr, KS: tl.constexpr):
-    """Columns ``[kc, kc + KS)`` of the keys of the 16 rows from ``c0``, in the inputs' dtype."""
-    r = c0 + tl.arange(0, 16)
-    ck = kc + tl.arange(0, KS)
     return tl.load(k + ((start + r) * H + h)[:, None] * K + ck[None, :],
                    mask=(r < n)[:, None] & (ck < K)[None, :], other=0.)
 
@@ -89,7 +79,6 @@ def _bg(beta, g, gcum, start, n, c0, h, goff, H: tl.constexpr, NH: tl.constexpr,
 @triton.jit
 def _L(ki, bi, Gi, kj, Gj, DOT: tl.constexpr, RAW: tl.constexpr):
     # keys in their own dtype: a 16-bit K K^T is exact on the tensor cores (fp32 accumulate)
-    # (the product after the gate factors, as _Ls cannot have it: this order is the one timed)
     return bi[:, None] * tl.exp(Gi[:, None] - Gj[None, :]) * dot_abt(ki, kj, DOT, RAW)
 
 
@@ -101,20 +90,6 @@ def _Ld(ki, bi, Gi, r, DOT: tl.constexpr, RAW: tl.constexpr):
 
 
 @triton.jit
-def _Ls(S, bi, Gi, Gj):
-    """``_L`` from its Gram block ``S = K_i K_j^T``."""
-    return bi[:, None] * tl.exp(Gi[:, None] - Gj[None, :]) * S
-
-
-@triton.jit
-def _Lds(S, bi, Gi, r):
-    """``_Ld`` from its Gram block ``S = K_i K_i^T``."""
-    strict = r[:, None] > r[None, :]
-    gm = tl.exp(tl.where(strict, Gi[:, None] - Gi[None, :], float("-inf")))
-    return tl.where(strict, bi[:, None] * gm * S, 0.)
-
-
-@triton.jit
 def _mm(a, b):
     return tl.dot(a, b, input_precision="ieee")
 
@@ -122,79 +97,31 @@ def _mm(a, b):
 @triton.jit
 def tri_inv64_kernel(k, beta, g, gcum, Ainv, start_ptr, len_ptr,
                      H: tl.constexpr, K: tl.constexpr, NH: tl.constexpr, BK: tl.constexpr,
-                     USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr, BATCHED: tl.constexpr,
-                     KS: tl.constexpr = 0):
-    """``KS`` > 0 (``function.TUNE["inv_kslice"]``): the ten 16×16 Gram blocks ``K_i K_j^T``
-    accumulated over key slices of ``KS`` columns, so that only the accumulators and one slice of
-    each key block are live (the whole ``[64, BK]`` keys are otherwise, in one warp)."""
+                     USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr, BATCHED: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
     n = tl.load(len_ptr + c)
     r = tl.arange(0, 16)
-    if KS > 0:
-        _tri_inv64_kslice(k, beta, g, gcum, Ainv, c, h, start, n, r, H, K, NH, BK, USE_G, DOT, RAW, KS)
+    k0, b0, G0, o1 = _blk(k, beta, g, gcum, start, n, 0, h, 0., H, K, NH, BK, USE_G)
+    k1, b1, G1, o2 = _blk(k, beta, g, gcum, start, n, 16, h, o1, H, K, NH, BK, USE_G)
+    k2, b2, G2, o3 = _blk(k, beta, g, gcum, start, n, 32, h, o2, H, K, NH, BK, USE_G)
+    k3, b3, G3, o4 = _blk(k, beta, g, gcum, start, n, 48, h, o3, H, K, NH, BK, USE_G)
+    if BATCHED:
+        X00, X11, X22, X33 = _inv16x4(_Ld(k0, b0, G0, r, DOT, RAW), _Ld(k1, b1, G1, r, DOT, RAW),
+                                      _Ld(k2, b2, G2, r, DOT, RAW), _Ld(k3, b3, G3, r, DOT, RAW), r)
     else:
-        k0, b0, G0, o1 = _blk(k, beta, g, gcum, start, n, 0, h, 0., H, K, NH, BK, USE_G)
-        k1, b1, G1, o2 = _blk(k, beta, g, gcum, start, n, 16, h, o1, H, K, NH, BK, USE_G)
-        k2, b2, G2, o3 = _blk(k, beta, g, gcum, start, n, 32, h, o2, H, K, NH, BK, USE_G)
-        k3, b3, G3, o4 = _blk(k, beta, g, gcum, start, n, 48, h, o3, H, K, NH, BK, USE_G)
-        if BATCHED:
-            X00, X11, X22, X33 = _inv16x4(_Ld(k0, b0, G0, r, DOT, RAW), _Ld(k1, b1, G1, r, DOT, RAW),
-                                          _Ld(k2, b2, G2, r, DOT, RAW), _Ld(k3, b3, G3, r, DOT, RAW), r)
-        else:
-            X00 = _inv16(_Ld(k0, b0, G0, r, DOT, RAW), r)
-            X11 = _inv16(_Ld(k1, b1, G1, r, DOT, RAW), r)
-            X22 = _inv16(_Ld(k2, b2, G2, r, DOT, RAW), r)
-            X33 = _inv16(_Ld(k3, b3, G3, r, DOT, RAW), r)
-        L10 = _L(k1, b1, G1, k0, G0, DOT, RAW)
-        L20 = _L(k2, b2, G2, k0, G0, DOT, RAW)
-        L21 = _L(k2, b2, G2, k1, G1, DOT, RAW)
-        L30 = _L(k3, b3, G3, k0, G0, DOT, RAW)
-        L31 = _L(k3, b3, G3, k1, G1, DOT, RAW)
-        L32 = _L(k3, b3, G3, k2, G2, DOT, RAW)
-        _compose_store(X00, X11, X22, X33, L10, L20, L21, L30, L31, L32, Ainv, c, h, H, r)
-
-
-@triton.jit
-def _tri_inv64_kslice(k, beta, g, gcum, Ainv, c, h, start, n, r, H: tl.constexpr, K: tl.constexpr,
-                      NH: tl.constexpr, BK: tl.constexpr, USE_G: tl.constexpr, DOT: tl.constexpr,
-                      RAW: tl.constexpr, KS: tl.constexpr):
-    """``tri_inv64_kernel`` with its Gram blocks summed over key slices (``KS``); the batched
-    diagonal inverse."""
-    b0, G0, o1 = _bg(beta, g, gcum, start, n, 0, h, 0., H, NH, USE_G)
-    b1, G1, o2 = _bg(beta, g, gcum, start, n, 16, h, o1, H, NH, USE_G)
-    b2, G2, o3 = _bg(beta, g, gcum, start, n, 32, h, o2, H, NH, USE_G)
-    b3, G3, o4 = _bg(beta, g, gcum, start, n, 48, h, o3, H, NH, USE_G)
-    S00 = tl.zeros([16, 16], dtype=tl.float32)
-    S11 = tl.zeros([16, 16], dtype=tl.float32)
-    S22 = tl.zeros([16, 16], dtype=tl.float32)
-    S33 = tl.zeros([16, 16], dtype=tl.float32)
-    S10 = tl.zeros([16, 16], dtype=tl.float32)
-    S20 = tl.zeros([16, 16], dtype=tl.float32)
-    S21 = tl.zeros([16, 16], dtype=tl.float32)
-    S30 = tl.zeros([16, 16], dtype=tl.float32)
-    S31 = tl.zeros([16, 16], dtype=tl.float32)
-    S32 = tl.zeros([16, 16], dtype=tl.float32)
-    for kc in range(0, BK, KS):
-        a0 = _kbs(k, start, n, 0, h, kc, H, K, KS)
-        a1 = _kbs(k, start, n, 16, h, kc, H, K, KS)
-        a2 = _kbs(k, start, n, 32, h, kc, H, K, KS)
-        a3 = _kbs(k, start, n, 48, h, kc, H, K, KS)
-        S00 += dot_abt(a0, a0, DOT, RAW)
-        S11 += dot_abt(a1, a1, DOT, RAW)
-        S22 += dot_abt(a2, a2, DOT, RAW)
-        S33 += dot_abt(a3, a3, DOT, RAW)
-        S10 += dot_abt(a1, a0, DOT, RAW)
-        S20 += dot_abt(a2, a0, DOT, RAW)
-        S21 += dot_abt(a2, a1, DOT, RAW)
-        S30 += dot_abt(a3, a0, DOT, RAW)
-        S31 += dot_abt(a3, a1, DOT, RAW)
-        S32 += dot_abt(a3, a2, DOT, RAW)
-    X00, X11, X22, X33 = _inv16x4(_Lds(S00, b0, G0, r), _Lds(S11, b1, G1, r),
-                                  _Lds(S22, b2, G2, r), _Lds(S33, b3, G3, r), r)
-    _compose_store(X00, X11, X22, X33, _Ls(S10, b1, G1, G0), _Ls(S20, b2, G2, G0), _Ls(S21, b2, G2, G1),
-                   _Ls(S30, b3, G3, G0), _Ls(S31, b3, G3, G1), _Ls(S32, b3, G3, G2), Ainv, c, h, H, r)
+        X00 = _inv16(_Ld(k0, b0, G0, r, DOT, RAW), r)
+        X11 = _inv16(_Ld(k1, b1, G1, r, DOT, RAW), r)
+        X22 = _inv16(_Ld(k2, b2, G2, r, DOT, RAW), r)
+        X33 = _inv16(_Ld(k3, b3, G3, r, DOT, RAW), r)
+    L10 = _L(k1, b1, G1, k0, G0, DOT, RAW)
+    L20 = _L(k2, b2, G2, k0, G0, DOT, RAW)
+    L21 = _L(k2, b2, G2, k1, G1, DOT, RAW)
+    L30 = _L(k3, b3, G3, k0, G0, DOT, RAW)
+    L31 = _L(k3, b3, G3, k1, G1, DOT, RAW)
+    L32 = _L(k3, b3, G3, k2, G2, DOT, RAW)
+    _compose_store(X00, X11, X22, X33, L10, L20, L21, L30, L31, L32, Ainv, c, h, H, r)
 
 
 @triton.jit

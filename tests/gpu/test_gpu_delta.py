@@ -70,10 +70,7 @@ def _ratio(a, b):
     # the gated dqkwg_bwd's gate term from Z = dP~ ⊙ Q K^T (exact bf16 products; the default reads
     # it off its own dq, dk tiles since 2026-11-26, ninth session), one K slice and two
     (1, True, 2.0, {"dqkwg_dg_grads": False}), (4, True, 1.0, {"dqkwg_dg_grads": False}),
-    (2, True, 2.0, {"dqkwg_dg_grads": False, "dqkwg_ksplit": 2}),
-    # tri_inv64's Gram blocks summed over key slices (opt-in since 2026-11-26, ninth session)
-    (1, True, 2.0, {"inv_kslice": 32}), (3, False, 2.0, {"inv_kslice": 16}),
-    (2, True, 2.0, {"inv_kslice": 32, "inv": (2, 1)})])
+    (2, True, 2.0, {"dqkwg_dg_grads": False, "dqkwg_ksplit": 2})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     for key, val in tune.items():

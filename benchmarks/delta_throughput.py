@@ -134,13 +134,9 @@ VARIANTS = {
     # row and column sums; default since 2026-11-26), and the Z form before it; gated fwd+bwd only
     "dg_grads": {"dqkwg_dg_grads": True},
     "dg_z": {"dqkwg_dg_grads": False},
-    # tri_inv64's Gram blocks over key slices (sm_90a spills 1052-1168 -> 880-908 B a thread)
-    "inv_ks16": {"inv_kslice": 16},
-    "inv_ks32": {"inv_kslice": 32},
-    # ... and at 2 or 4 warps, where sm_90a spills none (1 warp: 888 B; the whole keys at 2 warps: 56)
-    "inv_ks32_w2": {"inv_kslice": 32, "inv": (2, 1)},
-    "inv_ks32_w4": {"inv_kslice": 32, "inv": (4, 1)},
 }
+# (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
+# every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)
 # (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
 DEFAULT_VARIANTS = ["default", "per_chunk_fp32vn", "per_chunk", "fp32vn"]
 ERR_BOUND = 5e-3
@@ -213,24 +209,40 @@ def _agreement(ours, theirs, grad_of=None, do=None):
     return worst
 
 
-def profile(a, fn):
+def profile(a, fn, fla=None):
+    """Per-kernel CUDA times (torch.profiler) of one fwd+bwd per config; with ``fla``, fla's
+    ``chunk_gated_delta_product`` on the same inputs right after ours, so that each of our backward
+    kernels can be set beside its fla counterpart (same GPU, same run)."""
     from torch.profiler import ProfilerActivity, profile as prof
+
+    def one(name, call, xs, do):
+        for _ in range(2):
+            call().backward(do)
+        for x in xs:   # else the profiled backward adds into .grad: 4-5 elementwise kernels,
+            x.grad = None  # ~0.4 ms at B8 T4096 H16 that are the harness's, not the layer's
+        torch.cuda.synchronize()
+        with prof(activities=[ProfilerActivity.CUDA]) as p:
+            call().backward(do)
+            torch.cuda.synchronize()
+        print(f"--- profile {name} (one fwd+bwd)")
+        print(p.key_averages().table(sort_by="cuda_time_total", row_limit=16))
+        for x in xs:
+            x.grad = None
 
     for n_h in a.nh:
         for gated in [s == "1" for s in a.gated]:
             q, k, v, beta, g = inputs(a.B, a.T, n_h, a.H, a.K, a.K, gated)
             xs = [x.requires_grad_() for x in (q, k, v, beta, g) if x is not None]
             do = torch.randn_like(q)
-            for _ in range(2):
-                fn(q, k, v, beta, g, chunk_size=a.chunk, backend="triton")[0].backward(do)
-            for x in xs:   # else the profiled backward adds into .grad: 4-5 elementwise kernels,
-                x.grad = None  # ~0.4 ms at B8 T4096 H16 that are the harness's, not the layer's
-            torch.cuda.synchronize()
-            with prof(activities=[ProfilerActivity.CUDA]) as p:
-                fn(q, k, v, beta, g, chunk_size=a.chunk, backend="triton")[0].backward(do)
-                torch.cuda.synchronize()
-            print(f"--- profile n_h={n_h} gated={int(gated)} (one fwd+bwd)")
-            print(p.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+            one(f"n_h={n_h} gated={int(gated)} ours",
+                lambda: fn(q, k, v, beta, g, chunk_size=a.chunk, backend="triton")[0], xs, do)
+            if fla is not None:
+                kf, vf, bf = k.flatten(1, 2), v.flatten(1, 2), beta.flatten(1, 2)
+                try:
+                    one(f"n_h={n_h} gated={int(gated)} fla",
+                        lambda: fla(q=q, k=kf, v=vf, g=g, beta=bf, num_householder=n_h)[0], xs, do)
+                except Exception as e:  # noqa: BLE001
+                    print(f"[delta_throughput] fla profile n_h={n_h} gated={gated} failed: {e}")
 
 
 def _emulate_gpu_rounding():
@@ -423,6 +435,8 @@ def main():
                          "< 3.7.1 (its #640: wrong results there); rows are labelled, timing only")
     ap.add_argument("--profile", action="store_true",
                     help="print per-kernel CUDA times (torch.profiler) of one fwd+bwd per config, then exit")
+    ap.add_argument("--profile-fla", action="store_true",
+                    help="with --profile: profile fla's chunk_gated_delta_product on the same inputs too")
     ap.add_argument("--variants", nargs="*", default=None, metavar="NAME",
                     help=f"time TUNE variants instead (no names: {' '.join(DEFAULT_VARIANTS)}; "
                     f"known: {' '.join(VARIANTS)})")
@@ -452,7 +466,7 @@ def main():
         return run_variants(a, chunk_delta_product, torch.cuda.get_device_name())
     a.nh = a.nh or [1, 2, 3, 4]
     if a.profile:
-        return profile(a, chunk_delta_product)
+        return profile(a, chunk_delta_product, _fla(a.fla_unguarded) if a.profile_fla else None)
     fla = _fla(a.fla_unguarded)
     dev = torch.cuda.get_device_name()
     B, T, H, K = a.B, a.T, a.H, a.K

@@ -37,14 +37,13 @@
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
-#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (37 rows; 31 took 233 s on an H200), then
+#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (34 rows: 37 passed in 246 s cold on an
+#                   H200 on 2026-11-26, 3 s from a carried Triton cache), then
 #                   delta_throughput.py --variants against the default at DELTA_NH (default
-#                   "2 4"). Default list: tri_inv64 over key slices and at 2 / 4 warps (inv_ks16,
-#                   inv_ks32, inv_ks32_w2, inv_ks32_w4, and inv_2w, which lost by 3-4 % on an H100
-#                   on 2026-11-25, as their baseline: compiled on a CPU machine only, not
-#                   yet run on a GPU), the opt-ins left off after the ninth session's timings
-#                   (dhs16, reload_k_always) and the eighth session's settings (s8_default);
-#                   DELTA_VARIANTS picks others
+#                   "2 4"). Default list: the opt-ins left off after the ninth and tenth sessions'
+#                   timings (dhs16, reload_k_always, wy_early_db) and the eighth session's
+#                   settings (s8_default); DELTA_VARIANTS picks others (tri_inv64 over key slices,
+#                   inv_kslice, lost on an H200 in the tenth session and was removed)
 #        memcheck — issues 3, 4: tools/memcheck_kernels.py under compute-sanitizer --tool memcheck with
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
@@ -69,7 +68,7 @@
 set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh memcheck|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
+stage=${1:?usage: gpu_owed.sh memcheck|bd|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -98,6 +97,15 @@ case "$stage" in
     done
     wait
     tail -n 12 "$OUT"/memcheck_*.log ;;
+  bd)
+    # issue 3: the whole block-diagonal GPU file in two halves, one per card (one process: the
+    # T = 65536 references take tens of GB). BD_PART=1: full_size, long_chunked_varlen,
+    # diagonal_api_long, more_than_2_31_elements; BD_PART=2: forward_variants, backward_ring,
+    # diag_tiles. -v: a timed-out run still shows which rows passed; --durations for the next plan
+    if [ "${BD_PART:-1}" = 1 ]; then k="full_size or long_chunked or diagonal_api_long or 2_31"
+    else k="forward_variants or backward_ring or diag_tiles"; fi
+    timeout ${STAGE_TIMEOUT:-500} python3 -m pytest -v -rfEs -p no:cacheprovider --durations=60 \
+      tests/gpu/test_gpu_block_diagonal.py -k "$k" 2>&1 | tee "$OUT/bd${BD_PART:-1}_tests.log" | tail -40 ;;
   bdrest)
     # block-diagonal GPU tests not yet run with the ring forward's x = I x0 start: full_size (all m,
     # fp32 and bf16) and long_chunked_varlen (m = 1, 2, 4, 8, 16) passed on 2026-11-25 (fifth and sixth
@@ -113,7 +121,9 @@ case "$stage" in
   deltaprof)
     # issue 4: per-kernel CUDA times of one fwd+bwd at n_h 1 and 4 (the forward's gap to fla grew
     # from 1.04x to 1.22x with n_h on 2026-11-25: which kernel grows faster than fla's?)
-    timeout ${STAGE_TIMEOUT:-300} python3 benchmarks/delta_throughput.py --profile --nh 1 4 \
+    # fla's chunk_gated_delta_product is profiled on the same inputs after ours (--profile-fla)
+    timeout ${STAGE_TIMEOUT:-300} python3 benchmarks/delta_throughput.py --profile --profile-fla \
+      --fla-unguarded --nh ${DELTA_NH:-1 4} \
       2>&1 | tee "$OUT/deltaprof.log" | tail -60 ;;
   delta)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --modes fwd --out "$OUT" \
@@ -122,7 +132,7 @@ case "$stage" in
     timeout ${TEST_TIMEOUT:-320} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
     # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default)
     timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-2 4} \
-      --variants ${DELTA_VARIANTS:-default inv_ks16 inv_ks32 inv_ks32_w2 inv_ks32_w4 inv_2w dhs16 reload_k_always s8_default} --out "$OUT" \
+      --variants ${DELTA_VARIANTS:-default dhs16 reload_k_always wy_early_db s8_default} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

@@ -8,8 +8,11 @@
 # VAR=value words set a variable for the stages after them (on that card only; commas in a value
 # become spaces). GPU_PAIR_DRY=1 prints what each card would run instead. Each card's stages
 # write to $OUT/t0 or $OUT/t1 and their logs to $OUT/t<card>_<stage>.out; checkpoints of a
-# "pause" training config end up in $OUT (ckpt_*.tar). Everything else goes back as one
-# $OUT/logs.tar.gz (the device returns at most 8 files of 16 MiB each).
+# "pause" training config end up in $OUT (ckpt_*.tar), the shared Triton cache in
+# $OUT/triton_cache.tar.gz[.part-NN] (tools/triton_cache.sh; not when checkpoints take the files).
+# Everything else goes back as one $OUT/logs.tar.gz (the device returns at most 8 files of 16 MiB).
+# Here afterwards: rm -rf .triton_cache && mkdir .triton_cache && cp FILES_AT/triton_cache.tar.gz* .triton_cache/ and
+# carry [".whl", ".triton_cache"] in the next call.
 set -uo pipefail
 OUT=${OUT:?OUT is not set}
 DRY=${GPU_PAIR_DRY:-0}
@@ -38,6 +41,11 @@ wait
 [ "$DRY" = 0 ] || exit 0
 for f in "$OUT"/t0_*.out "$OUT"/t1_*.out; do [ -f "$f" ] && { echo "##### $f"; tail -25 "$f"; }; done
 mv "$OUT"/t0/ckpt_*.tar "$OUT"/t1/ckpt_*.tar "$OUT"/ 2>/dev/null
-rm -f "$OUT"/t0/triton_cache.tar.gz "$OUT"/t1/triton_cache.tar.gz   # over 16 MiB when both cards compiled
-tar czf "$OUT/logs.tar.gz" -C "$OUT" --exclude='*.tar' t0 t1 $(cd "$OUT" && ls ./*.out setup.log 2>/dev/null)
+# the two cards share one Triton cache directory: one archive of it (in parts if over 15 MiB)
+# instead of each stage's own, and everything else in logs.tar.gz, so that the device's 8 returned
+# files are the logs, the cache parts and any checkpoints (loose files past 8 do not come back)
+rm -f "$OUT"/t0/triton_cache.tar.gz* "$OUT"/t1/triton_cache.tar.gz*
+ls "$OUT"/ckpt_*.tar > /dev/null 2>&1 || OUT="$OUT" bash tools/triton_cache.sh save
+tar czf "$OUT/logs.tar.gz" -C "$OUT" --exclude='*.tar' t0 t1 $(cd "$OUT" && ls ./*.out setup.log 2>/dev/null) \
+  && rm -rf "$OUT"/t0 "$OUT"/t1 "$OUT"/*.out "$OUT"/setup.log
 ls -la "$OUT"

@@ -4,21 +4,27 @@
 # scan_throughput.py run was compilation). Each call starts a fresh machine with an empty cache.
 #
 #   bash tools/triton_cache.sh save      # on the device, at the end of a command: $OUT/triton_cache.tar.gz
-#   mkdir -p .triton_cache && cp <files_at>/triton_cache.tar.gz .triton_cache/    # here, afterwards
+#                                        # (or triton_cache.tar.gz.part-00, -01, ... when over 15 MiB)
+#   rm -rf .triton_cache && mkdir .triton_cache && cp <files_at>/triton_cache.tar.gz* .triton_cache/
 #   run(..., carry=[".whl", ".triton_cache"])   # next call: tools/device_setup.sh restores it
 #
 # Triton keys each entry by its source, options, Triton version and GPU arch (sm_90 on both the
 # H100 and the H200), so a stale entry is a miss, never a wrong kernel. Files back from $OUT are
-# capped at 16 MiB: a larger archive is not written (the message says so). device_setup.sh sets
-# TRITON_STORE_BINARY_ONLY=1 so the cache holds cubins and metadata only (with the IR text the
-# tests2 + train call of 2026-11-25 left 21 MiB compressed).
+# capped at 16 MiB each and 8 in all: a larger archive goes back in parts of 15 MiB, at most
+# TRITON_CACHE_PARTS (default 3) of them, else it is not written (the message says so).
+# device_setup.sh sets TRITON_STORE_BINARY_ONLY=1 so the cache holds cubins and metadata only
+# (with the IR text the tests2 + train call of 2026-11-25 left 21 MiB compressed). A cold call of
+# 2026-11-26 (tenth session) spent 246 s compiling tests/gpu/test_gpu_delta.py, which the warm
+# machine then ran in 3 s: the cache is most of a call's time where kernels did not change.
 set -uo pipefail
 dir=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 archive=.triton_cache/triton_cache.tar.gz
 case "${1:-}" in
   restore)
-    if [ -f "$archive" ]; then
-      mkdir -p "$dir" && tar xzf "$archive" -C "$dir" \
+    parts=$(ls .triton_cache/triton_cache.tar.gz.part-* 2>/dev/null | sort)
+    if [ -f "$archive" ] || [ -n "$parts" ]; then
+      mkdir -p "$dir"
+      { if [ -n "$parts" ]; then cat $parts; else cat "$archive"; fi; } | tar xz -C "$dir" \
         && echo "triton cache: restored $(find "$dir" -name '__grp__*' | wc -l) kernels into $dir"
     else
       echo "triton cache: no $archive (cold compile)"
@@ -26,11 +32,18 @@ case "${1:-}" in
   save)
     out=${OUT:?OUT is not set}
     [ -d "$dir" ] || { echo "triton cache: $dir does not exist"; exit 0; }
+    rm -f "$out"/triton_cache.tar.gz "$out"/triton_cache.tar.gz.part-*
     tar czf "$out/triton_cache.tar.gz" -C "$dir" . || exit 0
     size=$(stat -c %s "$out/triton_cache.tar.gz")
-    if [ "$size" -gt $((15 * 1024 * 1024)) ]; then
+    limit=$((15 * 1024 * 1024))
+    n=$(( (size + limit - 1) / limit ))
+    if [ "$n" -gt "${TRITON_CACHE_PARTS:-3}" ]; then
       rm -f "$out/triton_cache.tar.gz"
-      echo "triton cache: $((size / 1048576)) MiB compressed, over the 16 MiB a file may have; not saved"
+      echo "triton cache: $((size / 1048576)) MiB compressed, more than ${TRITON_CACHE_PARTS:-3} files of 15 MiB; not saved"
+    elif [ "$n" -gt 1 ]; then
+      split -b "$limit" -d -a 2 "$out/triton_cache.tar.gz" "$out/triton_cache.tar.gz.part-" \
+        && rm -f "$out/triton_cache.tar.gz"
+      echo "triton cache: saved $(find "$dir" -name '__grp__*' | wc -l) kernels, $((size / 1024)) KiB in $n parts"
     else
       echo "triton cache: saved $(find "$dir" -name '__grp__*' | wc -l) kernels, $((size / 1024)) KiB"
     fi ;;

@@ -54,6 +54,8 @@ def _add_train_args(p):
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--min-lr", type=float, default=1e-5)
     p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--warmup-steps", type=int, default=0,
+                   help="linear LR warmup over this many steps, then the cosine")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--steps-per-epoch", type=int, default=None,
@@ -118,6 +120,7 @@ def _cmd_train(a) -> int:
         layer_kwargs=json.loads(a.layer_kwargs) if a.layer_kwargs else {},
         layer_source=a.layer_source, d_model=a.d_model, n_layers=a.n_layers,
         mlp_ratio=a.mlp_ratio, lr=a.lr[0], min_lr=a.min_lr, weight_decay=a.weight_decay,
+        warmup_steps=a.warmup_steps,
         grad_clip=a.grad_clip, batch_size=a.batch_size, epochs=a.epochs,
         steps_per_epoch=a.steps_per_epoch, seed=a.seeds[0],
         early_stop=None if a.early_stop is not None and a.early_stop < 0 else a.early_stop,

@@ -242,11 +242,13 @@ def test_cli_train(capsys, tmp_path):
     rc = cli_main(["train", "--task", "s2", "--model", "tiny", "-m", "2", "--hidden-size", "8",
                    "--d-model", "16", "--epochs", "2", "--k", "8", "--n-train", "128",
                    "--n-test", "64", "--batch-size", "32", "--progress", "print",
-                   "--out", str(tmp_path / "run"), "--json"])
+                   "--warmup-steps", "3", "--out", str(tmp_path / "run"), "--json"])
     out = capsys.readouterr().out
     assert rc == 0 and "final: task=s2 model=tiny m=2 best test accuracy micro=" in out
     assert "epoch 2/2" in out
     assert (tmp_path / "run" / "checkpoint.pt").exists()
+    ck = torch.load(tmp_path / "run" / "checkpoint.pt", map_location="cpu", weights_only=False)
+    assert ck["config"]["warmup_steps"] == 3       # the CLI flag reaches the schedule
     rc = cli_main(["spectrum", str(tmp_path / "run" / "checkpoint.pt"),
                    "--out", str(tmp_path / "spec")])
     out = capsys.readouterr().out

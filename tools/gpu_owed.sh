@@ -2,25 +2,26 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-26, ninth session, after deltavar, train (next11, next12),
-#   deltafla, tests2, memcheck (delta) and deltaprof ran on H200s; output_raw_h, token_state_pred
-#   and state_bwd_reload_k="ungated" became defaults): tests (the whole GPU suite on one card: the
-#   block-diagonal GPU tests have not run in full since 2026-11-25), deltafla (the gated
-#   dqkwg_bwd's gate term changed after the ninth session's fla run: 0.97-0.98x gated fwd+bwd, not
-#   yet against fla), then TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next13.json train
-#   (continuing mad_tasks/RESULTS.md section 11: S4 BD-LRU m3 at LR 1e-3 to keep a record, S4
-#   H-LRU m5 / DeltaNet seeds, S5 H-LRU m1 / m3 / m5, S5 BD-LRU m1 and m4 seeds), and deltaprof
-#   after any backward change (the backward holds the whole fwd+bwd gap to fla). Two calls that
-#   cover it on two GPUs (the whole delta GPU test file runs first in deltavar: dqkwg_dg_grads,
-#   the default since the ninth session, has run in 3 of its rows only):
-#     tools/gpu_pair.sh "STAGE_TIMEOUT=480 TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next13.json train" \
-#                       "DELTA_NH=1,2,4 STAGE_TIMEOUT=200 deltavar"
-#     tools/gpu_pair.sh "STAGE_TIMEOUT=150 tests" "DELTA_NH=1,2,3,4 deltafla"
-#   (tests gives each of its six pytest runs STAGE_TIMEOUT; the whole block-diagonal file needs
-#   more than 230 s, so it may want a call of its own)
+# Suggested order (written 2026-11-26, tenth session, after deltavar, train (next13), tests,
+#   deltafla (n_h 1-4), bd (parts 1 and 2, cut by their limits) and deltaprof (ours only: fla's
+#   compile outlasted 150 s) ran on two H200s; inv_kslice lost and was removed). Carry the Triton
+#   cache between calls (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp
+#   FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry [".whl", ".triton_cache"]): the delta
+#   GPU tests took 246 s cold and 3 s warm. Two calls on two GPUs:
+#     tools/gpu_pair.sh "BD_PART=3 STAGE_TIMEOUT=540 bd" \
+#                       "DELTA_NH=1,4 STAGE_TIMEOUT=330 deltaprof STAGE_TIMEOUT=200 diagtile"
+#     tools/gpu_pair.sh "STAGE_TIMEOUT=480 TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next14.json train" \
+#                       "STAGE_TIMEOUT=500 scan"
+#   bd part 3: the block-diagonal GPU rows the tenth session's limits cut (2^31 elements, backward
+#   ring, m = 1 tiles); deltaprof: ours and fla's kernels on the same inputs (which of our four
+#   backward kernels is furthest from fla's counterpart); diagtile: the m = 1 tiles on an H200
+#   against accelerated-scan (0.89-0.94x its speed there in the eighth session; the tiles were
+#   tuned on an H100); next14: the Chomsky tasks under the negative-eigenvalue paper code's
+#   protocol (batch 256, 2000 warmup steps, 20,000 steps; mad_tasks/RESULTS.md section 14);
+#   scan: scan_throughput.py under the current defaults (last full run: eighth session).
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other:
-#   tools/gpu_pair.sh "<card 0 stages>" "<card 1 stages>" (the seventh to ninth sessions' calls:
-#   gpu_runs/s7_call*, s8_call*, s9_call*, not in git). The eighth and ninth sessions' numbers are
+#   tools/gpu_pair.sh "<card 0 stages>" "<card 1 stages>" (the seventh to tenth sessions' calls:
+#   gpu_runs/s7_call* to s10_call*, not in git). The eighth to tenth sessions' numbers are
 #   H200's: rerun baselines in the same call.
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
@@ -101,7 +102,7 @@ case "$stage" in
     # issue 3: the whole block-diagonal GPU file in two halves, one per card (one process: the
     # T = 65536 references take tens of GB). BD_PART=1: full_size, long_chunked_varlen,
     # diagonal_api_long, more_than_2_31_elements; BD_PART=2: forward_variants, backward_ring,
-    # diag_tiles (about 22 s a row cold on an H200, tenth session: each half needs more than 500 s
+    # diag_tiles (23-25 s a row cold on an H200, tenth session: each half needs more than 500 s
     # without a carried Triton cache); BD_PART=3: the rows the tenth session's limits cut (2^31
     # elements, ring8 forward, backward ring, m = 1 tiles). -v: a timed-out run still shows which
     # rows passed; --durations for the next plan

@@ -134,6 +134,13 @@ VARIANTS = {
     # row and column sums; default since 2026-11-26), and the Z form before it; gated fwd+bwd only
     "dg_grads": {"dqkwg_dg_grads": True},
     "dg_z": {"dqkwg_dg_grads": False},
+    # register caps (TUNE["maxnreg"]): tri_inv64 at 255 registers runs 8 one-warp programs an SM,
+    # wy_bwd 2 four-warp ones; capped, more fit (16 / 21 at 128 / 96; wy_bwd 3 at 168), at the
+    # cost of spills (sm_90a: tri_inv64 1048 -> 3204 / 3872 B a thread, wy_bwd 32 -> 296 / 628)
+    "inv_r128": {"maxnreg": {"inv": 128}},
+    "inv_r96": {"maxnreg": {"inv": 96}},
+    "wy_bwd_r168": {"maxnreg": {"wy_bwd": 168}},
+    "wy_bwd_r128": {"maxnreg": {"wy_bwd": 128}},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

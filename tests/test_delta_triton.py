@@ -120,6 +120,28 @@ def test_tri_inv64_key_widths_match_loop(case, monkeypatch):
     test_triton_interpreter_matches_loop(*case, "default", monkeypatch)
 
 
+def test_maxnreg_caps_reach_the_launches_and_bad_caps_are_refused(monkeypatch):
+    """TUNE["maxnreg"] (register caps of tri_inv64 and wy_bwd, GPU-only: the interpreter drops the
+    option): a capped fwd+bwd still matches the uncapped one, and a cap outside [24, 255] or a
+    non-dict is refused with the key named."""
+    from lrnn_scan.kernels.delta_product import function as fn
+
+    q, k, v, beta, g, _ = make_inputs(1, 70, 1, 1, 16, 16, True, 2.0, dtype=torch.float32)
+    xs = [x.requires_grad_() for x in (q, k, v, beta, g)]
+    ref = chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")[0]
+    ref_g = torch.autograd.grad(ref.sum(), xs)
+    monkeypatch.setitem(fn.TUNE, "maxnreg", {"inv": 128, "wy_bwd": 168})
+    assert fn._regs("inv") == {"maxnreg": 128} and fn._regs("output") == {}
+    o = chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")[0]
+    torch.testing.assert_close(o, ref)
+    for a, b in zip(torch.autograd.grad(o.sum(), xs), ref_g):
+        torch.testing.assert_close(a, b)
+    for bad in ({"inv": 300}, {"wy_bwd": 16}, {"inv": 128.0}, {"inv": True}, [("inv", 128)]):
+        monkeypatch.setitem(fn.TUNE, "maxnreg", bad)
+        with pytest.raises(ValueError, match="maxnreg"):
+            chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")[0].sum().backward()
+
+
 @pytest.mark.parametrize("variant", ["default", "stored_wu", "fuse_wu"])
 def test_triton_no_grad_and_no_final_state(variant, monkeypatch):
     _tune(monkeypatch, variant)

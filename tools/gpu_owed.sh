@@ -7,18 +7,21 @@
 #   compile outlasted 150 s) ran on two H200s; inv_kslice lost and was removed). Carry the Triton
 #   cache between calls (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp
 #   FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry [".whl", ".triton_cache"]): the delta
-#   GPU tests took 246 s cold and 3 s warm. Two calls on two GPUs:
+#   GPU tests took 246 s cold and 3 s warm. Three calls on two GPUs:
 #     tools/gpu_pair.sh "BD_PART=3 STAGE_TIMEOUT=540 bd" \
 #                       "DELTA_NH=1,4 STAGE_TIMEOUT=330 deltaprof STAGE_TIMEOUT=200 diagtile"
 #     tools/gpu_pair.sh "STAGE_TIMEOUT=480 TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next14.json train" \
-#                       "STAGE_TIMEOUT=500 scan"
+#                       "DELTA_NH=1,2 TEST_TIMEOUT=300 STAGE_TIMEOUT=280 deltavar"
+#     tools/gpu_pair.sh "STAGE_TIMEOUT=500 scan" "STAGE_TIMEOUT=500 BD_PART=1 bd"
 #   bd part 3: the block-diagonal GPU rows the tenth session's limits cut (2^31 elements, backward
 #   ring, m = 1 tiles); deltaprof: ours and fla's kernels on the same inputs (which of our four
 #   backward kernels is furthest from fla's counterpart); diagtile: the m = 1 tiles on an H200
 #   against accelerated-scan (0.89-0.94x its speed there in the eighth session; the tiles were
 #   tuned on an H100); next14: the Chomsky tasks under the negative-eigenvalue paper code's
 #   protocol (batch 256, 2000 warmup steps, 20,000 steps; mad_tasks/RESULTS.md section 14);
-#   scan: scan_throughput.py under the current defaults (last full run: eighth session).
+#   deltavar: the register caps (TUNE["maxnreg"]) with their GPU test rows first; scan:
+#   scan_throughput.py under the current defaults (last full run: eighth session); bd part 1
+#   again with the cache (the 2^31 row last).
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other:
 #   tools/gpu_pair.sh "<card 0 stages>" "<card 1 stages>" (the seventh to tenth sessions' calls:
 #   gpu_runs/s7_call* to s10_call*, not in git). The eighth to tenth sessions' numbers are
@@ -41,10 +44,12 @@
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py (34 rows: 37 passed in 246 s cold on an
 #                   H200 on 2026-11-26, 3 s from a carried Triton cache), then
 #                   delta_throughput.py --variants against the default at DELTA_NH (default
-#                   "2 4"). Default list: the opt-ins left off after the ninth and tenth sessions'
-#                   timings (dhs16, reload_k_always, wy_early_db) and the eighth session's
-#                   settings (s8_default); DELTA_VARIANTS picks others (tri_inv64 over key slices,
-#                   inv_kslice, lost on an H200 in the tenth session and was removed)
+#                   "2 4"). Default list: register caps on tri_inv64 and wy_bwd (TUNE["maxnreg"],
+#                   queued in the tenth session: inv_r128, inv_r96, wy_bwd_r168, wy_bwd_r128), the
+#                   opt-ins left off after the ninth and tenth sessions' timings (dhs16,
+#                   reload_k_always) and the eighth session's settings (s8_default);
+#                   DELTA_VARIANTS picks others (tri_inv64 over key slices, inv_kslice, lost on an
+#                   H200 in the tenth session and was removed)
 #        memcheck — issues 3, 4: tools/memcheck_kernels.py under compute-sanitizer --tool memcheck with
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
@@ -139,7 +144,7 @@ case "$stage" in
     timeout ${TEST_TIMEOUT:-320} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
     # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default)
     timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-2 4} \
-      --variants ${DELTA_VARIANTS:-default dhs16 reload_k_always wy_early_db s8_default} --out "$OUT" \
+      --variants ${DELTA_VARIANTS:-default inv_r128 inv_r96 wy_bwd_r168 wy_bwd_r128 dhs16 reload_k_always s8_default} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

@@ -113,6 +113,11 @@ TUNE = dict(
     a_16bit=False,         # A stored in float16 for 16-bit inputs (fp32 in registers; the dots read it as
                            # tf32, 10 mantissa bits like fp16). bf16 A: error +9 %, fails; fp16 overflows
                            # past 65504 (adversarial keys), so opt-in only (TUNING.md "Fused W/U")
+    # register caps (ptx .maxnreg) by launch: "inv" (tri_inv64) and "wy_bwd". Both sit at 255
+    # registers a thread on sm_90a (K=V=128 bf16), which holds tri_inv64 (1 warp) to 8 programs
+    # an SM and wy_bwd (4 warps, 72 KiB shared) to 2; a cap trades spills for programs in flight
+    # (tri_inv64 at 128: 16, wy_bwd at 168: 3). Opt-in, not yet timed (tenth session)
+    maxnreg={},
 )
 
 _FORMS = {False: 0, None: 0, "wu": 1, True: 1, "assoc": 2}
@@ -161,6 +166,19 @@ def _raw(x):
     """Whether input-by-input products (Q K^T, K K^T) take the 16-bit inputs as they are (mm.py):
     not for float32, and not under the CPU interpreter, whose bf16 dot is wrong."""
     return x.dtype in (torch.float16, torch.bfloat16) and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _regs(key):
+    """Launch options for ``TUNE["maxnreg"][key]``: ``{}`` or ``{"maxnreg": n}``."""
+    caps = TUNE["maxnreg"]
+    if not isinstance(caps, dict):
+        raise ValueError(f'TUNE["maxnreg"] must be a dict of launch name -> register cap, got {caps!r}')
+    n = caps.get(key)
+    if n is None:
+        return {}
+    if isinstance(n, bool) or not isinstance(n, int) or not 24 <= n <= 255:
+        raise ValueError(f'TUNE["maxnreg"][{key!r}] must be an int in [24, 255], got {n!r}')
+    return {"maxnreg": n}
 
 
 def _reload_k(use_g):
@@ -265,7 +283,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             tri_inv64_kernel[(NC, H)](kf, bf, gf if use_g else bf, gcum, Ainv, ch["start"], ch["length"],
                                       H=H, K=K, NH=n_h, BK=BK, USE_G=use_g, DOT=dot, RAW=raw,
                                       BATCHED=bool(TUNE["inv_batched"]),
-                                      num_warps=TUNE["inv"][0], num_stages=TUNE["inv"][1])
+                                      num_warps=TUNE["inv"][0], num_stages=TUNE["inv"][1], **_regs("inv"))
             if not form:
                 wu_fwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, W, U, ch["start"], ch["length"], H=H, K=K,
                                        V=V, BC=BC, BK=BK, BV=_bv("wu", BVf), USE_G=use_g, DOT=dot,
@@ -376,7 +394,8 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                                    ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK,
                                    BV=_bv("wy_bwd", BVf), USE_G=use_g, DOT=dot, RAW=raw,
                                    KS=_wy_ksplit(BK), EARLY=bool(TUNE["wy_bwd_early_db"]),
-                                   num_warps=TUNE["wy_bwd"][0], num_stages=TUNE["wy_bwd"][1])
+                                   num_warps=TUNE["wy_bwd"][0], num_stages=TUNE["wy_bwd"][1],
+                                   **_regs("wy_bwd"))
         else:
             for x in (dq, dk, dv, db, dg):
                 x.zero_()

@@ -70,7 +70,11 @@ def _ratio(a, b):
     # the gated dqkwg_bwd's gate term from Z = dP~ ⊙ Q K^T (exact bf16 products; the default reads
     # it off its own dq, dk tiles since 2026-11-26, ninth session), one K slice and two
     (1, True, 2.0, {"dqkwg_dg_grads": False}), (4, True, 1.0, {"dqkwg_dg_grads": False}),
-    (2, True, 2.0, {"dqkwg_dg_grads": False, "dqkwg_ksplit": 2})])
+    (2, True, 2.0, {"dqkwg_dg_grads": False, "dqkwg_ksplit": 2}),
+    # register caps on tri_inv64 and wy_bwd (opt-in since the tenth session, 2026-11-26): more
+    # programs an SM, more spills
+    (1, True, 2.0, {"maxnreg": {"inv": 128, "wy_bwd": 168}}),
+    (3, False, 2.0, {"maxnreg": {"inv": 96, "wy_bwd": 128}})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     for key, val in tune.items():

@@ -41,7 +41,7 @@
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
-#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (34 rows: 37 passed in 246 s cold on an
+#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (36 rows; 37 passed in 246 s cold on an
 #                   H200 on 2026-11-26, 3 s from a carried Triton cache), then
 #                   delta_throughput.py --variants against the default at DELTA_NH (default
 #                   "2 4"). Default list: register caps on tri_inv64 and wy_bwd (TUNE["maxnreg"],

@@ -164,3 +164,34 @@ def test_gpu_pair_splits_stage_lists_per_card(tmp_path):
     owed = (ROOT / "tools" / "gpu_owed.sh").read_text()
     for stage in ("train", "deltavar", "deltafla"):
         assert f"\n  {stage})" in owed, stage
+
+
+def test_triton_cache_goes_back_in_parts_and_restores(tmp_path):
+    """tools/triton_cache.sh: a cache archive over 15 MiB is split into parts (the device returns
+    files of at most 16 MiB), restore reassembles them byte for byte, and an archive that would
+    need more than TRITON_CACHE_PARTS parts is not written (with a message saying so)."""
+    import os
+    import subprocess
+    cache, out, repo = tmp_path / "cache", tmp_path / "out", tmp_path / "repo"
+    (cache / "k").mkdir(parents=True)
+    out.mkdir()
+    blob = os.urandom(17 * 2 ** 20)                     # random: gzip cannot shrink it below 15 MiB
+    (cache / "k" / "__grp__kernel.json").write_bytes(blob)
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "TRITON_CACHE_DIR": str(cache)}
+    script = str(ROOT / "tools" / "triton_cache.sh")
+    msg = subprocess.run(["bash", script, "save"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    parts = sorted(p.name for p in out.iterdir())
+    assert parts == ["triton_cache.tar.gz.part-00", "triton_cache.tar.gz.part-01"], parts
+    assert "in 2 parts" in msg
+    assert all((out / p).stat().st_size <= 16 * 2 ** 20 for p in parts)
+    (repo / ".triton_cache").mkdir(parents=True)
+    for p in parts:
+        (repo / ".triton_cache" / p).write_bytes((out / p).read_bytes())
+    restored = tmp_path / "restored"
+    subprocess.run(["bash", script, "restore"], env={**env, "TRITON_CACHE_DIR": str(restored)},
+                   cwd=repo, capture_output=True, text=True, check=True)
+    assert (restored / "k" / "__grp__kernel.json").read_bytes() == blob
+    msg = subprocess.run(["bash", script, "save"], env={**env, "TRITON_CACHE_PARTS": "1"},
+                         capture_output=True, text=True, check=True).stdout
+    assert "not saved" in msg and not list(out.iterdir())

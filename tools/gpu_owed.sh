@@ -182,4 +182,5 @@ case "$stage" in
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
 # the compiled kernels go back with the results (one file), for the next call to carry
-OUT="$OUT" bash tools/triton_cache.sh save
+# (tools/gpu_pair.sh sets TRITON_CACHE_SAVE=0 and saves the cards' shared cache once at the end)
+[ "${TRITON_CACHE_SAVE:-1}" = 0 ] || OUT="$OUT" bash tools/triton_cache.sh save

@@ -23,7 +23,7 @@ fi
 run_card() {   # card, stage list
   local card=$1 word val
   mkdir -p "$OUT/t$card"
-  export CUDA_VISIBLE_DEVICES=$card
+  export CUDA_VISIBLE_DEVICES=$card TRITON_CACHE_SAVE=0   # one save of the shared cache, below
   for word in $2; do
     case $word in
       *=*) val=${word#*=}; export "${word%%=*}=${val//,/ }" ;;
@@ -44,7 +44,6 @@ mv "$OUT"/t0/ckpt_*.tar "$OUT"/t1/ckpt_*.tar "$OUT"/ 2>/dev/null
 # the two cards share one Triton cache directory: one archive of it (in parts if over 15 MiB)
 # instead of each stage's own, and everything else in logs.tar.gz, so that the device's 8 returned
 # files are the logs, the cache parts and any checkpoints (loose files past 8 do not come back)
-rm -f "$OUT"/t0/triton_cache.tar.gz* "$OUT"/t1/triton_cache.tar.gz*
 ls "$OUT"/ckpt_*.tar > /dev/null 2>&1 || OUT="$OUT" bash tools/triton_cache.sh save
 tar czf "$OUT/logs.tar.gz" -C "$OUT" --exclude='*.tar' t0 t1 $(cd "$OUT" && ls ./*.out setup.log 2>/dev/null) \
   && rm -rf "$OUT"/t0 "$OUT"/t1 "$OUT"/*.out "$OUT"/setup.log

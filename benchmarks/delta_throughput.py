@@ -17,6 +17,10 @@ with initial and final states, as tests/gpu/test_gpu_delta.py; bound 5e-3). Writ
 ``<out>/delta_variants.{csv,json}`` and a table in the results file. ``--variants ... --emulate`` runs
 only that error check, on the CPU (Triton interpreter with the GPU's rounding emulated, see
 ``_emulate_gpu_rounding``; minutes per variant and configuration at the full check size).
+
+``--fla-accuracy`` adds two columns to the fla comparison: ours and fla's worst bf16 error against
+the fp64 reference on the same inputs (``delta_accuracy.py``; the check size above, no initial
+state), so that a speed ratio can be read beside the accuracy each side delivers.
 """
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.delta_accuracy import ERR_BOUND, bf16_case, error_vs_fp64, fla_layout  # noqa: E402
 
 # fla's measurements (peers.md; one H200, torch 2.11, Triton 3.6) — reference only, not this run
 PEERS_FLA_H200 = {  # (n_h, gated, mode) -> ms
@@ -146,7 +152,6 @@ VARIANTS = {
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)
 # (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
 DEFAULT_VARIANTS = ["default", "per_chunk_fp32vn", "per_chunk", "fp32vn"]
-ERR_BOUND = 5e-3
 DEVICE = "cuda"         # a CPU smoke test of the script's logic sets "cpu" (interpreter)
 
 
@@ -299,19 +304,20 @@ def _results_writer(res: Path, title: str, cols):
     return record
 
 
-def _bf16_case(B, T, n_h, H, K, V, gated, beta_max, seed):
-    """tests/gpu/test_gpu_delta.py's inputs: fp64 draws rounded to bf16 (h0 fp32); the reference
-    takes the same rounded values in fp64."""
-    gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=gen, device=DEVICE, dtype=torch.float64)  # noqa: E731
-    q = r(B, T, H, K)
-    k = F.normalize(r(B, T, n_h, H, K), dim=-1)
-    v = r(B, T, n_h, H, V)
-    beta = torch.rand(B, T, n_h, H, generator=gen, device=DEVICE, dtype=torch.float64) * beta_max
-    g = F.logsigmoid(r(B, T, H) + 3.0) if gated else None
-    h0 = r(B, H, K, V) * 0.1
-    lo = [x.to(torch.bfloat16) if x is not None else None for x in (q, k, v, beta, g)] + [h0.float()]
-    return [x.double() if x is not None else None for x in lo], lo
+def accuracy_pair(a, ours_fn, fla, n_h, gated):
+    """``(ours, fla)`` as ``(worst error, its name)`` against fp64 on the same bf16 inputs
+    (``delta_accuracy.error_vs_fp64``, ``K = --K``); fla's entry is a string when fla is absent or
+    refuses (e.g. its gated backward on Hopper with Triton < 3.7.1 unless --fla-unguarded)."""
+    ours = error_vs_fp64(lambda *x: ours_fn(*x, chunk_size=a.chunk, backend="triton")[0],
+                         n_h, gated, a.K, DEVICE)[:2]
+    if fla is None:
+        return ours, "fla absent"
+    try:
+        theirs = error_vs_fp64(fla_layout(fla, n_h), n_h, gated, a.K, DEVICE)[:2]
+    except Exception as e:  # noqa: BLE001  (fla's own refusals are reported, not raised)
+        theirs = f"fla refused: {str(e).splitlines()[0][:80]}"
+    print(f"[accuracy] n_h={n_h} gated={int(gated)} ours {ours} fla {theirs}", flush=True)
+    return ours, theirs
 
 
 def _run_grads(fn, backend, xs, do, dh):
@@ -351,7 +357,7 @@ def run_variants(a, fn, dev):
     cB, cT, cH = 2, a.check_T, a.check_H
     for n_h in nhs:
         for gated in gates:
-            ref_in, lo_in = _bf16_case(cB, cT, n_h, cH, K, K, gated, 2.0, seed=n_h)
+            ref_in, lo_in = bf16_case(cB, cT, n_h, cH, K, K, gated, 2.0, seed=n_h, device=DEVICE)
             gen = torch.Generator(device=DEVICE).manual_seed(9)
             do = torch.randn(cB, cT, cH, K, generator=gen, device=DEVICE, dtype=torch.float64)
             dh = torch.randn(cB, cH, K, K, generator=gen, device=DEVICE, dtype=torch.float64)
@@ -440,6 +446,9 @@ def main():
     ap.add_argument("--fla-unguarded", action="store_true",
                     help="time fla's gated backward although fla refuses it on Hopper with Triton "
                          "< 3.7.1 (its #640: wrong results there); rows are labelled, timing only")
+    ap.add_argument("--fla-accuracy", action="store_true",
+                    help="also measure ours and fla's bf16 error against the fp64 reference on the "
+                         "same inputs (delta_accuracy.py: B2 T1024 H4, β ≤ 2; output and every gradient)")
     ap.add_argument("--profile", action="store_true",
                     help="print per-kernel CUDA times (torch.profiler) of one fwd+bwd per config, then exit")
     ap.add_argument("--profile-fla", action="store_true",
@@ -484,14 +493,21 @@ def main():
     write_row = _results_writer(res, f"delta_throughput.py — {date0} — {dev}, torch {torch.__version__}, "
                                 f"Triton {triton.__version__}, B={B} T={T} H={H} K=V={K} bf16, chunk {a.chunk}",
                                 ["n_h", "gated", "mode", "ours (ms)", "fla (ms)", "fla source", "ours/fla",
-                 "fla vs ours (rel. diff, worst output/grad)"])
+                 "fla vs ours (rel. diff, worst output/grad)"]
+                                + (["ours vs fp64 (worst)", "fla vs fp64 (worst)"] if a.fla_accuracy else []))
+
+    def err_cell(e):
+        return "—" if e is None else (e if isinstance(e, str) else
+                                      f"{e[0]:.2e} ({e[1]})" + ("" if e[0] <= ERR_BOUND else " > bound"))
 
     def record(r):
         write_row([r["n_h"], int(r["gated"]), r["mode"], f"{r['ours_ms']:.3f}",
                    f"{r['fla_ms']:.3f}" if r["fla_ms"] else "—", r["fla_source"], r["ratio"] if r["ratio"] else "—",
-                   f"{r['fla_vs_ours']:.2e} ({r['fla_vs_ours_worst']})" if r.get("fla_vs_ours") is not None else "—"])
+                   f"{r['fla_vs_ours']:.2e} ({r['fla_vs_ours_worst']})" if r.get("fla_vs_ours") is not None else "—"]
+                  + ([err_cell(r["ours_err"]), err_cell(r["fla_err"])] if a.fla_accuracy else []))
     for n_h in a.nh:
         for gated in [s == "1" for s in a.gated]:
+            acc = accuracy_pair(a, chunk_delta_product, fla, n_h, gated) if a.fla_accuracy else (None, None)
             q, k, v, beta, g = inputs(B, T, n_h, H, K, K, gated)
             for mode in a.modes:
                 bwd = mode == "fwd+bwd"
@@ -530,7 +546,8 @@ def main():
                            ours_ms=round(t_ours, 4), fla_ms=t_fla, fla_source=src,
                            ratio=round(ratio, 3) if ratio else None,
                            fla_vs_ours=agree[0] if agree else None,
-                           fla_vs_ours_worst=agree[1] if agree else None)
+                           fla_vs_ours_worst=agree[1] if agree else None,
+                           ours_err=acc[0], fla_err=acc[1])
                 rows.append(row)
                 record(row)
                 print(f"n_h={n_h} gated={int(gated)} {mode:8s} ours {t_ours:8.3f} ms | fla "

@@ -131,6 +131,37 @@ def test_delta_throughput_agreement_names_the_worst_difference():
     assert nan[1] == "o" and nan[0] != nan[0]
 
 
+def test_delta_accuracy_measures_a_callable_against_fp64():
+    """delta_accuracy.error_vs_fp64 (ours and fla held to one bound, --fla-accuracy): the fp64
+    reference itself scores 0 in the output and only the bf16 rounding of its gradients, a 1 %
+    scaled output 1 % everywhere, a NaN output is the worst; fla_layout interleaves the n_h steps
+    along time."""
+    import torch
+    from benchmarks.delta_accuracy import error_vs_fp64, fla_layout
+    from lrnn_scan.delta import chunk_delta_product
+
+    def ref(q, k, v, b, g, s=1.0):
+        xs = [x.double() if x is not None else None for x in (q, k, v, b, g)]
+        return chunk_delta_product(*xs, chunk_size=64, backend="torch")[0] * s
+
+    kw = dict(n_h=2, gated=True, K=8, device="cpu", B=1, T=70, H=2)
+    e, name, res = error_vs_fp64(ref, **kw)       # gradients of bf16 leaves are rounded to bf16
+    assert set(res) == {"o", "dq", "dk", "dv", "dbeta", "dg"}
+    assert res["o"] < 1e-12 and 1e-4 < e < 3e-3 and name != "o", res
+    e, name, res = error_vs_fp64(lambda *x: ref(*x, s=1.01), **kw)
+    assert abs(res["o"] - 0.01) < 1e-9 and all(abs(v - 0.01) < 3e-3 for v in res.values()), res
+    e, name, _ = error_vs_fp64(lambda *x: ref(*x) * float("nan"), **dict(kw, gated=False))
+    assert e != e and name == "o"
+    seen = {}
+
+    def fake_fla(q, k, v, g, beta, num_householder):
+        seen.update(k=k.shape, v=v.shape, beta=beta.shape, n=num_householder)
+        return (q,)
+    q, k, v, b = torch.randn(1, 5, 2, 4), torch.randn(1, 5, 3, 2, 4), torch.randn(1, 5, 3, 2, 4), torch.rand(1, 5, 3, 2)
+    assert fla_layout(fake_fla, 3)(q, k, v, b, None) is q
+    assert seen == dict(k=(1, 15, 2, 4), v=(1, 15, 2, 4), beta=(1, 15, 2), n=3)
+
+
 def test_delta_throughput_variants_name_existing_tune_keys():
     """Every --variants override names a key of function.TUNE (a removed option, e.g. inv_lean,
     must leave the list too), and the default list names known variants."""

@@ -2,30 +2,24 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-26, tenth session, after deltavar, train (next13), tests,
-#   deltafla (n_h 1-4), bd (parts 1 and 2, cut by their limits) and deltaprof (ours only: fla's
-#   compile outlasted 150 s) ran on two H200s; inv_kslice lost and was removed). Carry the Triton
-#   cache between calls (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp
-#   FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry [".whl", ".triton_cache"]): the delta
-#   GPU tests took 246 s cold and 3 s warm. Three calls on two GPUs:
-#     tools/gpu_pair.sh "BD_PART=3 STAGE_TIMEOUT=540 bd" \
-#                       "DELTA_NH=1,4 STAGE_TIMEOUT=330 deltaprof STAGE_TIMEOUT=200 diagtile"
-#     tools/gpu_pair.sh "STAGE_TIMEOUT=480 TRAIN_CONFIG=mad_tasks/configs/gpu_tables_next14.json train" \
-#                       "DELTA_NH=1,2 TEST_TIMEOUT=300 STAGE_TIMEOUT=280 deltavar"
-#     tools/gpu_pair.sh "STAGE_TIMEOUT=500 scan" "STAGE_TIMEOUT=500 BD_PART=1 bd"
-#   bd part 3: the block-diagonal GPU rows the tenth session's limits cut (2^31 elements, backward
-#   ring, m = 1 tiles); deltaprof: ours and fla's kernels on the same inputs (which of our four
-#   backward kernels is furthest from fla's counterpart); diagtile: the m = 1 tiles on an H200
-#   against accelerated-scan (0.89-0.94x its speed there in the eighth session; the tiles were
-#   tuned on an H100); next14: the Chomsky tasks under the negative-eigenvalue paper code's
-#   protocol (batch 256, 2000 warmup steps, 20,000 steps; mad_tasks/RESULTS.md section 14);
-#   deltavar: the register caps (TUNE["maxnreg"]) with their GPU test rows first; scan:
-#   scan_throughput.py under the current defaults (last full run: eighth session); bd part 1
-#   again with the cache (the 2^31 row last).
+# Suggested order (written 2026-11-26, eleventh session, after bd parts 3 and 1, deltaprof (n_h 1
+#   only: fla's gated and n_h 4 profiles were cut by the limit), diagtile, train (next14, next15a/b),
+#   deltavar (the register caps: lost) and scan ran on two H100s). Carry the Triton cache between
+#   calls (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp
+#   FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry [".whl", ".triton_cache"]). Two calls:
+#     tools/gpu_pair.sh "DELTA_NH=1,2,3,4 STAGE_TIMEOUT=520 deltafla" "STAGE_TIMEOUT=175 tests2"
+#     tools/gpu_pair.sh "DELTA_NH=4 STAGE_TIMEOUT=330 deltaprof STAGE_TIMEOUT=150 FAMILIES=delta,block_diagonal memcheck" \
+#                       "TEST_TIMEOUT=300 STAGE_TIMEOUT=240 deltavar"
+#   deltafla: ours against fla at n_h 1-4 with --fla-accuracy (new: both sides' bf16 errors
+#   against fp64 on the same inputs; is fla within our 5e-3 bound?); tests2: test_gpu_models,
+#   test_gpu_compile, test_gpu_fused_companion (last passed 2026-11-25 on an H100; the code has
+#   moved since; STAGE_TIMEOUT is per file); memcheck: compute-sanitizer on the two families changed most since the seventh
+#   session; deltaprof at n_h 4: ours and fla's kernels; deltavar: the delta GPU tests, then the
+#   remaining opt-ins against the default.
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other:
-#   tools/gpu_pair.sh "<card 0 stages>" "<card 1 stages>" (the seventh to tenth sessions' calls:
-#   gpu_runs/s7_call* to s10_call*, not in git). The eighth to tenth sessions' numbers are
-#   H200's: rerun baselines in the same call.
+#   tools/gpu_pair.sh "<card 0 stages>" "<card 1 stages>" (the seventh to eleventh sessions' calls:
+#   gpu_runs/s7_call* to s11_call*, not in git). The eighth to tenth sessions' numbers are
+#   H200's, the seventh's and eleventh's H100's: rerun baselines in the same call.
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal
@@ -41,15 +35,12 @@
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
-#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (36 rows; 37 passed in 246 s cold on an
-#                   H200 on 2026-11-26, 3 s from a carried Triton cache), then
-#                   delta_throughput.py --variants against the default at DELTA_NH (default
-#                   "2 4"). Default list: register caps on tri_inv64 and wy_bwd (TUNE["maxnreg"],
-#                   queued in the tenth session: inv_r128, inv_r96, wy_bwd_r168, wy_bwd_r128), the
-#                   opt-ins left off after the ninth and tenth sessions' timings (dhs16,
-#                   reload_k_always) and the eighth session's settings (s8_default);
-#                   DELTA_VARIANTS picks others (tri_inv64 over key slices, inv_kslice, lost on an
-#                   H200 in the tenth session and was removed)
+#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (36 rows: 36 passed in 233 s on an H100
+#                   on 2026-11-26), then delta_throughput.py --variants against the default at
+#                   DELTA_NH (default "2 4"). Default list: the opt-ins left off after the ninth to
+#                   eleventh sessions' timings (dhs16, reload_k_always) and the eighth session's
+#                   settings (s8_default); DELTA_VARIANTS picks others (the register caps inv_r128,
+#                   inv_r96, wy_bwd_r168, wy_bwd_r128 lost on an H100 in the eleventh session)
 #        memcheck — issues 3, 4: tools/memcheck_kernels.py under compute-sanitizer --tool memcheck with
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
@@ -146,7 +137,7 @@ case "$stage" in
     timeout ${TEST_TIMEOUT:-320} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
     # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default)
     timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-2 4} \
-      --variants ${DELTA_VARIANTS:-default inv_r128 inv_r96 wy_bwd_r168 wy_bwd_r128 dhs16 reload_k_always s8_default} --out "$OUT" \
+      --variants ${DELTA_VARIANTS:-default dhs16 reload_k_always s8_default} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

@@ -306,14 +306,16 @@ def _results_writer(res: Path, title: str, cols):
 
 def accuracy_pair(a, ours_fn, fla, n_h, gated):
     """``(ours, fla)`` as ``(worst error, its name)`` against fp64 on the same bf16 inputs
-    (``delta_accuracy.error_vs_fp64``, ``K = --K``); fla's entry is a string when fla is absent or
-    refuses (e.g. its gated backward on Hopper with Triton < 3.7.1 unless --fla-unguarded)."""
+    (``delta_accuracy.error_vs_fp64`` at B=2, ``--check-T``, ``--check-H``, ``K = --K``); fla's
+    entry is a string when fla is absent or refuses (e.g. its gated backward on Hopper with Triton
+    < 3.7.1 unless --fla-unguarded)."""
+    size = dict(B=2, T=a.check_T, H=a.check_H)
     ours = error_vs_fp64(lambda *x: ours_fn(*x, chunk_size=a.chunk, backend="triton")[0],
-                         n_h, gated, a.K, DEVICE)[:2]
+                         n_h, gated, a.K, DEVICE, **size)[:2]
     if fla is None:
         return ours, "fla absent"
     try:
-        theirs = error_vs_fp64(fla_layout(fla, n_h), n_h, gated, a.K, DEVICE)[:2]
+        theirs = error_vs_fp64(fla_layout(fla, n_h), n_h, gated, a.K, DEVICE, **size)[:2]
     except Exception as e:  # noqa: BLE001  (fla's own refusals are reported, not raised)
         theirs = f"fla refused: {str(e).splitlines()[0][:80]}"
     print(f"[accuracy] n_h={n_h} gated={int(gated)} ours {ours} fla {theirs}", flush=True)
@@ -448,7 +450,8 @@ def main():
                          "< 3.7.1 (its #640: wrong results there); rows are labelled, timing only")
     ap.add_argument("--fla-accuracy", action="store_true",
                     help="also measure ours and fla's bf16 error against the fp64 reference on the "
-                         "same inputs (delta_accuracy.py: B2 T1024 H4, β ≤ 2; output and every gradient)")
+                         "same inputs (delta_accuracy.py at B2, --check-T, --check-H, β ≤ 2; output "
+                         "and every gradient)")
     ap.add_argument("--profile", action="store_true",
                     help="print per-kernel CUDA times (torch.profiler) of one fwd+bwd per config, then exit")
     ap.add_argument("--profile-fla", action="store_true",
@@ -456,8 +459,10 @@ def main():
     ap.add_argument("--variants", nargs="*", default=None, metavar="NAME",
                     help=f"time TUNE variants instead (no names: {' '.join(DEFAULT_VARIANTS)}; "
                     f"known: {' '.join(VARIANTS)})")
-    ap.add_argument("--check-H", type=int, default=4, help="heads of the --variants error check (B=2)")
-    ap.add_argument("--check-T", type=int, default=1024, help="length of the --variants error check")
+    ap.add_argument("--check-H", type=int, default=4,
+                    help="heads of the --variants and --fla-accuracy error checks (B=2)")
+    ap.add_argument("--check-T", type=int, default=1024,
+                    help="length of the --variants and --fla-accuracy error checks")
     ap.add_argument("--emulate", action="store_true",
                     help="with --variants: the error check only, on the CPU interpreter with the GPU's "
                     "tf32/bf16 rounding emulated (no GPU needed, no timing)")

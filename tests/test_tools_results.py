@@ -162,6 +162,35 @@ def test_delta_accuracy_measures_a_callable_against_fp64():
     assert seen == dict(k=(1, 15, 2, 4), v=(1, 15, 2, 4), beta=(1, 15, 2), n=3)
 
 
+def test_delta_throughput_accuracy_pair_ours_and_a_peer(monkeypatch):
+    """--fla-accuracy's two cells: ours (the Triton path, interpreter here) within the bound, a peer
+    in fla's layout measured on the same inputs, an absent peer and a refusing one named."""
+    import os
+    import types
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter test (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA)")
+    import benchmarks.delta_throughput as dt
+    from lrnn_scan.delta import chunk_delta_product
+    monkeypatch.setattr(dt, "DEVICE", "cpu")
+    a = types.SimpleNamespace(chunk=64, K=16, check_T=70, check_H=1)
+
+    def peer(q, k, v, g, beta, num_householder):     # fla's layout, our torch path, 2 % off
+        B, TN, H, K = k.shape
+        unflat = lambda x: x.reshape(B, TN // num_householder, num_householder, *x.shape[2:])  # noqa: E731
+        o = chunk_delta_product(q.float(), unflat(k).float(), unflat(v).float(), unflat(beta).float(),
+                                None if g is None else g.float(), backend="torch")[0]
+        return (o * 1.02,)
+
+    ours, theirs = dt.accuracy_pair(a, chunk_delta_product, peer, 2, True)
+    assert ours[0] < dt.ERR_BOUND, ours
+    assert abs(theirs[0] - 0.02) < 2e-3 and theirs[1] in ("o", "dq", "dk", "dv", "dbeta", "dg"), theirs
+    assert dt.accuracy_pair(a, chunk_delta_product, None, 1, False)[1] == "fla absent"
+
+    def refuses(**kw):
+        raise RuntimeError("not on this GPU\nmore")
+    assert dt.accuracy_pair(a, chunk_delta_product, refuses, 1, False)[1] == "fla refused: not on this GPU"
+
+
 def test_delta_throughput_variants_name_existing_tune_keys():
     """Every --variants override names a key of function.TUNE (a removed option, e.g. inv_lean,
     must leave the list too), and the default list names known variants."""

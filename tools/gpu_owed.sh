@@ -6,10 +6,15 @@
 #   only: fla's gated and n_h 4 profiles were cut by the limit), diagtile, train (next14, next15a/b),
 #   deltavar (the register caps: lost) and scan ran on two H100s). Carry the Triton cache between
 #   calls (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp
-#   FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry [".whl", ".triton_cache"]). Two calls:
+#   FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry [".whl", ".triton_cache"]).
+#   Two or three calls:
 #     tools/gpu_pair.sh "DELTA_NH=1,2,3,4 STAGE_TIMEOUT=520 deltafla" "STAGE_TIMEOUT=175 tests2"
-#     tools/gpu_pair.sh "DELTA_NH=4 STAGE_TIMEOUT=330 deltaprof STAGE_TIMEOUT=150 FAMILIES=delta,block_diagonal memcheck" \
+#     tools/gpu_pair.sh "STAGE_TIMEOUT=220 diagtile DELTA_NH=4 STAGE_TIMEOUT=300 deltaprof" \
 #                       "TEST_TIMEOUT=300 STAGE_TIMEOUT=240 deltavar"
+#     (a third, if time is left: "STAGE_TIMEOUT=300 FAMILIES=delta,block_diagonal memcheck")
+#   diagtile: the m = 1 forward with loads two tiles ahead (TUNE["diag_prefetch"] = 2, new,
+#   interpreter-tested, compiles for sm_90a without spills at 16 x 64) against the default and
+#   accelerated-scan (0.982-0.988x its speed on an H100);
 #   deltafla: ours against fla at n_h 1-4 with --fla-accuracy (new: both sides' bf16 errors
 #   against fp64 on the same inputs; is fla within our 5e-3 bound?); tests2: test_gpu_models,
 #   test_gpu_compile, test_gpu_fused_companion (last passed 2026-11-25 on an H100; the code has

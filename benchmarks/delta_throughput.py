@@ -147,6 +147,13 @@ VARIANTS = {
     "inv_r96": {"maxnreg": {"inv": 96}},
     "wy_bwd_r168": {"maxnreg": {"wy_bwd": 168}},
     "wy_bwd_r128": {"maxnreg": {"wy_bwd": 128}},
+    # twelfth session: the token-chunk output kernel in a forward with gradients (per-chunk states,
+    # dense query rows, n_h times fewer state tiles read; n_h > 1 only), and dqkwg_bwd's dO H^T on
+    # the bf16 tiles as stored
+    "tok_out_grad": {"token_chunk_output_grad": True},
+    "dqkwg_raw_h": {"dqkwg_raw_h": True},
+    "tok_out_raw_h": {"token_chunk_output_grad": True, "dqkwg_raw_h": True},
+    "s11_default": {"token_chunk_output_grad": False, "dqkwg_raw_h": False},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

@@ -194,6 +194,45 @@ def test_token_chunk_output_forward_matches_loop(T, n_h, gated, cu, K, V, pred, 
         assert ((a.double() - b).norm() / b.norm()).item() < 2e-5, name
 
 
+@pytest.mark.parametrize("T,n_h,gated,cu,K,V", TOKEN_CASES)
+def test_token_chunk_output_with_gradients_matches_loop(T, n_h, gated, cu, K, V, monkeypatch):
+    """TUNE["token_chunk_output_grad"]: a forward with gradients keeps one state per chunk (the
+    backward reads them) and output_tok_fwd_kernel reads each token chunk's first one (HS_CHUNK);
+    outputs, final states and every gradient against the fp64 loop, and the launch took that path."""
+    from lrnn_scan.kernels.delta_product import function as fn
+    monkeypatch.setitem(fn.TUNE, "token_chunk_output_grad", True)
+    launched = []
+    real = fn.output_tok_fwd_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+    monkeypatch.setattr(fn, "output_tok_fwd_kernel", Spy())
+    monkeypatch.setattr(fn, "output_fwd_kernel", None)      # the per-chunk launch would raise
+    N = len(cu) - 1 if cu else 1
+    q, k, v, beta, g, h0 = make_inputs(1, T, n_h, 2, K, V, gated, 2.0, N=N, seed=T + 3 * n_h,
+                                       dtype=torch.float32)
+    cus = torch.tensor(cu, dtype=torch.int64) if cu else None
+    xs = [x.requires_grad_() for x in (q, k, v, beta, g, h0) if x is not None]
+    o, f = chunk_delta_product(q, k, v, beta, g, initial_state=h0, output_final_state=True,
+                               cu_seqlens=cus, chunk_size=64, backend="triton")
+    lens = [b - a for a, b in zip(cu[:-1], cu[1:])] if cu else [T]
+    assert launched and launched[0][1] == sum(-(-n // 64) for n in lens)
+    gen = torch.Generator().manual_seed(5)
+    do, dh = torch.randn(o.shape, generator=gen), torch.randn(f.shape, generator=gen)
+    grads = torch.autograd.grad((o * do).sum() + (f * dh).sum(), xs)
+    xd = [x.detach().double().requires_grad_() for x in xs]
+    qd, kd, vd, bd = xd[:4]
+    gd = xd[4] if gated else None
+    o_r, f_r = loop_fp64(qd, kd, vd, bd, gd, xd[-1], K ** -0.5, cu)
+    grads_r = torch.autograd.grad((o_r * do.double()).sum() + (f_r * dh.double()).sum(), xd)
+    names = ["o", "final", "q", "k", "v", "beta"] + (["g"] if gated else []) + ["h0"]
+    for name, a, b in zip(names, (o, f) + tuple(grads), (o_r, f_r) + tuple(grads_r)):
+        assert torch.isfinite(a).all(), name
+        assert ((a.double() - b).norm() / b.norm()).item() < 2e-5, name
+
+
 @pytest.mark.parametrize("B,T,n_h", [(1, 70, 2), (3, 50, 3), (2, 1, 4), (2, 64, 2), (1, 300, 4)])
 def test_token_chunk_tables_equal_lengths_match_varlen(B, T, n_h):
     """The closed form for equal lengths (no device-to-host copy) gives the varlen tables."""
@@ -210,6 +249,7 @@ def test_token_chunk_output_not_taken_with_gradients(monkeypatch):
     """With inputs that need gradients the backward reads every chunk's state: the per-chunk path."""
     from lrnn_scan.kernels.delta_product import function as fn
     monkeypatch.setitem(fn.TUNE, "token_chunk_output", True)
+    monkeypatch.setitem(fn.TUNE, "token_chunk_output_grad", False)
     monkeypatch.setattr(fn, "output_tok_fwd_kernel", None)     # a launch would raise TypeError
     q, k, v, beta, g, _ = make_inputs(1, 40, 2, 1, 16, 16, True, 2.0, dtype=torch.float32)
     q.requires_grad_()

@@ -2,30 +2,22 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-26, eleventh session, after bd parts 3 and 1, deltaprof (n_h 1
-#   only: fla's gated and n_h 4 profiles were cut by the limit), diagtile, train (next14, next15a/b),
-#   deltavar (the register caps: lost) and scan ran on two H100s). Carry the Triton cache between
-#   calls (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp
-#   FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry [".whl", ".triton_cache"]).
-#   Two or three calls:
-#     tools/gpu_pair.sh "DELTA_NH=1,2,3,4 STAGE_TIMEOUT=520 deltafla" "STAGE_TIMEOUT=240 tests2"
-#     tools/gpu_pair.sh "STAGE_TIMEOUT=220 diagtile DELTA_NH=4 STAGE_TIMEOUT=300 deltaprof" \
-#                       "TEST_TIMEOUT=300 STAGE_TIMEOUT=240 deltavar"
-#     (a third, if time is left: "STAGE_TIMEOUT=300 FAMILIES=delta,block_diagonal memcheck")
-#   diagtile: the m = 1 forward with loads two tiles ahead (TUNE["diag_prefetch"] = 2, new,
-#   interpreter-tested, compiles for sm_90a without spills at 16 x 64) against the default and
-#   accelerated-scan (0.982-0.988x its speed on an H100);
-#   deltafla: ours against fla at n_h 1-4 with --fla-accuracy (new: both sides' bf16 errors
-#   against fp64 on the same inputs; is fla within our 5e-3 bound?); tests2: test_gpu_models,
-#   test_gpu_compile, test_gpu_fused_companion (last passed 2026-11-25 on an H100; the code has
-#   moved since; STAGE_TIMEOUT is per file: 47-57, 198 and 70 s in earlier H100 runs); memcheck:
-#   compute-sanitizer on the two families changed most since the seventh session; deltaprof at
-#   n_h 4: ours and fla's kernels; deltavar: the delta GPU tests, then the remaining opt-ins
-#   against the default.
+# Suggested order (written 2026-11-26, twelfth session, after deltafla, tests2, diagtile, deltaprof
+#   (n_h 4), deltavar, memcheck (delta, block_diagonal: 0 errors) and two variant runs on two H100s).
+#   Carry the Triton cache between calls when it fits (tools/triton_cache.sh: rm -rf .triton_cache
+#   && mkdir .triton_cache && cp FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry
+#   [".whl", ".triton_cache"]; at 66 MiB compressed it no longer came back in the twelfth session).
+#   One call:
+#     tools/gpu_pair.sh "DELTA_NH=1,2,3,4 STAGE_TIMEOUT=560 deltafla" "STAGE_TIMEOUT=300 deltavar"
+#   deltafla: ours (the twelfth session's defaults: token_chunk_output_grad, dqkwg_raw_h) against
+#   fla at n_h 1-4 with --fla-accuracy. In the twelfth session's call 5 it ran out of 470 s after
+#   n_h 1 while the other card compiled the delta tests; alone it took about 450 s (call 1).
+#   deltavar: the delta GPU tests (41 rows), then the opt-ins and the eleventh session's
+#   defaults (s11_default) against the default at DELTA_NH.
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other:
-#   tools/gpu_pair.sh "<card 0 stages>" "<card 1 stages>" (the seventh to eleventh sessions' calls:
-#   gpu_runs/s7_call* to s11_call*, not in git). The eighth to tenth sessions' numbers are
-#   H200's, the seventh's and eleventh's H100's: rerun baselines in the same call.
+#   tools/gpu_pair.sh "<card 0 stages>" "<card 1 stages>" (the seventh to twelfth sessions' calls:
+#   gpu_runs/s7_call* to s12_call*, not in git). The eighth to tenth sessions' numbers are
+#   H200's, the seventh's, eleventh's and twelfth's H100's: rerun baselines in the same call.
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal
@@ -41,12 +33,12 @@
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
-#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (36 rows: 36 passed in 233 s on an H100
-#                   on 2026-11-26), then delta_throughput.py --variants against the default at
-#                   DELTA_NH (default "2 4"). Default list: the opt-ins left off after the ninth to
-#                   eleventh sessions' timings (dhs16, reload_k_always) and the eighth session's
-#                   settings (s8_default); DELTA_VARIANTS picks others (the register caps inv_r128,
-#                   inv_r96, wy_bwd_r168, wy_bwd_r128 lost on an H100 in the eleventh session)
+#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (41 rows: 41 passed in 176 s on an H100
+#                   in the twelfth session), then delta_throughput.py --variants against the default
+#                   at DELTA_NH (default "2 4"). Default list: the eleventh session's defaults
+#                   (s11_default) and the opt-ins left off after the ninth to twelfth sessions'
+#                   timings (dhs16, reload_k_always); DELTA_VARIANTS picks others (the register caps
+#                   inv_r128, inv_r96, wy_bwd_r168, wy_bwd_r128 lost on an H100 in the eleventh)
 #        memcheck — issues 3, 4: tools/memcheck_kernels.py under compute-sanitizer --tool memcheck with
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
@@ -143,7 +135,7 @@ case "$stage" in
     timeout ${TEST_TIMEOUT:-320} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
     # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default)
     timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-2 4} \
-      --variants ${DELTA_VARIANTS:-default dhs16 reload_k_always s8_default} --out "$OUT" \
+      --variants ${DELTA_VARIANTS:-default s11_default dhs16 reload_k_always} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;

@@ -49,7 +49,8 @@ def build_token_chunks(ch: dict, n_h: int, device) -> dict:
     Returns ``dict(first, count, seq_ptr, NT)``: ``first`` (int64) the first chunk of each token
     chunk, ``count`` (int32) how many chunks it holds, ``seq_ptr`` (int64) where each sequence's
     token chunks start. The forward that keeps one state per token chunk
-    (``function.TUNE["token_chunk_output"]``) indexes its states with them.
+    (``function.TUNE["token_chunk_output"]``) indexes its states with them; with gradients
+    (``TUNE["token_chunk_output_grad"]``) the output kernel reads each token chunk's first chunk.
     """
     seq_ptr = ch.get("seq_ptr_cpu")
     if seq_ptr is None:         # equal lengths: the same closed form as build_chunks, on the device

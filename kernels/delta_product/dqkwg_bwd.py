@@ -37,11 +37,14 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
                      GSTRIDE, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                      BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
-                     DG_GRADS: tl.constexpr = False):
+                     DG_GRADS: tl.constexpr = False, RAW_H: tl.constexpr = False):
     """``DG_GRADS`` (``function.TUNE["dqkwg_dg_grads"]``): the gate term read off this program's
     own gradients, ``dG = rowsum(Q ⊙ dQ) − rowsum(K ⊙ dK)`` (module docstring), instead of
     ``γ ⊙ rowsum(Q ⊙ dO H^T) + rowsum(Z) − colsum(Z) − <K~, dK~>`` with ``Z = dP~ ⊙ Q K^T``: no
-    second ``Q K^T`` dot and no ``[BC, BC]`` row and column sums."""
+    second ``Q K^T`` dot and no ``[BC, BC]`` row and column sums. ``RAW_H``
+    (``TUNE["dqkwg_raw_h"]``; ``dO`` and the stored ``H`` both 16-bit of one dtype): ``dO H^T`` on
+    the two tiles as loaded (exact products, fp32 accumulate, as the tf32 dot of their fp32
+    copies gives, at twice its MMA rate)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     ks = tl.program_id(2)            # K slice (0 unless the grid splits K)
@@ -64,14 +67,19 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
         mv = rm[:, None] & (cv < V)[None, :]
         mkv = (ck < K)[:, None] & (cv < V)[None, :]
         # H, Vn, dH may be stored in 16 bits (function.TUNE); all products accumulate in fp32
-        st = tl.load(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], mask=mkv, other=0.).to(tl.float32)
+        st_in = tl.load(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], mask=mkv, other=0.)
+        st = st_in.to(tl.float32)
         dst = tl.load(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], mask=mkv, other=0.).to(tl.float32)
         vnew = tl.load(vn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.).to(tl.float32)
         dvnew = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.)
-        dout = tl.load(do + (tok * H + h)[:, None] * V + cv[None, :], mask=qm[:, None] & (cv < V)[None, :],
-                       other=0.).to(tl.float32)
+        dout_in = tl.load(do + (tok * H + h)[:, None] * V + cv[None, :], mask=qm[:, None] & (cv < V)[None, :],
+                          other=0.)
+        dout = dout_in.to(tl.float32)
         dP += tl.dot(dout, tl.trans(vnew), input_precision=DOT)
-        dqh += tl.dot(dout, tl.trans(st), input_precision=DOT)
+        if RAW_H:
+            dqh += tl.dot(dout_in, tl.trans(st_in), input_precision=DOT)
+        else:
+            dqh += tl.dot(dout, tl.trans(st), input_precision=DOT)
         dkt += tl.dot(vnew, tl.trans(dst), input_precision=DOT)
         dw -= tl.dot(dvnew, tl.trans(st), input_precision=DOT)
         sdh += tl.sum(st * dst, 1)

@@ -37,6 +37,11 @@ TUNE = dict(
     # T4096 H16 K=V=128 bf16, gated fwd+bwd 0.981 / 0.979 / 0.969x at n_h 1 / 2 / 4; dg error 2.58e-3
     # -> 2.80e-3 (n_h 1; tf32 dots feed it where False sums exact bf16 products). False: that form
     dqkwg_dg_grads=True,
+    # dqkwg_bwd's dO H^T on the 16-bit dO and stored H tiles as they are (dqkwg_bwd.py RAW_H; the
+    # same exact products as the tf32 dot of their fp32 copies). GPU-only (_raw). H100 2026-11-26
+    # (twelfth session), B8 T4096 H16 K=V=128 bf16, fwd+bwd 0.983-0.998x at n_h 2-4 alone, with
+    # token_chunk_output_grad 0.967-0.998x (TUNING.md); same error ratios
+    dqkwg_raw_h=True,
     dqkwg_ksplit=1,        # K slices of dqkwg_bwd (a third grid axis; 16 columns at least per slice):
                            # fewer fp32 accumulators per program, dO Vn^T recomputed per slice. H100
                            # 2026-11-25, K=128: 2 slices 1.005-1.058x the fwd+bwd time (TUNING.md)
@@ -90,6 +95,11 @@ TUNE = dict(
     # 0.27 GB instead of 1.07 GB, written and read). H200 2026-11-26 (eighth session), bf16 Vn: fwd
     # 0.946 / 0.904 (n_h 2, ungated / gated) and 0.850 / 0.833 (n_h 4) the per-chunk time
     token_chunk_output=True,
+    # the same output kernel in a forward with gradients: the states stay one per chunk (the
+    # backward reads them all) and each token chunk reads its first chunk's (output.py HS_CHUNK):
+    # dense query rows, n_h times fewer state tiles read by the output kernel. H100 2026-11-26
+    # (twelfth session): fwd+bwd 0.974-1.002x at n_h 2-4 alone (TUNING.md)
+    token_chunk_output_grad=True,
     # the token-chunk state store predicated instead of branched (state_fused.py HS_PRED): sm_90a
     # spills of the ungated kernel 696 / 672 -> 152 / 128 B a thread. H200 2026-11-26 (ninth
     # session), fwd: 0.875 / 0.883x the branched store's time ungated at n_h 2 / 4, 0.990 / 0.995x gated
@@ -304,15 +314,20 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             tch = dict(build_token_chunks(ch, n_h, dev), every=n_h)
         hs, vn, hT = _state_fwd(kf, W, U, gcum, h0c, ch, H, K, V, BC, BK, BVf, use_g,
                                 output_final_state, dot, fused, tch, no_grad)
+        # the token-chunk output over per-chunk states (a forward with gradients)
+        tch_out = tch
+        if tch is None and TUNE["token_chunk_output_grad"] and n_h > 1 and NC > 0:
+            tch_out = build_token_chunks(ch, n_h, dev)
         if output_final_state and NC == 0:
             hT = h0c.clone() if h0c is not None else torch.zeros(ch["N"], H, K, V, device=dev)
         o = _empty((B * T, H, V), dev, q.dtype)
         raw_h = bool(TUNE["output_raw_h"]) and raw and hs.dtype == q.dtype
-        if tch:
+        if tch_out:
             BVo = _bv("output", BVf)
-            output_tok_fwd_kernel[(cdiv(V, BVo), tch["NT"], H)](
-                qf, kf, gcum, hs, vn, o, tch["first"], tch["count"], ch["start"], ch["length"], scale,
-                H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw, RAW_H=raw_h,
+            output_tok_fwd_kernel[(cdiv(V, BVo), tch_out["NT"], H)](
+                qf, kf, gcum, hs, vn, o, tch_out["first"], tch_out["count"], ch["start"], ch["length"],
+                scale, H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw,
+                RAW_H=raw_h, HS_CHUNK=tch is None,
                 num_warps=TUNE["output"][0], num_stages=TUNE["output"][1])
         elif NC > 0:
             BVo = _bv("output", BVf)
@@ -386,6 +401,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                                           ch["start"], ch["length"], scale, Ls * H, H=H, K=K, V=V,
                                           NH=n_h, BC=BC, BK=BK // ks, BV=_bv("dqkwg", BVf), USE_G=use_g,
                                           DOT=dot, RAW=raw, DG_GRADS=bool(TUNE["dqkwg_dg_grads"]),
+                                          RAW_H=bool(TUNE["dqkwg_raw_h"]) and raw and hs.dtype == do.dtype,
                                           num_warps=TUNE["dqkwg"][0],
                                           num_stages=TUNE["dqkwg"][1])
             if use_g:

@@ -61,14 +61,16 @@ def output_tok_fwd_kernel(q, k, gcum, hs, vn, o, first_ptr, count_ptr, start_ptr
                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                           BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
-                          RAW_H: tl.constexpr = False):
+                          RAW_H: tl.constexpr = False, HS_CHUNK: tl.constexpr = False):
     """The output over a token chunk (``BC`` tokens = ``NH`` chunks of ``BC`` sub-steps) from the
-    one state ``H`` kept at its start (``TUNE["token_chunk_output"]``):
+    one state ``H`` at its start (``TUNE["token_chunk_output"]``):
     ``O = scale·[diag(γ) Q H + Σ_i ((Q K_i^T) ⊙ Γ_i ⊙ M_i) Vn_i]`` over its chunks ``i``, with
     ``γ``, ``Γ`` taken from the token chunk's start (``gcum`` restarts at every chunk: the chunks'
     gate totals are added back). Same sums as ``output_fwd_kernel`` run on every chunk, since each
     chunk's ``Vn`` is taken against the state at that chunk's start. ``RAW_H``: as in
-    ``output_fwd_kernel``."""
+    ``output_fwd_kernel``. ``HS_CHUNK`` (a forward with gradients,
+    ``TUNE["token_chunk_output_grad"]``): ``hs`` holds one state per chunk, as the backward needs,
+    and the token chunk's is that of its first chunk; otherwise one per token chunk."""
     iv = tl.program_id(0)
     tc = tl.program_id(1)
     h = tl.program_id(2)
@@ -84,7 +86,11 @@ def output_tok_fwd_kernel(q, k, gcum, hs, vn, o, first_ptr, count_ptr, start_ptr
     cv = iv * BV + tl.arange(0, BV)
     qr = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=tm[:, None] & (ck < K)[None, :],
                  other=0.)
-    st = tl.load(hs + ((tc * H + h) * K + ck[:, None]) * V + cv[None, :],
+    if HS_CHUNK:
+        hi = cf                                 # int64, from the chunk table
+    else:
+        hi = tc
+    st = tl.load(hs + ((hi * H + h) * K + ck[:, None]) * V + cv[None, :],
                  mask=(ck < K)[:, None] & (cv < V)[None, :], other=0.)
     if not RAW_H:
         st = st.to(tl.float32)

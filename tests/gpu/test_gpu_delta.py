@@ -74,7 +74,12 @@ def _ratio(a, b):
     # register caps on tri_inv64 and wy_bwd (opt-in since the tenth session, 2026-11-26): more
     # programs an SM, more spills
     (1, True, 2.0, {"maxnreg": {"inv": 128, "wy_bwd": 168}}),
-    (3, False, 2.0, {"maxnreg": {"inv": 96, "wy_bwd": 128}})])
+    (3, False, 2.0, {"maxnreg": {"inv": 96, "wy_bwd": 128}}),
+    # the token-chunk output kernel with gradients (per-chunk states) and dqkwg_bwd's dO H^T on
+    # the stored bf16 tiles (both opt-in since the twelfth session, 2026-11-26)
+    (2, True, 2.0, {"token_chunk_output_grad": True}), (3, False, 2.0, {"token_chunk_output_grad": True}),
+    (1, False, 2.0, {"dqkwg_raw_h": True}), (2, True, 1.0, {"dqkwg_raw_h": True}),
+    (4, True, 2.0, {"token_chunk_output_grad": True, "dqkwg_raw_h": True})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     for key, val in tune.items():

@@ -162,6 +162,24 @@ TOKEN_CASES = [  # (T, n_h, gated, cu, K, V): chunk 64; token chunks of 1-4 chun
 ]
 
 
+def _spy_token_output(fn, monkeypatch):
+    """The grids of ``fn.output_tok_fwd_kernel``'s launches, recorded as they run."""
+    launched, real = [], fn.output_tok_fwd_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+    monkeypatch.setattr(fn, "output_tok_fwd_kernel", Spy())
+    return launched
+
+
+def _token_chunk_count(T, cu):
+    """Token chunks of 64 tokens over the sequences (one output program each, per V tile and head)."""
+    lens = [b - a for a, b in zip(cu[:-1], cu[1:])] if cu else [T]
+    return sum(-(-n // 64) for n in lens)
+
+
 @pytest.mark.parametrize("pred", [False, True])      # TUNE["token_state_pred"]: predicated store
 @pytest.mark.parametrize("T,n_h,gated,cu,K,V", TOKEN_CASES)
 def test_token_chunk_output_forward_matches_loop(T, n_h, gated, cu, K, V, pred, monkeypatch):
@@ -171,22 +189,14 @@ def test_token_chunk_output_forward_matches_loop(T, n_h, gated, cu, K, V, pred, 
     from lrnn_scan.kernels.delta_product import function as fn
     monkeypatch.setitem(fn.TUNE, "token_chunk_output", True)
     monkeypatch.setitem(fn.TUNE, "token_state_pred", pred)
-    launched = []
-    real = fn.output_tok_fwd_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-    monkeypatch.setattr(fn, "output_tok_fwd_kernel", Spy())
+    launched = _spy_token_output(fn, monkeypatch)
     N = len(cu) - 1 if cu else 1
     q, k, v, beta, g, h0 = make_inputs(1, T, n_h, 2, K, V, gated, 2.0, N=N, seed=T + n_h,
                                        dtype=torch.float32)
     cus = torch.tensor(cu, dtype=torch.int64) if cu else None
     o, f = chunk_delta_product(q, k, v, beta, g, initial_state=h0, output_final_state=True,
                                cu_seqlens=cus, chunk_size=64, backend="triton")
-    lens = [b - a for a, b in zip(cu[:-1], cu[1:])] if cu else [T]
-    assert launched and launched[0][1] == sum(-(-n // 64) for n in lens)
+    assert launched and launched[0][1] == _token_chunk_count(T, cu)
     o_r, f_r = loop_fp64(q.double(), k.double(), v.double(), beta.double(),
                          g.double() if gated else None, h0.double(), K ** -0.5, cu)
     for name, a, b in (("o", o, o_r), ("final", f, f_r)):
@@ -201,14 +211,7 @@ def test_token_chunk_output_with_gradients_matches_loop(T, n_h, gated, cu, K, V,
     outputs, final states and every gradient against the fp64 loop, and the launch took that path."""
     from lrnn_scan.kernels.delta_product import function as fn
     monkeypatch.setitem(fn.TUNE, "token_chunk_output_grad", True)
-    launched = []
-    real = fn.output_tok_fwd_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-    monkeypatch.setattr(fn, "output_tok_fwd_kernel", Spy())
+    launched = _spy_token_output(fn, monkeypatch)
     monkeypatch.setattr(fn, "output_fwd_kernel", None)      # the per-chunk launch would raise
     N = len(cu) - 1 if cu else 1
     q, k, v, beta, g, h0 = make_inputs(1, T, n_h, 2, K, V, gated, 2.0, N=N, seed=T + 3 * n_h,
@@ -217,8 +220,7 @@ def test_token_chunk_output_with_gradients_matches_loop(T, n_h, gated, cu, K, V,
     xs = [x.requires_grad_() for x in (q, k, v, beta, g, h0) if x is not None]
     o, f = chunk_delta_product(q, k, v, beta, g, initial_state=h0, output_final_state=True,
                                cu_seqlens=cus, chunk_size=64, backend="triton")
-    lens = [b - a for a, b in zip(cu[:-1], cu[1:])] if cu else [T]
-    assert launched and launched[0][1] == sum(-(-n // 64) for n in lens)
+    assert launched and launched[0][1] == _token_chunk_count(T, cu)
     gen = torch.Generator().manual_seed(5)
     do, dh = torch.randn(o.shape, generator=gen), torch.randn(f.shape, generator=gen)
     grads = torch.autograd.grad((o * do).sum() + (f * dh).sum(), xs)

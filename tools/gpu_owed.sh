@@ -6,9 +6,11 @@
 #   (n_h 4), deltavar, memcheck (delta, block_diagonal: 0 errors) and two variant runs on two H100s).
 #   Carry the Triton cache between calls when it fits (tools/triton_cache.sh: rm -rf .triton_cache
 #   && mkdir .triton_cache && cp FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry
-#   [".whl", ".triton_cache"]; at 66 MiB compressed it no longer came back in the twelfth session).
+#   [".whl", ".triton_cache"]; at 66 MiB compressed it no longer came back in the twelfth session:
+#   TRITON_CACHE_ONLY, a regex over entry file names, keeps the kernels worth carrying).
 #   One call:
-#     tools/gpu_pair.sh "DELTA_NH=1,2,3,4 STAGE_TIMEOUT=560 deltafla" "STAGE_TIMEOUT=300 deltavar"
+#     TRITON_CACHE_ONLY="dqkwg|wy_|state_|output_|tri_inv|dv_local|chunk_|l2norm" \
+#       tools/gpu_pair.sh "DELTA_NH=1,2,3,4 STAGE_TIMEOUT=560 deltafla" "STAGE_TIMEOUT=300 deltavar"
 #   deltafla: ours (the twelfth session's defaults: token_chunk_output_grad, dqkwg_raw_h) against
 #   fla at n_h 1-4 with --fla-accuracy. In the twelfth session's call 5 it ran out of 470 s after
 #   n_h 1 while the other card compiled the delta tests; alone it took about 450 s (call 1).

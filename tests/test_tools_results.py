@@ -255,3 +255,27 @@ def test_triton_cache_goes_back_in_parts_and_restores(tmp_path):
     msg = subprocess.run(["bash", script, "save"], env={**env, "TRITON_CACHE_PARTS": "1"},
                          capture_output=True, text=True, check=True).stdout
     assert "not saved" in msg and not list(out.iterdir())
+
+
+def test_triton_cache_only_keeps_the_matching_entries(tmp_path):
+    """TRITON_CACHE_ONLY: only the cache entries with a file name matching the regex are archived,
+    and a pattern that matches nothing writes nothing (and says so)."""
+    import subprocess
+    import tarfile
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    for entry, name in (("e1", "dqkwg_bwd_kernel"), ("e2", "_diag_fwd_kernel"), ("e3", "chunk_fwd_kernel_o")):
+        (cache / entry).mkdir(parents=True)
+        (cache / entry / f"{name}.cubin").write_bytes(name.encode())
+        (cache / entry / f"__grp__{name}.json").write_text("{}")
+    out.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "TRITON_CACHE_DIR": str(cache)}
+    script = str(ROOT / "tools" / "triton_cache.sh")
+    msg = subprocess.run(["bash", script, "save"], env={**env, "TRITON_CACHE_ONLY": "dqkwg|chunk_"},
+                         capture_output=True, text=True, check=True).stdout
+    assert "2 entries match" in msg, msg
+    with tarfile.open(out / "triton_cache.tar.gz") as tar:
+        names = sorted(n for n in tar.getnames() if n.endswith(".cubin"))
+    assert names == ["e1/dqkwg_bwd_kernel.cubin", "e3/chunk_fwd_kernel_o.cubin"], names
+    msg = subprocess.run(["bash", script, "save"], env={**env, "TRITON_CACHE_ONLY": "no_such_kernel"},
+                         capture_output=True, text=True, check=True).stdout
+    assert "not saved" in msg and not list(out.iterdir())

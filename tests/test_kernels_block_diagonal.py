@@ -183,28 +183,6 @@ def test_diagonal_forward_tile_by_gpu_name(monkeypatch):
     assert scanmod._diag_cfg(4096, 8, torch.device("cpu"))[:2] == (32, 32)
 
 
-@pytest.mark.parametrize("T,chunk", [(1, 0), (9, 0), (17, 0), (101, 0), (101, 20)])
-def test_diagonal_prefetch2_is_the_same_scan(T, chunk):
-    """TUNE["diag_prefetch"] = 2 (fwd.py PREFETCH2: loads two tiles ahead) against the fp64
-    reference, and bit-identical to the default's output and final state (same arithmetic):
-    1, 2, 3 and 13 tiles of 8 steps, and varlen chunks that end mid-tile; other values refused."""
-    scanmod.TUNE.update(chunk=chunk, fwd_lookback=False)
-    g = torch.Generator().manual_seed(T + 3)
-    a = (2 * torch.rand(1, T, 20, generator=g) - 1).to(DEV)
-    b = torch.randn(1, T, 20, generator=g).to(DEV)
-    h0 = torch.randn(1, 20, generator=g).to(DEV)
-    cu = torch.tensor([0, 7, 40, 40, T], dtype=torch.int64, device=DEV) if T == 101 and chunk else None
-    h0 = h0.expand(cu.numel() - 1, 20).contiguous() if cu is not None else h0
-    base = bd.diagonal_scan(a, b, h0, True, cu)
-    scanmod.TUNE["diag_prefetch"] = 2
-    run_check(a, b, h0, cu, 1e-5, fn="diag")
-    two = bd.diagonal_scan(a, b, h0, True, cu)
-    assert torch.equal(two[0], base[0]) and torch.equal(two[1], base[1])
-    scanmod.TUNE["diag_prefetch"] = 3
-    with pytest.raises(ValueError, match="diag_prefetch"):
-        bd.diagonal_scan(a, b, h0, True, cu)
-
-
 def test_diagonal_varlen_chunked():
     scanmod.TUNE.update(chunk=32)
     T = 129

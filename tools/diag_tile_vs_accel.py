@@ -36,11 +36,9 @@ CONFIGS = {   # name -> scan.TUNE overrides (bt / bn / num_warps_diag set the ba
     "fwd_64x32": dict(bt=64, bn=32, num_warps_diag=2, bt_bwd=64, bn_bwd=32, nw_bwd=4),  # before
     "bwd_64x32": dict(bt_bwd=64, bn_bwd=32),              # the backward's tiles before 2026-11-25
     "tiles_16x64_nw4": dict(bt=16, bn=64, num_warps_diag=4),
-    # the forward's loads two tiles ahead (fwd.py PREFETCH2; 2026-11-26, not yet timed). Removed after
-    # losing on an H100 and an H200: 16 x 128 and 32 x 128 with 4 warps, 8 x 64 with 2 (0.81-0.96x)
-    "prefetch2": dict(diag_prefetch=2),
-    "prefetch2_nw4": dict(diag_prefetch=2, num_warps_diag=4),
-    "prefetch2_64x32": dict(diag_prefetch=2, bt=64, bn=32, num_warps_diag=2),
+    # Removed after losing on an H100 and an H200: 16 x 128 and 32 x 128 with 4 warps, 8 x 64 with
+    # 2 (0.81-0.96x); the forward's loads two tiles ahead (TUNE["diag_prefetch"] = 2, commit
+    # b594a75), 0.965-1.000x the default's speed on an H100 (2026-11-26, twelfth session)
 }
 
 

@@ -211,12 +211,9 @@ def _affine_combine(a1, b1, a2, b2):
 def _diag_fwd_kernel(Aa, Bv, Hout, Init, Final, Pout, CU, T, N, CHUNK, NC,
                      BT: tl.constexpr, BN: tl.constexpr, HAS_INIT: tl.constexpr,
                      STORE_H: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_P: tl.constexpr,
-                     VARLEN: tl.constexpr, PREFETCH2: tl.constexpr = False):
+                     VARLEN: tl.constexpr):
     """``h_t = a_t h_{t-1} + b_t`` on ``(BT, BN)`` tiles: an in-tile associative scan over time
-    composed with the carried state; ``STORE_P`` also writes the chunk's product of ``a``.
-    The next tile's loads are issued before this tile's scan; ``PREFETCH2`` (``scan.TUNE
-    ["diag_prefetch"] = 2``) issues them two tiles ahead, twice the bytes in flight per program
-    (same arithmetic, same results)."""
+    composed with the carried state; ``STORE_P`` also writes the chunk's product of ``a``."""
     pid_n = tl.program_id(0)
     s = tl.program_id(1)
     c = tl.program_id(2)
@@ -234,28 +231,15 @@ def _diag_fwd_kernel(Aa, Bv, Hout, Init, Final, Pout, CU, T, N, CHUNK, NC,
     offs0 = r[:, None] * N + n[None, :]
     a_nxt = tl.load(Aa + t0 * N + offs0, mask=((t0 + r) < t1)[:, None] & mn[None, :], other=1.0)
     b_nxt = tl.load(Bv + t0 * N + offs0, mask=((t0 + r) < t1)[:, None] & mn[None, :], other=0.0)
-    if PREFETCH2:   # the tile after next, loaded one iteration earlier than a_nxt / b_nxt
-        a_nn = tl.load(Aa + (t0 + BT) * N + offs0, mask=((t0 + BT + r) < t1)[:, None] & mn[None, :], other=1.0)
-        b_nn = tl.load(Bv + (t0 + BT) * N + offs0, mask=((t0 + BT + r) < t1)[:, None] & mn[None, :], other=0.0)
-    else:
-        a_nn = a_nxt
-        b_nn = b_nxt
     for ts in range(t0, t1, BT):
         t = ts + r
         m2 = (t < t1)[:, None] & mn[None, :]
         offs = ts * N + offs0
         av = a_nxt.to(tl.float32)
         bv = b_nxt.to(tl.float32)
-        if PREFETCH2:
-            a_nxt = a_nn
-            b_nxt = b_nn
-            m4 = ((t + 2 * BT) < t1)[:, None] & mn[None, :]
-            a_nn = tl.load(Aa + offs + 2 * BT * N, mask=m4, other=1.0)
-            b_nn = tl.load(Bv + offs + 2 * BT * N, mask=m4, other=0.0)
-        else:
-            m3 = ((t + BT) < t1)[:, None] & mn[None, :]
-            a_nxt = tl.load(Aa + offs + BT * N, mask=m3, other=1.0)
-            b_nxt = tl.load(Bv + offs + BT * N, mask=m3, other=0.0)
+        m3 = ((t + BT) < t1)[:, None] & mn[None, :]
+        a_nxt = tl.load(Aa + offs + BT * N, mask=m3, other=1.0)
+        b_nxt = tl.load(Bv + offs + BT * N, mask=m3, other=0.0)
         ca, cb = tl.associative_scan((av, bv), 0, _affine_combine)
         hv = ca * x[None, :] + cb
         if STORE_H:

@@ -359,9 +359,6 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False):
     B, T, N = b.shape
     nseq = B if cu is None else cu.numel() - 1
     bt, bn, nw, ns = _diag_cfg(N, nseq, b.device)
-    pf = TUNE.get("diag_prefetch", 1)   # tiles loaded ahead by the streaming passes (fwd.py)
-    if pf not in (1, 2):
-        raise ValueError(f'TUNE["diag_prefetch"] must be 1 or 2, got {pf!r}')
     dev = b.device
     h = _empty(b.shape, b.dtype, dev)
     final = _empty((nseq, N), torch.float32, dev)
@@ -373,14 +370,14 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False):
         _diag_fwd_kernel[(gn, nseq, 1)](
             a, b, h, h0 if h0 is not None else dummy, final, dummy, cu_arg, T, N, max(T, 1), 1,
             BT=bt, BN=bn, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True, STORE_P=False,
-            VARLEN=varlen, PREFETCH2=pf == 2, num_warps=nw)
+            VARLEN=varlen, num_warps=nw)
         return h, final, None
     nc = cdiv(_max_len(T, nseq, cu), chunk)
     P = _empty((nseq, nc, N), torch.float32, dev)
     E = _empty((nseq, nc, N), torch.float32, dev)
     _diag_fwd_kernel[(gn, nseq, nc)](
         a, b, dummy, dummy, E, P, cu_arg, T, N, chunk, nc, BT=bt, BN=bn, HAS_INIT=False,
-        STORE_H=False, STORE_FINAL=True, STORE_P=True, VARLEN=varlen, PREFETCH2=pf == 2, num_warps=nw)
+        STORE_H=False, STORE_FINAL=True, STORE_P=True, VARLEN=varlen, num_warps=nw)
     X = _empty((nseq, nc, N), torch.float32, dev)
     _diag_fwd_kernel[(gn, nseq, 1)](
         P, E, X, h0 if h0 is not None else dummy, final, dummy, dummy, nc, N, nc, 1,
@@ -390,7 +387,7 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False):
     init = torch.cat([first, X[:, :-1]], 1).contiguous()
     _diag_fwd_kernel[(gn, nseq, nc)](
         a, b, h, init, dummy, dummy, cu_arg, T, N, chunk, nc, BT=bt, BN=bn, HAS_INIT=True,
-        STORE_H=True, STORE_FINAL=False, STORE_P=False, VARLEN=varlen, PREFETCH2=pf == 2, num_warps=nw)
+        STORE_H=True, STORE_FINAL=False, STORE_P=False, VARLEN=varlen, num_warps=nw)
     return h, final, P
 
 

@@ -210,27 +210,3 @@ def test_diag_tiles(cfg):
         check(A, b, torch.randn(5, 768, 1, device=DEV), cu, 1e-4)
     finally:
         tune.clear()
-
-
-@pytest.mark.parametrize("cfg", [(16, 64, 2), (64, 32, 2)])
-def test_diag_tiles_prefetch2(cfg):
-    """TUNE["diag_prefetch"] = 2 (the m = 1 forward loads two tiles ahead) at the two GPU defaults'
-    tiles: one pass with h0 and chunked varlen against fp64, outputs bit-identical to prefetch 1."""
-    tune = bd.scan.TUNE
-    bt, bn, nw = cfg
-    try:
-        for chunk, B, T, cu in ((0, 2, 3001, None),
-                                (200, 1, 6002, [0, 5, 1000, 1000, 2500, 6002])):
-            tune.clear()
-            tune.update(bt=bt, bn=bn, num_warps_diag=nw, chunk=chunk, fwd_lookback=False)
-            A, b = make(B, T, 768, 1, torch.float32, seed=800 + bt + chunk)
-            cu = torch.tensor(cu, device=DEV, dtype=torch.int64) if cu else None
-            h0 = torch.randn(B if cu is None else cu.numel() - 1, 768, 1, device=DEV)
-            base = bd.block_diagonal_scan(A, b, h0, True, cu)
-            tune["diag_prefetch"] = 2
-            check(A, b, h0, cu, 1e-4)
-            two = bd.block_diagonal_scan(A.detach(), b.detach(), h0.detach(), True, cu)
-            assert torch.equal(two[0], base[0]) and torch.equal(two[1], base[1])
-    finally:
-        tune.clear()
-

@@ -17,20 +17,24 @@ import torch.nn.functional as F
 ERR_BOUND = 5e-3
 
 
-def bf16_case(B, T, n_h, H, K, V, gated, beta_max, seed, device):
-    """``(fp64 inputs, bf16 inputs)``, each ``[q, k, v, beta, g, h0]`` in our layout (``q: [B, T,
-    H, K]``, ``k: [B, T, n_h, H, K]`` unit rows, ``v: [B, T, n_h, H, V]``, ``beta: [B, T, n_h, H]``
-    in ``[0, beta_max]``, ``g: [B, T, H]`` log-gates or None, ``h0: [B, H, K, V]`` fp32); the fp64
-    list holds the bf16-rounded values."""
+def bf16_case(B, T, n_h, H, K, V, gated, beta_max, seed, device, dtype=torch.bfloat16, corr=0.0):
+    """``(fp64 inputs, low-precision inputs)``, each ``[q, k, v, beta, g, h0]`` in our layout (``q:
+    [B, T, H, K]``, ``k: [B, T, n_h, H, K]`` unit rows, ``v: [B, T, n_h, H, V]``, ``beta: [B, T,
+    n_h, H]`` in ``[0, beta_max]``, ``g: [B, T, H]`` log-gates or None, ``h0: [B, H, K, V]`` fp32);
+    the fp64 list holds the values rounded to ``dtype``. ``corr`` in ``[0, 1)``: every key leans
+    towards one shared random direction per head (highly correlated keys, the β → 2 stress case)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=gen, device=device, dtype=torch.float64)  # noqa: E731
     q = r(B, T, H, K)
-    k = F.normalize(r(B, T, n_h, H, K), dim=-1)
+    k = r(B, T, n_h, H, K)
+    if corr:
+        k = corr * r(1, 1, 1, H, K) + (1 - corr) * k
+    k = F.normalize(k, dim=-1)
     v = r(B, T, n_h, H, V)
     beta = torch.rand(B, T, n_h, H, generator=gen, device=device, dtype=torch.float64) * beta_max
     g = F.logsigmoid(r(B, T, H) + 3.0) if gated else None
     h0 = r(B, H, K, V) * 0.1
-    lo = [x.to(torch.bfloat16) if x is not None else None for x in (q, k, v, beta, g)] + [h0.float()]
+    lo = [x.to(dtype) if x is not None else None for x in (q, k, v, beta, g)] + [h0.float()]
     return [x.double() if x is not None else None for x in lo], lo
 
 

@@ -8,8 +8,8 @@ generic scan on the CPU (tests/test_delta_chunk.py).
 """
 import pytest
 import torch
-import torch.nn.functional as F
 
+from benchmarks.delta_accuracy import bf16_case
 from lrnn_scan.delta import chunk_delta_product
 
 pytestmark = [pytest.mark.gpu,
@@ -17,20 +17,9 @@ pytestmark = [pytest.mark.gpu,
 
 
 def _inputs(B, T, n_h, H, K, V, gated, beta_max, dtype, corr=0.0, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=gen, device="cuda", dtype=torch.float64)
-    q = r(B, T, H, K)
-    k = r(B, T, n_h, H, K)
-    if corr:
-        k = corr * r(1, 1, 1, H, K) + (1 - corr) * k
-    k = F.normalize(k, dim=-1)
-    v = r(B, T, n_h, H, V)
-    beta = torch.rand(B, T, n_h, H, generator=gen, device="cuda", dtype=torch.float64) * beta_max
-    g = F.logsigmoid(r(B, T, H) + 3.0) if gated else None
-    h0 = r(B, H, K, V) * 0.1
-    lo = [x.to(dtype) if x is not None else None for x in (q, k, v, beta, g)] + [h0.float()]
-    ref = [x.double() if x is not None else None for x in lo]     # same (rounded) inputs, in fp64
-    return ref, lo
+    """``(fp64 inputs, inputs in dtype)``: benchmarks/delta_accuracy.py's case on the GPU (the
+    reference takes the same rounded values; ``corr`` > 0: highly correlated keys)."""
+    return bf16_case(B, T, n_h, H, K, V, gated, beta_max, seed, "cuda", dtype=dtype, corr=corr)
 
 
 def _run(backend, xs, C=64):

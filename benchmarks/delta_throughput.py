@@ -154,6 +154,10 @@ VARIANTS = {
     "dqkwg_raw_h": {"dqkwg_raw_h": True},
     "tok_out_raw_h": {"token_chunk_output_grad": True, "dqkwg_raw_h": True},
     "s11_default": {"token_chunk_output_grad": False, "dqkwg_raw_h": False},
+    # thirteenth session: every 16-bit storage opt-in at once (A in fp16, Vn and the backward's dH
+    # in bf16; the recurrences stay fp32 in registers) -- the nearest this code gets to fla's 16-bit
+    # intermediates without changing a kernel: how much of the fwd+bwd gap to fla is storage?
+    "all16": {"a_16bit": True, "vn_16bit": True, "dhs_16bit": True},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)
@@ -337,6 +341,20 @@ def _run_grads(fn, backend, xs, do, dh):
     return [o.detach(), f.detach()] + list(gr)
 
 
+def _time_fla(fla, q, k, v, beta, g, n_h, grad_of, do):
+    """fla's time on our inputs (its interleaved layout), or None where fla refuses (printed)."""
+    kf, vf, bf = k.flatten(1, 2), v.flatten(1, 2), beta.flatten(1, 2)
+    call = lambda: fla(q=q, k=kf, v=vf, g=g, beta=bf, num_householder=n_h)[0]  # noqa: E731
+    try:            # one call first, so that fla's own refusals (e.g. in its backward) show here
+        o = call()
+        if grad_of is not None:
+            torch.autograd.grad(o, grad_of, do)
+    except Exception as e:  # noqa: BLE001  (reported, not raised)
+        print(f"[delta_throughput] fla n_h={n_h} refused: {str(e).splitlines()[0][:110]}")
+        return None
+    return time_fn(call, grad_of, do)
+
+
 def run_variants(a, fn, dev):
     """Each variant's bf16 error ratios (small size) first, then forward and forward+backward times."""
     import triton
@@ -359,6 +377,7 @@ def run_variants(a, fn, dev):
             dpf.TUNE.clear()
             dpf.TUNE.update(base)
 
+    fla = _fla(a.fla_unguarded) if a.variants_fla else None
     t_start = time.time()
     B, T, H, K = a.B, a.T, a.H, a.K
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -391,7 +410,8 @@ def run_variants(a, fn, dev):
         res_path, f"delta_throughput.py --variants — {date} — {dev}, torch {torch.__version__}, Triton "
         f"{triton.__version__}, B={B} T={T} H={H} K=V={K} bf16, chunk {a.chunk}; error: worst bf16 ratio "
         f"vs fp64 at B={cB} T={cT} H={cH}, β ≤ 2, bound {ERR_BOUND}",
-        ["variant", "TUNE overrides", "n_h", "gated", "mode", "ms", "vs default", "bf16 error (worst)"])
+        ["variant", "TUNE overrides", "n_h", "gated", "mode", "ms", "vs default", "bf16 error (worst)"]
+        + (["vs fla (same run)"] if a.variants_fla else []))
     rows = []
     for n_h in nhs:
         for gated in gates:
@@ -401,6 +421,10 @@ def run_variants(a, fn, dev):
                 xs = [x.requires_grad_(bwd) for x in (q, k, v, beta, g) if x is not None]
                 do = torch.randn(B, T, H, K, device=DEVICE, dtype=q.dtype) if bwd else None
                 call = lambda: fn(q, k, v, beta, g, chunk_size=a.chunk, backend="triton")[0]  # noqa: E731
+                t_fla = _time_fla(fla, q, k, v, beta, g, n_h, xs if bwd else None, do) if fla else None
+                if fla is not None:
+                    print(f"n_h={n_h} gated={int(gated)} {mode:8s} {'fla (peer)':24s} "
+                          f"{t_fla if t_fla else float('nan'):8.3f} ms", flush=True)
                 t_def = None
                 for name in names:
                     t = with_tune(name, lambda: time_fn(call, xs if bwd else None, do))
@@ -408,17 +432,21 @@ def run_variants(a, fn, dev):
                         t_def = t
                     e, which = err[(name, n_h, gated)]
                     rel = f"{t / t_def:.3f}" if t_def else "—"
+                    rel_fla = f"{t / t_fla:.3f}" if t_fla else "—"
                     row = dict(date=date, device=dev, torch=torch.__version__, triton=triton.__version__,
                                B=B, T=T, H=H, K=K, V=K, n_h=n_h, gated=gated, mode=mode, chunk=a.chunk,
                                variant=name, tune=VARIANTS[name], ms=round(t, 4),
                                vs_default=round(t / t_def, 4) if t_def else None,
-                               err=e, err_of=which, err_ok=e <= ERR_BOUND)
+                               err=e, err_of=which, err_ok=e <= ERR_BOUND,
+                               fla_ms=round(t_fla, 4) if t_fla else None,
+                               vs_fla=round(t / t_fla, 4) if t_fla else None)
                     rows.append(row)
                     record([name, json.dumps(VARIANTS[name]) if VARIANTS[name] else "—", n_h, int(gated),
                             mode, f"{t:.3f}", rel,
-                            f"{e:.2e} ({which})" + ("" if e <= ERR_BOUND else " **fails**")])
+                            f"{e:.2e} ({which})" + ("" if e <= ERR_BOUND else " **fails**")]
+                           + ([rel_fla] if a.variants_fla else []))
                     print(f"n_h={n_h} gated={int(gated)} {mode:8s} {name:24s} {t:8.3f} ms  vs default {rel}"
-                          f"  err {e:.2e} ({which})", flush=True)
+                          f"  vs fla {rel_fla}  err {e:.2e} ({which})", flush=True)
                 for x in xs:
                     x.requires_grad_(False)
                 torch.cuda.empty_cache()
@@ -429,12 +457,6 @@ def run_variants(a, fn, dev):
         w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
-    print("\n| variant | n_h | gated | mode | ms | vs default | bf16 error |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['variant']} | {r['n_h']} | {int(r['gated'])} | {r['mode']} | {r['ms']:.3f} | "
-              f"{r['vs_default'] if r['vs_default'] else '—'} | {r['err']:.2e} ({r['err_of']})"
-              f"{'' if r['err_ok'] else ' FAIL'} |")
     print(f"[variants] {time.time() - t_start:.0f} s in all; wrote {out}/delta_variants.csv/json and "
           f"appended to {res_path}")
 
@@ -466,6 +488,9 @@ def main():
     ap.add_argument("--variants", nargs="*", default=None, metavar="NAME",
                     help=f"time TUNE variants instead (no names: {' '.join(DEFAULT_VARIANTS)}; "
                     f"known: {' '.join(VARIANTS)})")
+    ap.add_argument("--variants-fla", action="store_true",
+                    help="with --variants: time fla's chunk_gated_delta_product on the same inputs in "
+                    "the same run too (a 'vs fla' column; --fla-unguarded applies)")
     ap.add_argument("--check-H", type=int, default=4,
                     help="heads of the --variants and --fla-accuracy error checks (B=2)")
     ap.add_argument("--check-T", type=int, default=1024,

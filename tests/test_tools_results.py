@@ -191,6 +191,23 @@ def test_delta_throughput_accuracy_pair_ours_and_a_peer(monkeypatch):
     assert dt.accuracy_pair(a, chunk_delta_product, refuses, 1, False)[1] == "fla refused: not on this GPU"
 
 
+def test_delta_throughput_variants_fla_refusal_is_reported(capsys):
+    """--variants-fla: a peer that refuses (fla's Hopper guard) gives no time and says why, in
+    fla's interleaved layout ([B, T·n_h, H, ·]) as the other fla calls use."""
+    import torch
+
+    import benchmarks.delta_throughput as dt
+    seen = {}
+
+    def refuses(q, k, v, g, beta, num_householder):
+        seen.update(k=tuple(k.shape), beta=tuple(beta.shape), n=num_householder)
+        raise RuntimeError("gated backward refused on Hopper\nsecond line")
+    q, k, v, b = torch.randn(1, 5, 2, 4), torch.randn(1, 5, 3, 2, 4), torch.randn(1, 5, 3, 2, 4), torch.rand(1, 5, 3, 2)
+    assert dt._time_fla(refuses, q, k, v, b, None, 3, None, None) is None
+    assert seen == dict(k=(1, 15, 2, 4), beta=(1, 15, 2), n=3)
+    assert "refused: gated backward refused on Hopper" in capsys.readouterr().out
+
+
 def test_delta_throughput_variants_name_existing_tune_keys():
     """Every --variants override names a key of function.TUNE (a removed option, e.g. inv_lean,
     must leave the list too), and the default list names known variants."""

@@ -29,6 +29,7 @@
 #                   compilations) needs more than 230 s. Run the T = 65536 tests one process at a
 #                   time: their fp64 references take tens of GB; under pytest-xdist (-n 3/4) tests
 #                   failed with OutOfMemoryError
+#        pytest   — any test files in one process: PYTEST_FILES (commas through gpu_pair.sh), PYTEST_K
 #        tests2   — test_gpu_models, test_gpu_compile, test_gpu_fused_companion (all passed on 2026-11-25,
 #                   H100; test_gpu_compile needs about 260 s)
 #        lookback — issue 3: m = 1 look-back forward and backward (both "auto" defaults) vs the
@@ -76,6 +77,11 @@ case "$stage" in
       echo "=== pytest $t" | tee -a "$OUT/tests.log"
       eval timeout ${STAGE_TIMEOUT:-560} python3 -m pytest -q -rfEs -p no:cacheprovider "$t" 2>&1 | tee -a "$OUT/tests.log" | tail -15
     done ;;
+  pytest)
+    # any GPU test files in one process: PYTEST_FILES (comma-separated through gpu_pair.sh), PYTEST_K
+    # an optional -k expression (commas become spaces: PYTEST_K=full_size,or,l2norm)
+    timeout ${STAGE_TIMEOUT:-500} python3 -m pytest -q -rfEs -p no:cacheprovider ${PYTEST_FILES:?PYTEST_FILES} \
+      ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee -a "$OUT/pytest.log" | tail -15 ;;
   tests2)
     for t in tests/gpu/test_gpu_models.py tests/gpu/test_gpu_compile.py tests/gpu/test_gpu_fused_companion.py; do
       echo "=== pytest $t" | tee -a "$OUT/tests2.log"

@@ -16,7 +16,7 @@ reference (torch backend on the same bf16-rounded inputs; B=2, T=1024, H=``--che
 with initial and final states, as tests/gpu/test_gpu_delta.py; bound 5e-3). Writes
 ``<out>/delta_variants.{csv,json}`` and a table in the results file. ``--variants ... --emulate`` runs
 only that error check, on the CPU (Triton interpreter with the GPU's rounding emulated, see
-``_emulate_gpu_rounding``; minutes per variant and configuration at the full check size).
+``delta_accuracy.emulate_gpu_rounding``; minutes per variant and configuration at the full check size).
 
 ``--fla-accuracy`` adds two columns to the fla comparison: ours and fla's worst bf16 error against
 the fp64 reference on the same inputs (``delta_accuracy.py``; the check size above, no initial
@@ -39,7 +39,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.delta_accuracy import ERR_BOUND, bf16_case, error_vs_fp64, fla_layout  # noqa: E402
+from benchmarks.delta_accuracy import (  # noqa: E402
+    ERR_BOUND, bf16_case, emulate_gpu_rounding, error_vs_fp64, fla_layout)
 
 # fla's measurements (peers.md; one H200, torch 2.11, Triton 3.6) — reference only, not this run
 PEERS_FLA_H200 = {  # (n_h, gated, mode) -> ms
@@ -268,36 +269,6 @@ def profile(a, fn, fla=None):
                     print(f"[delta_throughput] fla profile n_h={n_h} gated={gated} failed: {e}")
 
 
-def _emulate_gpu_rounding():
-    """Make the Triton interpreter round like the GPU: ``tf32`` dots truncate their fp32 operands to
-    10 mantissa bits (as Hopper's tf32 MMA takes them) and fp32 -> bf16 casts round to nearest even
-    (the interpreter truncates them). With this the interpreter gives 4.697e-3 (dk) for the default
-    path's worst case (n_h=3 ungated, B=2 T=1024 H=4), the H200's figure being 4.71e-3 (dk)."""
-    import numpy as np
-    import triton.language as tl
-    import triton.runtime.interpreter as itp
-    from triton._C.libtriton import ir
-
-    B = itp.InterpreterBuilder
-    dot0, cast0 = B.create_dot, B.cast_impl
-
-    def trunc(x):
-        return (np.asarray(x, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if input_precision == ir.INPUT_PRECISION.TF32 and a.data.dtype == np.float32:
-            a, b = itp.TensorHandle(trunc(a.data), a.dtype), itp.TensorHandle(trunc(b.data), b.dtype)
-        return dot0(self, a, b, d, input_precision, max_num_imprecise_acc)
-
-    def cast_impl(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            t = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32)).to(torch.bfloat16)
-            return itp.TensorHandle(t.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
-        return cast0(self, src, dst_type)
-
-    B.create_dot, B.cast_impl = create_dot, cast_impl
-
-
 def _results_writer(res: Path, title: str, cols):
     """``record(cells)``: append one table row to the results file as soon as it is measured (a run
     cut short still leaves its rows); the section title and table header go before the first row."""
@@ -505,7 +476,7 @@ def main():
         global DEVICE
         DEVICE = "cpu"
         os.environ["TRITON_INTERPRET"] = "1"          # before anything imports triton
-        _emulate_gpu_rounding()
+        emulate_gpu_rounding()
         from lrnn_scan.delta import chunk_delta_product
         return run_variants(a, chunk_delta_product, "CPU interpreter, GPU rounding emulated")
     if not torch.cuda.is_available():

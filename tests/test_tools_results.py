@@ -208,6 +208,21 @@ def test_delta_throughput_variants_fla_refusal_is_reported(capsys):
     assert "refused: gated backward refused on Hopper" in capsys.readouterr().out
 
 
+def test_delta_throughput_emulate_checks_variants_on_the_cpu():
+    """--variants ... --emulate (the GPU's tf32/bf16 rounding emulated in the interpreter) runs the
+    error check of each variant at a tiny size; its own process, since the emulation patches the
+    interpreter for the rest of the process."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "delta_throughput.py"), "--variants", "default",
+                        "all16", "--emulate", "--nh", "1", "--gated", "1", "--check-T", "40", "--check-H", "1",
+                        "--K", "16"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("[check]")]
+    assert [ln.split()[1] for ln in rows] == ["default", "all16"], r.stdout
+    assert all("FAILS" not in ln and "nan" not in ln for ln in rows), rows
+
+
 def test_delta_throughput_variants_name_existing_tune_keys():
     """Every --variants override names a key of function.TUNE (a removed option, e.g. inv_lean,
     must leave the list too), and the default list names known variants."""

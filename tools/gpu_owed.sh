@@ -2,24 +2,22 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-26, twelfth session, after deltafla, tests2, diagtile, deltaprof
-#   (n_h 4), deltavar, memcheck (delta, block_diagonal: 0 errors) and two variant runs on two H100s).
-#   Carry the Triton cache between calls when it fits (tools/triton_cache.sh: rm -rf .triton_cache
-#   && mkdir .triton_cache && cp FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry
-#   [".whl", ".triton_cache"]; at 66 MiB compressed it no longer came back in the twelfth session:
-#   TRITON_CACHE_ONLY, a regex over entry file names, keeps the kernels worth carrying).
-#   One call:
-#     TRITON_CACHE_ONLY="dqkwg|wy_|state_|output_|tri_inv|dv_local|chunk_|l2norm" \
-#       tools/gpu_pair.sh "DELTA_NH=1,2,3,4 STAGE_TIMEOUT=560 deltafla" "STAGE_TIMEOUT=300 deltavar"
-#   deltafla: ours (the twelfth session's defaults: token_chunk_output_grad, dqkwg_raw_h) against
-#   fla at n_h 1-4 with --fla-accuracy. In the twelfth session's call 5 it ran out of 470 s after
-#   n_h 1 while the other card compiled the delta tests; alone it took about 450 s (call 1).
-#   deltavar: the delta GPU tests (41 rows), then the opt-ins and the eleventh session's
-#   defaults (s11_default) against the default at DELTA_NH.
+# Suggested order (written 2026-11-26, thirteenth session). Everything the twelfth session left
+#   owed ran in the thirteenth (two H100s): deltafla at n_h 1-4 with the current defaults, the 41
+#   delta GPU rows, memcheck of the delta family (0 errors), deltavar (s11_default, dhs16,
+#   reload_k_always; all16 with fla in the same process), tests2, l2norm + block-diagonal full_size.
+#   No GPU check is owed now; time new changes only. Carry the Triton cache between calls
+#   (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp
+#   FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry [".whl", ".triton_cache"]); with it
+#   deltafla at n_h 1-4 took about 240 s (cold: more than 530 s). Narrow what is saved with
+#   TRITON_CACHE_ONLY (a regex over entry file names, e.g. "dqkwg|wy_|state_|output_|tri_inv|
+#   dv_local|chunk_|l2norm" for the delta stages) when the archive would pass 45 MiB.
+#   A delta variant against fla in one process (ratios to both):
+#     DELTA_TESTS=0 DELTA_VAR_FLA=1 DELTA_VARIANTS=default,NAME DELTA_NH=1,4 deltavar
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other:
-#   tools/gpu_pair.sh "<card 0 stages>" "<card 1 stages>" (the seventh to twelfth sessions' calls:
-#   gpu_runs/s7_call* to s12_call*, not in git). The eighth to tenth sessions' numbers are
-#   H200's, the seventh's, eleventh's and twelfth's H100's: rerun baselines in the same call.
+#   tools/gpu_pair.sh "<card 0 stages>" "<card 1 stages>" (the seventh to thirteenth sessions' calls:
+#   gpu_runs/s7_call* to s13_call*, not in git). The eighth to tenth sessions' numbers are
+#   H200's, the seventh's and eleventh to thirteenth's H100's: rerun baselines in the same call.
 # STAGE: tests    — GPU correctness owed: the whole tests/gpu suite in one session. The third session
 #                   of 2026-11-25 (H100) passed test_gpu_models 67, test_gpu_fused_companion 32,
 #                   test_gpu_compile 10, test_gpu_delta 8, test_gpu_l2norm 9, test_gpu_block_diagonal

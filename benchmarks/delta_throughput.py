@@ -417,7 +417,8 @@ def run_variants(a, fn, dev):
                             f"{e:.2e} ({which})" + ("" if e <= ERR_BOUND else " **fails**")]
                            + ([rel_fla] if a.variants_fla else []))
                     print(f"n_h={n_h} gated={int(gated)} {mode:8s} {name:24s} {t:8.3f} ms  vs default {rel}"
-                          f"  vs fla {rel_fla}  err {e:.2e} ({which})", flush=True)
+                          + (f"  vs fla {rel_fla}" if a.variants_fla else "") + f"  err {e:.2e} ({which})",
+                          flush=True)
                 for x in xs:
                     x.requires_grad_(False)
                 torch.cuda.empty_cache()

@@ -45,7 +45,7 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
     (``TUNE["dqkwg_raw_h"]``; ``dO`` and the stored ``H`` both 16-bit of one dtype): ``dO H^T`` on
     the two tiles as loaded (exact products, fp32 accumulate, as the tf32 dot of their fp32
     copies gives, at twice its MMA rate)."""
-    c = tl.program_id(0)
+    c = tl.program_id(0).to(tl.int64)   # chunk: offsets (c·H + h)·K·V pass 2^31
     h = tl.program_id(1)
     ks = tl.program_id(2)            # K slice (0 unless the grid splits K)
     start = tl.load(start_ptr + c)

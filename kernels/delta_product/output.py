@@ -16,7 +16,7 @@ def output_fwd_kernel(q, k, gcum, hs, vn, o, start_ptr, len_ptr, scale,
     the stored 16-bit tiles as they are (exact products, fp32 accumulate, twice the tf32 MMA rate,
     no fp32 copies), its rows scaled by ``scale·γ`` after the dot instead of ``Q``'s before."""
     iv = tl.program_id(0)
-    c = tl.program_id(1)
+    c = tl.program_id(1).to(tl.int64)   # chunk: offsets (c·H + h)·K·V pass 2^31
     h = tl.program_id(2)
     start = tl.load(start_ptr + c)
     ln = tl.load(len_ptr + c)
@@ -72,7 +72,7 @@ def output_tok_fwd_kernel(q, k, gcum, hs, vn, o, first_ptr, count_ptr, start_ptr
     ``TUNE["token_chunk_output_grad"]``): ``hs`` holds one state per chunk, as the backward needs,
     and the token chunk's is that of its first chunk; otherwise one per token chunk."""
     iv = tl.program_id(0)
-    tc = tl.program_id(1)
+    tc = tl.program_id(1).to(tl.int64)  # token chunk: int64 offsets, as c
     h = tl.program_id(2)
     cf = tl.load(first_ptr + tc)
     nsub = tl.load(count_ptr + tc)

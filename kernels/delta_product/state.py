@@ -19,7 +19,7 @@ def state_fwd_kernel(k, W, U, gcum, h0, hs, vn, hT, start_ptr, len_ptr, seq_ptr,
                      USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
                      DOT: tl.constexpr):
     iv = tl.program_id(0)
-    nh = tl.program_id(1)
+    nh = tl.program_id(1).to(tl.int64)  # sequence·H + head: (n·H + h)·K·V passes 2^31
     n = nh // H
     h = nh % H
     ck = tl.arange(0, BK)
@@ -65,7 +65,7 @@ def dv_local_kernel(q, k, gcum, do, dvn, start_ptr, len_ptr, scale,
                     USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
     """Parallel over chunks: the intra-chunk part ``P^T dO`` of ``dVn`` (written to ``dvn``)."""
     iv = tl.program_id(0)
-    c = tl.program_id(1)
+    c = tl.program_id(1).to(tl.int64)   # chunk: int64 offsets
     h = tl.program_id(2)
     start = tl.load(start_ptr + c)
     ln = tl.load(len_ptr + c)
@@ -103,7 +103,7 @@ def state_bwd_kernel(q, k, W, gcum, do, dhT, dhs, dvn, dh0, start_ptr, len_ptr, 
     """Sequential over chunks (reverse): ``dVn += diag(γ_C/γ) K dH'`` (``dvn`` holds ``P^T dO``),
     ``dH = γ_C dH' + (diag(γ) Q)^T dO − W^T dVn``; stores ``dH'`` per chunk and ``dH_0``."""
     iv = tl.program_id(0)
-    nh = tl.program_id(1)
+    nh = tl.program_id(1).to(tl.int64)  # sequence·H + head: (n·H + h)·K·V passes 2^31
     n = nh // H
     h = nh % H
     ck = tl.arange(0, BK)

@@ -49,7 +49,7 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
     ``output_tok_fwd_kernel``: ``n_h`` times fewer state bytes written and read. ``HS_PRED``
     (``TUNE["token_state_pred"]``): that store predicated instead of branched."""
     iv = tl.program_id(0)
-    nh = tl.program_id(1)
+    nh = tl.program_id(1).to(tl.int64)  # sequence·H + head: (n·H + h)·K·V passes 2^31
     n = nh // H
     h = nh % H
     ck = tl.arange(0, BK)
@@ -170,7 +170,7 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
     decayed state (``acc=``) so no ``[K, BV]`` partial result is live beside it. ``RELOAD_K`` (LEAN
     only, ``TUNE["state_bwd_reload_k"]``): see ``_state_bwd_lean_step``."""
     iv = tl.program_id(0)
-    nh = tl.program_id(1)
+    nh = tl.program_id(1).to(tl.int64)  # sequence·H + head: (n·H + h)·K·V passes 2^31
     n = nh // H
     h = nh % H
     ck = tl.arange(0, BK)

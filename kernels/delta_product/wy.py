@@ -51,7 +51,7 @@ def wy_fwd_kernel(k, v, beta, g, gcum, Ainv, W, U, start_ptr, len_ptr,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                   BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   USE_G: tl.constexpr, DOT: tl.constexpr, STORE_WU: tl.constexpr):
-    c = tl.program_id(0)
+    c = tl.program_id(0).to(tl.int64)   # chunk: int64 offsets
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)                     # int64
     n = tl.load(len_ptr + c)

@@ -98,7 +98,7 @@ def _mm(a, b):
 def tri_inv64_kernel(k, beta, g, gcum, Ainv, start_ptr, len_ptr,
                      H: tl.constexpr, K: tl.constexpr, NH: tl.constexpr, BK: tl.constexpr,
                      USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr, BATCHED: tl.constexpr):
-    c = tl.program_id(0)
+    c = tl.program_id(0).to(tl.int64)   # chunk: int64 offsets
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
     n = tl.load(len_ptr + c)
@@ -158,7 +158,7 @@ def wu_fwd_kernel(k, v, beta, gcum, Ainv, W, U, start_ptr, len_ptr,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   USE_G: tl.constexpr, DOT: tl.constexpr):
-    c = tl.program_id(0)
+    c = tl.program_id(0).to(tl.int64)   # chunk: int64 offsets
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
     n = tl.load(len_ptr + c)

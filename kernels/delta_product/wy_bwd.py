@@ -19,7 +19,7 @@ def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
     ``BK // KS`` columns, in two passes (``_wy_bwd_k_sliced``) instead of ``[C, BK]`` fp32 tiles of
     ``K``, ``dW``, ``A^T dW`` and ``dK`` live at once. ``EARLY`` (``KS > 1``,
     ``function.TUNE["wy_bwd_early_db"]``): dβ and dg stored before the second pass."""
-    c = tl.program_id(0)
+    c = tl.program_id(0).to(tl.int64)   # chunk: int64 offsets
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
     ln = tl.load(len_ptr + c)

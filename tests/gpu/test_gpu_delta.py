@@ -160,3 +160,42 @@ def test_token_chunk_output_forward_bf16(n_h, gated, vn16, raw_h, monkeypatch):
     for name, a, b in (("o", o_t, o_r), ("final", f_t, f_r)):
         err = _ratio(a, b)
         assert err == err and err <= 5e-3, (name, err)
+
+
+@pytest.mark.parametrize("n_h,gated", [(1, False), (2, True)])
+def test_offsets_past_2_31_elements(n_h, gated):
+    """Chunk-indexed buffers past 2^31 elements: the chunk-start states ``hs``/``dH`` hold
+    ``NC·H·K·V`` = 2048·72·128·128 ≈ 2.4e9 elements here, so a kernel forming ``(c·H + h)·K·V``
+    from an int32 chunk id wraps around. 32 sequences × 4096 sub-steps; the first and the last
+    sequence (the largest chunk ids) against the fp64 reference run on that sequence alone,
+    outputs, final states and every gradient (bf16 bound 5e-3); everything finite."""
+    B, T, H, K, V = 32, 4096 // n_h, 72, 128, 128
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    r = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731
+    q = r(B, T, H, K).bfloat16()
+    k = torch.nn.functional.normalize(r(B, T, n_h, H, K), dim=-1).bfloat16()
+    v = r(B, T, n_h, H, V).bfloat16()
+    beta = torch.rand(B, T, n_h, H, generator=gen, device="cuda").bfloat16()   # β ≤ 1: the offsets are the point
+    g = torch.nn.functional.logsigmoid(r(B, T, H) + 3).bfloat16() if gated else None
+    h0 = r(B, H, K, V) * 0.1
+    xs = [x.requires_grad_() if x is not None else None for x in (q, k, v, beta, g, h0)]
+    o, f = chunk_delta_product(*xs[:5], initial_state=xs[5], output_final_state=True, backend="triton")
+    do = r(*o.shape)
+    dh = r(*f.shape)
+    live = [x for x in xs if x is not None]
+    gt = torch.autograd.grad((o.float() * do).sum() + (f * dh).sum(), live)
+    assert torch.isfinite(o).all() and torch.isfinite(f).all()
+    assert all(torch.isfinite(x).all() for x in gt)
+    names = ["dq", "dk", "dv", "dbeta"] + (["dg"] if gated else []) + ["dh0"]
+    for b in (0, B - 1):
+        ref = [x.detach()[b:b + 1].double().requires_grad_() if x is not None else None for x in xs]
+        o_r, f_r = chunk_delta_product(*ref[:5], initial_state=ref[5], output_final_state=True,
+                                       backend="torch")
+        gr = torch.autograd.grad((o_r * do[b:b + 1].double()).sum() + (f_r * dh[b:b + 1].double()).sum(),
+                                 [x for x in ref if x is not None])
+        res = {"o": _ratio(o[b:b + 1], o_r), "final": _ratio(f[b:b + 1], f_r)}
+        res.update({n: _ratio(a[b:b + 1], c) for n, a, c in zip(names, gt, gr)})
+        print(f"\n[delta 2^31] n_h={n_h} gated={gated} sequence {b}: " +
+              " ".join(f"{key}={val:.2e}" for key, val in res.items()))
+        for name, val in res.items():
+            assert val == val and val <= 5e-3, (b, name, val)

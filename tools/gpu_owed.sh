@@ -6,7 +6,13 @@
 #   owed ran in the thirteenth (two H100s): deltafla at n_h 1-4 with the current defaults, the 41
 #   delta GPU rows, memcheck of the delta family (0 errors), deltavar (s11_default, dhs16,
 #   reload_k_always; all16 with fla in the same process), tests2, l2norm + block-diagonal full_size.
-#   No GPU check is owed now; time new changes only. Carry the Triton cache between calls
+#   Owed: the delta kernels' int64 ids (commit b12ffab, end of the thirteenth session) passed
+#   test_offsets_past_2_31_elements (which failed before them), 5 default bf16 rows and 4 others;
+#   still to run with them: deltavar (all 43 delta rows), FAMILIES=delta memcheck, and deltafla to
+#   re-time against fla (the ids add integer work). One call:
+#     tools/gpu_pair.sh "DELTA_NH=1,2,3,4 STAGE_TIMEOUT=540 deltafla" \
+#       "STAGE_TIMEOUT=300 DELTA_VARIANTS=default deltavar FAMILIES=delta STAGE_TIMEOUT=200 memcheck"
+#   Carry the Triton cache between calls
 #   (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp
 #   FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry [".whl", ".triton_cache"]); with it
 #   deltafla at n_h 1-4 took about 240 s (cold: more than 530 s). Narrow what is saved with

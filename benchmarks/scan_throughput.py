@@ -327,6 +327,8 @@ def lookback_compare(log, record, bw, shapes=LOOKBACK_SHAPES):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--shapes", nargs="+", default=None, metavar="BxTxN",
+                    help="the block-size table's shapes (default: 8x2048x768 8x2048x4096 1x16384x768)")
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-graph", action="store_true",
@@ -436,6 +438,8 @@ def main():
             log(f"fastest diag forward config: bt={best[1]} bn={best[2]} num_warps={best[3]} (not applied)")
         ms_list = (1, 2, 4, 8, 16, 32)
         shapes = [(8, 2048, 768), (8, 2048, 4096), (1, 16384, 768)]
+        if args.shapes:
+            shapes = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes]
         if args.quick:
             ms_list = (1, 4, 8, 32)
         ours = {}
@@ -491,7 +495,7 @@ def main():
                     except Exception as e:
                         log(f"torch associative_scan failed: {e!r}"[:300])
             del a, x
-        if not args.no_peers and not args.quick:
+        if not args.no_peers and not args.quick and ("fwd", 8, 2048, 768, 1) in ours:
             B, T, N = 8, 2048, 768
             comp = torch.compile(doubling_scan)
             for m in (1, 8):

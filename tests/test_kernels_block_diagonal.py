@@ -235,9 +235,9 @@ def test_bwd_ring(m, bwd):
 
 
 def test_chunk_policy(monkeypatch):
-    """Forward only: chunk (256 steps) only below one program per SM and from T = 4096 on, never
-    for m >= 16; with gradients only below half a program per SM, then about 4 programs per SM,
-    chunks >= 256, never for m = 32."""
+    """Forward only: chunk (256 steps) only below one program per SM and from T = 4096 on; with
+    gradients only below half a program per SM, then 256-step chunks from m = 4 on, below that
+    about 4 programs per SM in chunks >= 256."""
     from lrnn_scan.kernels import _host as host
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
     scanmod.TUNE.clear()
@@ -249,8 +249,10 @@ def test_chunk_policy(monkeypatch):
     assert cc(96, 2048, "cpu", 1, 2, grad=True) is None
     assert cc(65, 2048, "cpu", 1, 2, grad=True) == 256      # < 66 programs: chunks for ~528 programs
     assert cc(12, 16384, "cpu", 1, 2, grad=True) == 373
-    assert cc(48, 16384, "cpu", 1, 16) is None and cc(48, 16384, "cpu", 1, 32, grad=True) is None
-    assert cc(48, 16384, "cpu", 1, 16, grad=True) == 1490  # m = 16, grad, < 1 program per SM
+    assert cc(48, 16384, "cpu", 1, 16) == 256 and cc(24, 16384, "cpu", 1, 32, grad=True) == 256
+    assert cc(48, 16384, "cpu", 1, 16, grad=True) == 256   # m = 16, grad, < 1 program per SM
+    assert cc(24, 16384, "cpu", 1, 4, grad=True) == 256
+    assert cc(24, 16384, "cpu", 1, 3, grad=True) == 745    # m < 4: aims at ~528 programs
     assert cc(384, 2048, "cpu", 1, 16, grad=True) is None
     assert cc(12, 1000, "cpu", 1, 2) is None            # short sequences: one pass
     assert cc(96, 2048, "cpu", 1, 2) is None            # forward, T < 4096: one ring8 pass
@@ -318,3 +320,52 @@ def test_errors():
                 bd.block_diagonal_scan(A, b)
         finally:
             os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 16, 17])
+@pytest.mark.parametrize("nt", [1, 2])
+def test_summary_dot_products(m, nt):
+    """The tensor-core chunk summaries (summary.py) against float64 products and end states:
+    varlen chunks cut by sequence ends (an empty sequence, a 1-step one), blocks past H in the last
+    tile (H = 3 with 2..16 blocks per program), NaN-poisoned outputs, fp32 and bf16 inputs."""
+    from lrnn_scan.kernels.block_diagonal.summary import launch_summary_dot
+    cu = torch.tensor([0, 9, 9, 10, 31], dtype=torch.int64, device=DEV)
+    chunk, H, nseq = 8, 3, 4
+    lens = (cu[1:] - cu[:-1]).tolist()
+    nc = -(-max(lens) // chunk)
+    for dtype in (torch.float32, torch.bfloat16):
+        A, b = make(1, 31, H, m, dtype, seed=m + 50 * nt)
+        P = torch.full((nseq, nc, H, m, m), float("nan"), device=DEV)
+        E = torch.full((nseq, nc, H, m), float("nan"), device=DEV)
+        launch_summary_dot(A, b, P, E, cu, 31, H, chunk, nc, nseq, m, 2, True,
+                           {"sum_nt": nt, "sum_prec": "ieee"})
+        Pr = torch.eye(m, dtype=torch.float64).expand(nseq, nc, H, m, m).clone()
+        Er = torch.zeros(nseq, nc, H, m, dtype=torch.float64)
+        for s in range(nseq):
+            for c in range(nc):
+                for t in range(cu[s] + c * chunk, min(cu[s + 1], cu[s] + (c + 1) * chunk)):
+                    At = A[0, t].double().cpu()
+                    Pr[s, c] = At @ Pr[s, c]
+                    Er[s, c] = (At @ Er[s, c, ..., None])[..., 0] + b[0, t].double().cpu()
+        assert not P.isnan().any() and not E.isnan().any()
+        assert rel(P.cpu(), Pr) < 1e-6 and rel(E.cpu(), Er) < 1e-6, (rel(P.cpu(), Pr), rel(E.cpu(), Er))
+
+
+@pytest.mark.parametrize("m", [2, 3, 16])
+def test_summary_dot_end_to_end(m):
+    """``TUNE['summary'] = 'dot'`` through the chunked forward and backward (h0, dh_final,
+    varlen chunks with boundaries inside them) against float64."""
+    scanmod.TUNE.update(summary="dot", sum_prec="ieee", chunk=12)
+    A, b = make(2, 37, 3, m, seed=13 * m)
+    cu = torch.tensor([0, 5, 30, 30, 61, 74], dtype=torch.int64, device=DEV)
+    run_check(A.reshape(1, 74, 3, m, m), b.reshape(1, 74, 3, m), torch.randn(5, 3, m).to(DEV), cu, 1e-5)
+
+
+def test_summary_dot_bad_tune():
+    """Unknown summary kinds, precisions and non-power-of-two tile counts raise, naming the key."""
+    A, b = make(1, 40, 2, 2, seed=1)
+    for key, val in (("summary", "fast"), ("sum_prec", "fp16"), ("sum_nt", 3)):
+        scanmod.TUNE.clear()
+        scanmod.TUNE.update({"summary": "dot", "chunk": 8, key: val})
+        with pytest.raises(ValueError, match=key):
+            bd.block_diagonal_scan(A, b)

@@ -311,3 +311,25 @@ def test_triton_cache_only_keeps_the_matching_entries(tmp_path):
     msg = subprocess.run(["bash", script, "save"], env={**env, "TRITON_CACHE_ONLY": "no_such_kernel"},
                          capture_output=True, text=True, check=True).stdout
     assert "not saved" in msg and not list(out.iterdir())
+
+
+def test_fwdbwd_chunk_sweep_render_old_and_new_rows(tmp_path):
+    """fwdbwd_chunk_sweep.render: rows from before the err / % copy / pass columns (2026-11-24
+    JSON) and rows with them (fourteenth session's --set summary --fwd)."""
+    pytest.importorskip("triton")
+    mod = _tool("fwdbwd_chunk_sweep")
+    old = dict(B=8, T=2048, N=768, m=2, choice="default", tune={}, ms=0.64, tbps=1.1, vs_default=1.0,
+               graph_ms=None)
+    new = dict(B=1, T=16384, N=768, m=16, choice="dot256", tune={"summary": "dot", "chunk": 256},
+               ms=0.6847, err=1.63e-07, pct_copy=44.2, fwd_only=True, tbps=1.323, vs_default=0.342,
+               graph_ms=0.6755)
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(dict(date="d", set="summary", copy_tbps=2.997, device="GPU X", torch="t",
+                                    triton="tr", rows=[old, new])))
+    res = tmp_path / "R.md"
+    mod.render(path, res)
+    text = res.read_text()
+    assert "copy 2.997 TB/s" in text and "(summary set)" in text
+    assert "| 8 | 2048 | 768 | 2 | fwd+bwd | default | — | 0.6400 | 1.100 | — | 1.000 | — | — |" in text
+    assert ('| 1 | 16384 | 768 | 16 | fwd | dot256 | {"summary": "dot", "chunk": 256} | 0.6847 | 1.323 | '
+            '44.2 | 0.342 | 0.6755 | 1.6e-07 |') in text

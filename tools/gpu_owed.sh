@@ -2,16 +2,17 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-26, thirteenth session). Everything the twelfth session left
-#   owed ran in the thirteenth (two H100s): deltafla at n_h 1-4 with the current defaults, the 41
-#   delta GPU rows, memcheck of the delta family (0 errors), deltavar (s11_default, dhs16,
-#   reload_k_always; all16 with fla in the same process), tests2, l2norm + block-diagonal full_size.
-#   Owed: the delta kernels' int64 ids (commit b12ffab, end of the thirteenth session) passed
-#   test_offsets_past_2_31_elements (which failed before them), 5 default bf16 rows and 4 others;
-#   still to run with them: deltavar (all 43 delta rows), FAMILIES=delta memcheck, and deltafla to
-#   re-time against fla (the ids add integer work). One call:
-#     tools/gpu_pair.sh "DELTA_NH=1,2,3,4 STAGE_TIMEOUT=540 deltafla" \
-#       "STAGE_TIMEOUT=300 DELTA_VARIANTS=default deltavar FAMILIES=delta STAGE_TIMEOUT=200 memcheck"
+# Suggested order (written 2026-11-26, fourteenth session). Everything the thirteenth session left
+#   owed ran in the fourteenth (two H100s): the delta int64 ids passed all 43 delta rows and
+#   memcheck (0 errors) and were re-timed against fla (ratios unchanged). New in the fourteenth:
+#   tensor-core chunk summaries (kernels/block_diagonal/summary.py, default from m = 5 on) and the
+#   chunk rule that goes with them; their GPU tests passed (summary_dot_*, long_chunked_varlen,
+#   backward_ring, full_size; test_gpu_models 67, test_gpu_compile 10) and B1 T16384 N768 was
+#   re-timed. Not yet run with them: one scan_throughput.py run over all three issue-3 shapes (the
+#   B8 rows do not chunk, so their code path is unchanged) and test_gpu_fused_companion.py (cut by
+#   the budget after 29 of 32 rows, none failed). One call:
+#     tools/gpu_pair.sh "STAGE_TIMEOUT=560 scan" "PYTEST_FILES=tests/gpu/test_gpu_fused_companion.py pytest"
+#   The delta cache filter below matched 1013 entries (45 MiB) in the fourteenth session: not saved.
 #   Carry the Triton cache between calls
 #   (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp
 #   FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry [".whl", ".triton_cache"]); with it
@@ -52,7 +53,8 @@
 #        deltafla — issue 4: ours vs fla, fwd and fwd+bwd, one run (DELTA_NH, default "1 2 3 4")
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
-#        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients)
+#        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients; SWEEP_SET=summary
+#                   SWEEP_FWD=1 SWEEP_M=8,16,32 SWEEP_SHAPES=1x16384x768: the tensor-core chunk summaries)
 #        train    — issue 6: TRAIN_CONFIG=mad_tasks/configs/<name>.json (gpu_tables_next7.json: long schedules
 #                   in "pause" mode, continued over several calls, see the stage; default gpu_tables_next6.json, which ran
 #                   on 2026-11-25: mad_tasks/RESULTS.md section 8). Still owed: S4 (3k), the Table 4 baselines
@@ -153,7 +155,10 @@ case "$stage" in
       --variants ${DELTA_VARIANTS:-default s11_default dhs16 reload_k_always} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
-    timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;
+    # SWEEP_SET (chunk|bwd|summary), SWEEP_FWD=1 (forward alone), SWEEP_M, SWEEP_SHAPES
+    timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" --set ${SWEEP_SET:-chunk} \
+      ${SWEEP_FWD:+--fwd} ${SWEEP_GRAPH:+--graph} --m ${SWEEP_M:-1 2 4 8 16} --shapes ${SWEEP_SHAPES:-8x2048x768 1x16384x768} \
+      2>&1 | tee -a "$OUT/sweep.log" | tail -40 ;;
   layers)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/layer_targets.py --precisions bf16-autocast --out "$OUT" \
       --fla-unguarded --results "$OUT/RESULTS_layers.md" 2>&1 | tee "$OUT/layers.log" | tail -40 ;;
@@ -166,7 +171,8 @@ case "$stage" in
   scan)
     # --skip-variants: the forward-variant and m = 1 tile rows (36 extra compilations; with them the
     # 2026-11-25 run did not finish in 390 s) are in RESULTS.md (2026-11-24, 2026-11-25)
-    timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --skip-variants --out "$OUT" \
+    # SCAN_ARGS: more options, e.g. SCAN_ARGS="--no-peers --shapes 1x16384x768"
+    timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --skip-variants ${SCAN_ARGS:-} --out "$OUT" \
       --results "$OUT/RESULTS_scan.md" 2>&1 | tee "$OUT/scan.log" | tail -40 ;;
   train)
     cfg=${TRAIN_CONFIG:-mad_tasks/configs/gpu_tables_next6.json}

@@ -20,6 +20,7 @@ from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kern
 from .fwd import (_bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _bd_summary_kernel,
                   _diag_fwd_kernel)
 from .lookback import lookback_cfg
+from .summary import launch_summary_dot
 
 __all__ = ["block_diagonal_scan", "diagonal_scan"]
 
@@ -128,21 +129,26 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
     the chunks of the old "below 4 programs per SM" rule 1.8-2.8x (m = 1 0.556 vs 1.111 ms, m = 2
     0.640 vs 1.773, m = 4 0.801 vs 1.413); B1 T16384 N768 (12-48 programs) keeps its chunks.
     ``TUNE`` keys: ``chunk`` (forced length, 0 = never), ``chunk_target`` (programs per SM),
-    ``chunk_grad_below`` (programs per SM), ``chunk_len``, ``chunk_max_m`` (no chunking from this
-    block size on)."""
+    ``chunk_grad_below`` (programs per SM), ``chunk_len``, ``chunk_len_grad``, ``chunk_max_m`` (no
+    chunking from this block size on).
+    With the tensor-core summaries (``summary.py``) chunks pay from m = 16 on too (H100, fp32,
+    B1 T16384 N768, ``tools/fwdbwd_chunk_sweep.py --set summary``): forward m = 16 0.685 ms vs 2.000
+    in one pass, m = 32 1.778 vs 2.944; fwd+bwd m = 32 3.527 vs 8.906. With gradients from m = 4
+    on, 256-step chunks (CUDA graphs, fwd+bwd) m = 4 0.539 ms (1024: 0.620), m = 8 1.082 (1024:
+    1.189), m = 16 1.729 (1024: 2.079; the 4-programs-per-SM rule gave 1490); m < 4 keep that rule."""
     if "chunk" in TUNE:
         c = TUNE["chunk"]
         return None if not c or c >= max_len else c
-    # m >= 16: the matrix-state summary kernel measured 10-40x slower than the scan, one program
-    # per summary column reads A m+1 times; forward m = 32 chunked was 2.5-3x slower.
     target = TUNE.get("chunk_target", 4 if grad else 1) * _num_sms(device)
     min_len = TUNE.get("chunk_min_len", 1024 if grad else 4096)
     below = TUNE.get("chunk_grad_below", 0.5) * _num_sms(device) if grad else target
-    if m >= TUNE.get("chunk_max_m", 32 if grad else 16) or max_len < min_len or nprog >= below:
+    if m >= TUNE.get("chunk_max_m", MAX_M + 1) or max_len < min_len or nprog >= below:
         return None
     if m >= 16 and nprog >= _num_sms(device):  # m = 16, grad: B1 T16384 3.11 ms vs 5.56 one
         return None  # pass (48 programs), but B8 T2048 N768 (384) 3.33 ms vs 0.90 ms
-    if grad:
+    if grad and m >= 4:
+        chunk = TUNE.get("chunk_len_grad", 256)
+    elif grad:
         chunk = max(256, cdiv(max_len, cdiv(target, nprog)))
     else:
         chunk = TUNE.get("chunk_len", 256)
@@ -218,9 +224,19 @@ def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, N
 
 def _summary_launch(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, mp, bh, nw, ns, varlen):
     """Chunk summaries ``P`` (product of the chunk's transitions) and ``E`` (its end state from 0).
-    ``ring`` (default): ``_bd_fwd_ring`` with one column of ``[P | E]`` per program; ``v1``: the
-    matrix-state kernel ``_bd_summary_kernel`` (``TUNE['summary']``)."""
-    if TUNE.get("summary", "ring") == "ring":
+    ``ring`` (default below m = 5): ``_bd_fwd_ring`` with one column of ``[P | E]`` per program;
+    ``v1``: the matrix-state kernel ``_bd_summary_kernel``; ``dot`` (default from m = 5 on, 8 x 8
+    padded blocks): ``summary.py`` (``S <- A_t S`` on tensor cores, ``A`` read once);
+    ``TUNE['summary']`` overrides."""
+    # H100, fp32, B1 T16384 N768, 256-step chunks, forward, ring vs dot: m = 2 0.327 vs 0.748 ms,
+    # 4 0.261 vs 0.473 (tiles mostly zeros), 8 0.581 vs 0.556, 16 2.197 vs 0.685, 32 8.707 vs 1.778
+    kind = TUNE.get("summary", "dot" if mp >= 8 else "ring")
+    if kind not in ("ring", "v1", "dot"):
+        raise ValueError(f"TUNE['summary'] must be 'ring', 'v1' or 'dot', got {kind!r}")
+    if kind == "dot":
+        launch_summary_dot(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, ns, varlen, TUNE)
+        return
+    if kind == "ring":
         var = _fwd_variant()
         R = int(var[4:]) if var.startswith("ring") else 2
         _bd_fwd_ring[(cdiv(H, bh) * (m + 1), nseq, nc)](

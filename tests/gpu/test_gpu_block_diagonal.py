@@ -134,6 +134,44 @@ def test_long_chunked_varlen(m):
     check(A.detach().clone(), b.detach().clone(), None, None, 1e-4)
 
 
+@pytest.mark.parametrize("prec", ["tf32x3", "ieee"])
+@pytest.mark.parametrize("m", [2, 4, 8, 16, 32])
+def test_summary_dot_chunked(m, prec):
+    """Tensor-core chunk summaries (``TUNE['summary'] = 'dot'``, summary.py) in 256-step varlen
+    chunks with sequence ends inside chunks, h0 and dh_final: fp32 and bf16 against fp64."""
+    tune = bd.scan.TUNE
+    try:
+        tune.update(summary="dot", sum_prec=prec, chunk=256)
+        cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
+        for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+            A, b = make(1, 6002, 384 // m, m, dtype, seed=500 + m)
+            check(A, b, torch.randn(5, 384 // m, m, device=DEV), cu, tol)
+    finally:
+        tune.clear()
+
+
+@pytest.mark.parametrize("m", [8, 16, 32])
+def test_summary_dot_long_memory(m):
+    """Chunk products that matter: near-orthogonal transitions (0.999 Q_t) keep the state for
+    thousands of steps, so an error in a chunk's product ``P`` reaches every later output (with
+    ``make``'s contracting blocks the products vanish within a chunk and their precision is never
+    seen). The default summaries (tf32x3 / ieee) must meet fp32's 1e-4; plain tf32 must not
+    (shows that the test sees the summaries' precision)."""
+    g = torch.Generator(device=DEV).manual_seed(600 + m)
+    q, _ = torch.linalg.qr(torch.randn(2, 3001, 192 // m, m, m, device=DEV, generator=g, dtype=torch.float64))
+    A = (0.999 * q).float().contiguous()
+    b = torch.randn(2, 3001, 192 // m, m, device=DEV, generator=g)
+    tune = bd.scan.TUNE
+    try:
+        tune.update(chunk=256)
+        check(A.clone(), b.clone(), torch.randn(2, 192 // m, m, device=DEV), None, 1e-4)
+        tune.update(sum_prec="tf32")
+        errs = check(A.clone(), b.clone(), None, None, float("inf"))
+        assert max(errs.values()) > 1e-4, errs
+    finally:
+        tune.clear()
+
+
 def test_diagonal_api_long():
     T, N = 65536, 512
     a = torch.rand(2, T, N, device=DEV).requires_grad_()

@@ -1,0 +1,94 @@
+"""Chunk summaries on tensor cores: per chunk the product ``P = A_{t1-1} ... A_{t0}`` of the
+transitions and the local end state ``E`` (zero start), reading ``A`` once.
+
+Why: the time-chunked forward (``scan._bd_forward``) needs ``P``, ``m^3`` multiply-adds per block
+and step. The ring summary (``_bd_fwd_ring`` with ``SUMMARY``) gives each of the ``m + 1`` columns
+of ``[P | E]`` its own program, so it reads ``A`` ``m + 1`` times; the matrix-state kernel
+(``_bd_summary_kernel``) does the ``m^3`` work as broadcast-and-sum on the CUDA cores. Both made
+chunking lose to one pass from ``m = 16`` on (``scan._choose_chunk``). Here ``S <- A_t S`` is a
+``tl.dot`` per step, so the product runs on tensor cores and ``A`` is read once.
+
+Layout: a tile is a ``D x D`` block-diagonal matrix holding ``G = D / MP`` consecutive blocks
+(``D = max(16, MP)``: ``tl.dot`` needs 16 rows at least, so ``m <= 8`` packs ``16 / MP`` blocks
+per tile and multiplies zeros off the diagonal). Products of block-diagonal tiles stay
+block-diagonal, and the masked loads and stores touch the diagonal blocks only. A program owns
+``NT`` tiles of one sequence and one chunk; ``E`` is a mat-vec on the CUDA cores beside the dot.
+
+Precision: ``PREC`` is ``tl.dot``'s ``input_precision``. ``"tf32x3"`` (the default for D = 16) splits each
+fp32 operand into a tf32 head and tail and keeps three of the four products, about fp32 accuracy
+at a third of tf32's rate; ``"ieee"`` (the default for D = 32, where it measured faster) is plain
+fp32 FMA (no tensor cores); ``"tf32"`` is 10-bit
+mantissas (errors ~1e-3, not for fp32 tests).
+"""
+import triton
+import triton.language as tl
+
+from .._host import cdiv, next_pow2
+from .fwd import _seq_bounds
+
+__all__ = ["summary_dot_cfg", "launch_summary_dot"]
+
+
+@triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
+def _bd_summary_dot_kernel(A, Bv, Pout, Eout, CU, T, H, CHUNK, NC,
+                           M: tl.constexpr, MP: tl.constexpr, D: tl.constexpr, NT: tl.constexpr,
+                           PREC: tl.constexpr, NS: tl.constexpr, VARLEN: tl.constexpr):
+    """``A`` rows ``(B*T, H, M, M)``, ``Bv`` rows ``(B*T, H, M)``; ``Pout (nseq, NC, H, M, M)`` and
+    ``Eout (nseq, NC, H, M)`` fp32. Grid ``(cdiv(H, NT * D // MP), nseq, NC)``."""
+    G: tl.constexpr = D // MP
+    s = tl.program_id(1)
+    c = tl.program_id(2)
+    bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
+    r = tl.arange(0, D)
+    i = r % MP  # row (column) inside its block
+    tt = tl.arange(0, NT)
+    hb = (tl.program_id(0) * NT + tt)[:, None] * G + (r // MP)[None, :]  # (NT, D) block of row r
+    mrow = (hb < H) & (i < M)[None, :]
+    same = (r // MP)[:, None] == (r // MP)[None, :]  # diagonal blocks of a tile
+    mask_a = mrow[:, :, None] & (same & (i < M)[None, :])[None, :, :]
+    offs_a = hb[:, :, None] * (M * M) + (i * M)[None, :, None] + i[None, None, :]
+    offs_s = hb * M + i[None, :]
+    HM = H * M
+    HMM = HM * M
+    S = tl.zeros([NT, D, D], dtype=tl.float32) + (r[:, None] == r[None, :]).to(tl.float32)[None, :, :]
+    e = tl.zeros([NT, D], dtype=tl.float32)
+    for t in tl.range(t0, t1, num_stages=NS):
+        a = tl.load(A + t * HMM + offs_a, mask=mask_a, other=0.0).to(tl.float32)
+        bt = tl.load(Bv + t * HM + offs_s, mask=mrow, other=0.0).to(tl.float32)
+        e = tl.sum(a * e[:, None, :], axis=2) + bt
+        if NT == 1:  # a 2-D dot: the 3-D form needs a batch dimension Triton can lay out
+            S = tl.reshape(tl.dot(tl.reshape(a, (D, D)), tl.reshape(S, (D, D)),
+                                  input_precision=PREC), (NT, D, D))
+        else:
+            S = tl.dot(a, S, input_precision=PREC)
+    sc = s.to(tl.int64) * NC + c
+    tl.store(Pout + sc * HMM + offs_a, S, mask=mask_a)
+    tl.store(Eout + sc * HM + offs_s, e, mask=mrow)
+
+
+def summary_dot_cfg(m, tune):
+    """``(D, NT, PREC, num_warps)`` from ``TUNE`` keys ``sum_nt`` (tiles per program, default 1),
+    ``sum_prec`` (``"tf32x3"`` on 16 x 16 tiles, ``"ieee"`` on 32 x 32) and ``sum_nw`` (1 warp per
+    16 x 16 tile, at most 4)."""
+    mp = next_pow2(m)
+    d = max(16, mp)
+    nt = tune.get("sum_nt", 1)
+    if nt < 1 or nt & (nt - 1):
+        raise ValueError(f"TUNE['sum_nt'] must be a power of two, got {nt}")
+    # H100, B1 T16384 N768, forward in 256-step chunks: m = 16 tf32x3 0.685 ms, ieee 0.868;
+    # m = 32 tf32x3 2.679, ieee 1.778 (tf32x3's three dots per step on 32 x 32 tiles cost more)
+    prec = tune.get("sum_prec", "tf32x3" if d == 16 else "ieee")
+    if prec not in ("tf32x3", "ieee", "tf32"):
+        raise ValueError(f"TUNE['sum_prec'] must be 'tf32x3', 'ieee' or 'tf32', got {prec!r}")
+    nw = tune.get("sum_nw", max(1, min(4, nt * d * d // 256)))
+    return d, nt, prec, nw
+
+
+def launch_summary_dot(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, ns, varlen, tune):
+    """Fill ``P (nseq, nc, H, m, m)`` and ``E (nseq, nc, H, m)`` (fp32) for chunks of ``chunk``
+    steps; ``A (B, T, H, m, m)``, ``b (B, T, H, m)`` in any float dtype (read as fp32)."""
+    d, nt, prec, nw = summary_dot_cfg(m, tune)
+    per_prog = nt * (d // next_pow2(m))  # blocks per program
+    _bd_summary_dot_kernel[(cdiv(H, per_prog), nseq, nc)](
+        A, b, P, E, cu_arg, T, H, chunk, nc, M=m, MP=next_pow2(m), D=d, NT=nt, PREC=prec, NS=ns,
+        VARLEN=varlen, num_warps=nw, num_stages=ns)

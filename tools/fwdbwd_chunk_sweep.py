@@ -31,7 +31,12 @@ SUMMARY_CHOICES = {"default": {}, "ring256": {"chunk": 256}, "dot256": {"summary
                    "dot512": {"summary": "dot", "chunk": 512},
                    "dot256_nt2": {"summary": "dot", "chunk": 256, "sum_nt": 2},
                    "dot256_ieee": {"summary": "dot", "chunk": 256, "sum_prec": "ieee"},
-                   "dot256_tf32": {"summary": "dot", "chunk": 256, "sum_prec": "tf32"}}
+                   "dot256_tf32": {"summary": "dot", "chunk": 256, "sum_prec": "tf32"},
+                   # single-pass look-back (lookback_dot.py; forward without gradients only: with
+                   # gradients these rows are the default chunked path again)
+                   "lookback64": {"bd_lookback": True, "bdlb_chunk": 64},
+                   "lookback128": {"bd_lookback": True, "bdlb_chunk": 128},
+                   "lookback32": {"bd_lookback": True, "bdlb_chunk": 32}}
 BWD_CHOICES = {"default": {}, "bwd_g4": {"bwd_variant": "g4"}, "bwd_ring2": {"bwd_variant": "ring2"},
                "bwd_ring4": {"bwd_variant": "ring4"}, "bwd_v1": {"bwd_variant": "v1"}}
 

@@ -8,9 +8,14 @@
 #   tensor-core chunk summaries (kernels/block_diagonal/summary.py, default from m = 5 on) and the
 #   chunk rule that goes with them; their GPU tests passed (summary_dot_*, long_chunked_varlen,
 #   backward_ring, full_size; test_gpu_models 67, test_gpu_compile 10) and B1 T16384 N768 was
-#   re-timed. Not yet run with them: one scan_throughput.py run over all three issue-3 shapes (the
-#   B8 rows do not chunk, so their code path is unchanged) and test_gpu_fused_companion.py (cut by
-#   the budget after 29 of 32 rows, none failed). One call:
+#   re-timed. Owed, first: the single-pass block look-back (kernels/block_diagonal/lookback_dot.py,
+#   opt-in TUNE["bd_lookback"], written after the budget was spent, never run on a GPU): its race
+#   test and its timing against the chunked default, in one call:
+#     tools/gpu_pair.sh "SWEEP_SET=summary SWEEP_FWD=1 SWEEP_GRAPH=1 SWEEP_M=2,8,16,32 SWEEP_SHAPES=1x16384x768 sweep" \
+#       "PYTEST_FILES=tests/test_kernels_lookback_dot.py PYTEST_K=gpu pytest"
+#   Then one scan_throughput.py run over all three issue-3 shapes (the B8 rows do not chunk, so
+#   their code path is unchanged) and test_gpu_fused_companion.py (cut by the budget after 29 of
+#   32 rows, none failed):
 #     tools/gpu_pair.sh "STAGE_TIMEOUT=560 scan" "PYTEST_FILES=tests/gpu/test_gpu_fused_companion.py pytest"
 #   The delta cache filter below matched 1013 entries (45 MiB) in the fourteenth session: not saved.
 #   Carry the Triton cache between calls

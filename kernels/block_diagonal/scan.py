@@ -20,6 +20,7 @@ from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kern
 from .fwd import (_bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _bd_summary_kernel,
                   _diag_fwd_kernel)
 from .lookback import lookback_cfg
+from .lookback_dot import bd_lookback_forward
 from .summary import launch_summary_dot
 
 __all__ = ["block_diagonal_scan", "diagonal_scan"]
@@ -131,11 +132,10 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
     ``TUNE`` keys: ``chunk`` (forced length, 0 = never), ``chunk_target`` (programs per SM),
     ``chunk_grad_below`` (programs per SM), ``chunk_len``, ``chunk_len_grad``, ``chunk_max_m`` (no
     chunking from this block size on).
-    With the tensor-core summaries (``summary.py``) chunks pay from m = 16 on too (H100, fp32,
-    B1 T16384 N768, ``tools/fwdbwd_chunk_sweep.py --set summary``): forward m = 16 0.685 ms vs 2.000
-    in one pass, m = 32 1.778 vs 2.944; fwd+bwd m = 32 3.527 vs 8.906. With gradients from m = 4
-    on, 256-step chunks (CUDA graphs, fwd+bwd) m = 4 0.539 ms (1024: 0.620), m = 8 1.082 (1024:
-    1.189), m = 16 1.729 (1024: 2.079; the 4-programs-per-SM rule gave 1490); m < 4 keep that rule."""
+    Tensor-core summaries (``summary.py``; H100, fp32, B1 T16384 N768, README.md): chunks pay from
+    m = 16 on too (forward m = 16 0.685 vs 2.000 ms one pass, m = 32 1.778 vs 2.944; fwd+bwd m = 32
+    3.527 vs 8.906); with gradients 256-step chunks from m = 4 on (CUDA graphs: m = 16 1.729 ms,
+    1024-step 2.079; the 4-programs-per-SM rule gave 1490-step chunks there)."""
     if "chunk" in TUNE:
         c = TUNE["chunk"]
         return None if not c or c >= max_len else c
@@ -453,8 +453,9 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False):
 class _ScanFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, b, h0, cu, chunk, diag, lookback=False, bwd_lookback=False):
-        h, final, P = (_diag_forward(A, b, h0, cu, chunk, lookback) if diag
-                       else _bd_forward(A, b, h0, cu, chunk))
+        h, final, P = (_diag_forward(A, b, h0, cu, chunk, lookback) if diag else  # blocks: forward-only
+                       bd_lookback_forward(A, b, h0, cu, TUNE, _empty) if lookback else  # look-back
+                       _bd_forward(A, b, h0, cu, chunk))
         ctx.save_for_backward(A, h, h0, cu, P)
         ctx.chunk, ctx.diag, ctx.bwd_lookback = chunk, diag, bwd_lookback
         ctx.h0_dtype = None if h0 is None else h0.dtype
@@ -516,9 +517,10 @@ def _bd_apply(A, b, h0, cu, nseq):
     B, T, H, m = b.shape
     mp, bh, _, _ = _bd_cfg(m)
     grad = _needs_grad(A, b, h0)
-    chunk = _choose_chunk(nseq * cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m,
-                          grad)
-    return _ScanFn.apply(A, b, h0, cu, chunk, False)
+    chunk = _choose_chunk(nseq * cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m, grad)
+    # opt-in, not yet timed on a GPU: one look-back pass instead of the chunked forward
+    lookback = TUNE.get("bd_lookback", False) and not grad and chunk is not None
+    return _ScanFn.apply(A, b, h0, cu, None if lookback else chunk, False, lookback)
 
 
 def _diag_apply(a, b, h0, cu, nseq):

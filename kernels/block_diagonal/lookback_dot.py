@@ -24,7 +24,11 @@ blocks):
    writes ``h_final`` (the re-run's end state, so it equals the last row of ``h``).
 
 Memory ordering: as in ``lookback.py`` (values, ``bar.sync``, release flag; acquire flag loads,
-``ld.volatile`` values).
+``ld.volatile`` values). Checked in the sm_90a PTX from Triton 3.6 (``tools/aot_check.py compile
+--ptx-dir``, 2026-11-26): the flag is one thread's ``ld.global.gpu.acquire``, broadcast through
+shared memory between two ``bar.sync`` (so every thread takes the same branch), the values are
+``ld.volatile.global`` after it, and each publish is ``bar.sync`` then one thread's
+``atom.global.gpu.release.exch``; 16 x 16 tiles use ``mma.sync ... tf32`` (tf32x3), 32 x 32 FMAs.
 """
 from __future__ import annotations
 

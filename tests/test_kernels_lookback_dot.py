@@ -135,6 +135,13 @@ def test_routing(monkeypatch):
     with torch.no_grad():
         bd.block_diagonal_scan(A, b)
     assert calls == [1]
+    scanmod.TUNE["bd_lookback"] = "always"  # ... unless forced
+    with torch.no_grad():
+        e = run(A.detach(), b, None, None)
+    assert calls == [1, 1] and max(e) < 1e-5, e
+    scanmod.TUNE["bd_lookback"] = "yes"
+    with pytest.raises(ValueError, match="bd_lookback"), torch.no_grad():
+        bd.block_diagonal_scan(A, b)
 
 
 def test_bad_chunk():

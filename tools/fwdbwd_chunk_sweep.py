@@ -36,7 +36,8 @@ SUMMARY_CHOICES = {"default": {}, "ring256": {"chunk": 256}, "dot256": {"summary
                    # gradients these rows are the default chunked path again)
                    "lookback64": {"bd_lookback": True, "bdlb_chunk": 64},
                    "lookback128": {"bd_lookback": True, "bdlb_chunk": 128},
-                   "lookback32": {"bd_lookback": True, "bdlb_chunk": 32}}
+                   "lookback32": {"bd_lookback": True, "bdlb_chunk": 32},
+                   "lookback64_always": {"bd_lookback": "always", "bdlb_chunk": 64}}  # unchunked shapes too
 BWD_CHOICES = {"default": {}, "bwd_g4": {"bwd_variant": "g4"}, "bwd_ring2": {"bwd_variant": "ring2"},
                "bwd_ring4": {"bwd_variant": "ring4"}, "bwd_v1": {"bwd_variant": "v1"}}
 

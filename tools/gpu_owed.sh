@@ -11,7 +11,7 @@
 #   re-timed. Owed, first: the single-pass block look-back (kernels/block_diagonal/lookback_dot.py,
 #   opt-in TUNE["bd_lookback"], written after the budget was spent, never run on a GPU): its race
 #   test and its timing against the chunked default, in one call:
-#     tools/gpu_pair.sh "SWEEP_SET=summary SWEEP_FWD=1 SWEEP_GRAPH=1 SWEEP_M=2,8,16,32 SWEEP_SHAPES=1x16384x768 sweep" \
+#     tools/gpu_pair.sh "SWEEP_SET=summary SWEEP_FWD=1 SWEEP_GRAPH=1 SWEEP_M=2,8,16,32 SWEEP_SHAPES=1x16384x768,8x2048x768 sweep" \
 #       "PYTEST_FILES=tests/test_kernels_lookback_dot.py PYTEST_K=gpu pytest"
 #   Then one scan_throughput.py run over all three issue-3 shapes (the B8 rows do not chunk, so
 #   their code path is unchanged) and test_gpu_fused_companion.py (cut by the budget after 29 of

@@ -1,7 +1,8 @@
 """Single-pass decoupled look-back forward for blocks (m >= 2), chunk products on tensor cores.
 
 Opt-in (``scan.TUNE["bd_lookback"] = True``): forwards without gradients that the default rule
-would time-chunk. Not yet timed on a GPU (written 2026-11-26, fourteenth session, after the
+would time-chunk; ``"always"``: every forward without gradients (to time it where the default
+runs one pass, e.g. B8 T2048 N768). Not yet timed on a GPU (written 2026-11-26, fourteenth session, after the
 device budget was spent); the default stays the three-pass chunked forward (``scan._bd_forward``).
 
 Why: the three-pass forward reads ``A`` twice from HBM (the chunk summaries, then the re-run from

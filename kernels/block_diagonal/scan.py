@@ -178,17 +178,13 @@ def _fwd_variant(few=False):
 
 
 def _bwd_variant(m, nprog):
-    """Backward kernel, from forward+backward timings on an H200 (fp32, two runs of
-    ``benchmarks/_exp_bd.py``, 2026-11-22). At 1024+ programs (B8 T2048 N4096) the ring kernels
-    (vectorised ``A``/``dA`` rows, scalar time masks) won in both runs: m = 2 ring4 1.15x, m = 4
-    ring2 1.22x, m = 8 ring4 1.05x, m = 32 ring2 = v1; m = 16 v1 (ring4 0.97x). Below 1024
-    programs ring4 (m = 9..16, 1.21x at 384 programs) and ring2 (m > 16, 1.07x at 192) won in both
-    runs; for m <= 8 the two runs disagreed (+-20 %): those timings were host-bound (the host side
-    of a forward+backward took ~0.6 ms, more than the GPU work; ``tools/host_overhead.py``). With
-    CUDA-graph replays (H100, 2026-11-25, ``tools/fwdbwd_chunk_sweep.py --set bwd --graph``) ring4
-    won every case below 1024 programs: B8 T2048 N768 m = 2 / 4 / 8 0.307 / 0.509 / 0.653 ms
-    against g4's 0.481 / 0.704 / 0.809 (fwd+bwd), B1 T16384 N768 (chunked) m = 2 / 4 / 8 0.327 /
-    0.585 / 1.240 against 0.365 / 0.678 / 1.473. ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
+    """Backward kernel, from forward+backward timings (README.md). H200 (fp32, 2026-11-22), 1024+
+    programs (B8 T2048 N4096): ring kernels won (m = 2 ring4 1.15x, m = 4 ring2 1.22x, m = 8 ring4
+    1.05x, m = 32 ring2 = v1), m = 16 v1 (ring4 0.97x); below 1024 programs ring4 (m = 9..16,
+    1.21x) and ring2 (m > 16, 1.07x). H100 CUDA graphs (2026-11-25, ``fwdbwd_chunk_sweep.py --set
+    bwd --graph``): ring4 won every case below 1024 programs, e.g. B8 T2048 N768 m = 2 / 4 / 8
+    0.307 / 0.509 / 0.653 ms against g4's 0.481 / 0.704 / 0.809. ``TUNE['bwd_variant']`` overrides
+    (``ring`` = ring2)."""
     if "bwd_variant" in TUNE:
         return TUNE["bwd_variant"]
     mp = next_pow2(m)
@@ -518,8 +514,12 @@ def _bd_apply(A, b, h0, cu, nseq):
     mp, bh, _, _ = _bd_cfg(m)
     grad = _needs_grad(A, b, h0)
     chunk = _choose_chunk(nseq * cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m, grad)
-    # opt-in, not yet timed on a GPU: one look-back pass instead of the chunked forward
-    lookback = TUNE.get("bd_lookback", False) and not grad and chunk is not None
+    # opt-in, not yet timed on a GPU: one look-back pass where the forward would chunk ("always":
+    # also where it would not, e.g. B8 T2048 N768, to time it there)
+    mode = TUNE.get("bd_lookback", False)
+    if mode not in (False, True, "always"):
+        raise ValueError(f"TUNE['bd_lookback'] must be False, True or 'always', got {mode!r}")
+    lookback = not grad and (mode == "always" or (mode is True and chunk is not None))
     return _ScanFn.apply(A, b, h0, cu, None if lookback else chunk, False, lookback)
 
 

@@ -40,7 +40,7 @@ import triton.language as tl
 from .._host import cdiv, next_pow2
 from .fwd import _seq_bounds
 from .lookback import _publish
-from .summary import summary_dot_cfg
+from .summary import _chunk_summary, _tile_dot, _tile_layout, summary_dot_cfg
 
 __all__ = ["bd_lookback_forward", "bd_lookback_cfg"]
 
@@ -66,11 +66,7 @@ def _bd_look_back(Status, VP, VE, VI, base, c, offs_m, offs_v,
             p = tl.load(VP + (base + j) * (NT * D * D) + offs_m, volatile=True)
             e = tl.load(VE + (base + j) * (NT * D) + offs_v, volatile=True)
             eacc = tl.sum(pacc * e[:, None, :], axis=2) + eacc
-            if NT == 1:
-                pacc = tl.reshape(tl.dot(tl.reshape(pacc, (D, D)), tl.reshape(p, (D, D)),
-                                         input_precision=PREC), (NT, D, D))
-            else:
-                pacc = tl.dot(pacc, p, input_precision=PREC)
+            pacc = _tile_dot(pacc, p, D, NT, PREC)
             j = j - 1
     return eacc
 
@@ -85,8 +81,7 @@ def _bd_lookback_fwd(A, Bv, Hout, Init, Final, Status, VP, VE, VI, CU, T, H, NC,
     ``(nseq, H, M)``; ``Status`` int32 ``(ntile + 1,)`` zeroed; ``VP (ntile, NT, D, D)``,
     ``VE``/``VI (ntile, NT, D)`` fp32. ``PUBLISH_INCL = False`` (tests only): chunks beyond 0
     publish only aggregates, so every look-back walks to chunk 0."""
-    G: tl.constexpr = D // MP
-    GH = tl.cdiv(H, NT * G)  # block groups per sequence
+    GH = tl.cdiv(H, NT * (D // MP))  # block groups per sequence
     per = NSEQ * GH
     ntile = per * NC
     tid = tl.atomic_add(Status + ntile, 1)  # dynamic tile id, chunk-major (lookback.py)
@@ -94,30 +89,14 @@ def _bd_lookback_fwd(A, Bv, Hout, Init, Final, Status, VP, VE, VI, CU, T, H, NC,
     s = (tid % per) // GH
     pg = tid % GH
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
+    mrow, mask_a, offs_a, offs_s = _tile_layout(pg, H, M, MP, D, NT)
     r = tl.arange(0, D)
-    i = r % MP
     tt = tl.arange(0, NT)
-    hb = (pg * NT + tt)[:, None] * G + (r // MP)[None, :]  # (NT, D): block of row r
-    mrow = (hb < H) & (i < M)[None, :]
-    same = (r // MP)[:, None] == (r // MP)[None, :]
-    mask_a = mrow[:, :, None] & (same & (i < M)[None, :])[None, :, :]
-    offs_a = hb[:, :, None] * (M * M) + (i * M)[None, :, None] + i[None, None, :]
-    offs_s = hb * M + i[None, :]
     offs_m = tt[:, None, None] * (D * D) + r[None, :, None] * D + r[None, None, :]
     offs_v = tt[:, None] * D + r[None, :]
     HM = H * M
     HMM = HM * M
-    S = tl.zeros([NT, D, D], dtype=tl.float32) + (r[:, None] == r[None, :]).to(tl.float32)[None, :, :]
-    e = tl.zeros([NT, D], dtype=tl.float32)
-    for t in tl.range(t0, t1, num_stages=NS):
-        a = tl.load(A + t * HMM + offs_a, mask=mask_a, other=0.0).to(tl.float32)
-        bt = tl.load(Bv + t * HM + offs_s, mask=mrow, other=0.0).to(tl.float32)
-        e = tl.sum(a * e[:, None, :], axis=2) + bt
-        if NT == 1:
-            S = tl.reshape(tl.dot(tl.reshape(a, (D, D)), tl.reshape(S, (D, D)),
-                                  input_precision=PREC), (NT, D, D))
-        else:
-            S = tl.dot(a, S, input_precision=PREC)
+    S, e = _chunk_summary(A, Bv, t0, t1, HM, HMM, mrow, mask_a, offs_a, offs_s, D, NT, PREC, NS)
     base = (s.to(tl.int64) * GH + pg) * NC
     me = base + c
     carry = tl.zeros([NT, D], dtype=tl.float32)

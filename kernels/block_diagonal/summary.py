@@ -29,38 +29,63 @@ from .fwd import _seq_bounds
 __all__ = ["summary_dot_cfg", "launch_summary_dot"]
 
 
-@triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
-def _bd_summary_dot_kernel(A, Bv, Pout, Eout, CU, T, H, CHUNK, NC,
-                           M: tl.constexpr, MP: tl.constexpr, D: tl.constexpr, NT: tl.constexpr,
-                           PREC: tl.constexpr, NS: tl.constexpr, VARLEN: tl.constexpr):
-    """``A`` rows ``(B*T, H, M, M)``, ``Bv`` rows ``(B*T, H, M)``; ``Pout (nseq, NC, H, M, M)`` and
-    ``Eout (nseq, NC, H, M)`` fp32. Grid ``(cdiv(H, NT * D // MP), nseq, NC)``."""
-    G: tl.constexpr = D // MP
-    s = tl.program_id(1)
-    c = tl.program_id(2)
-    bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
+@triton.jit
+def _tile_dot(x, y, D: tl.constexpr, NT: tl.constexpr, PREC: tl.constexpr):
+    """``x @ y`` for ``NT`` tiles ``(NT, D, D)`` (a 2-D dot for one tile: the 3-D form needs a
+    batch dimension Triton can lay out)."""
+    if NT == 1:
+        return tl.reshape(tl.dot(tl.reshape(x, (D, D)), tl.reshape(y, (D, D)), input_precision=PREC),
+                          (NT, D, D))
+    else:
+        return tl.dot(x, y, input_precision=PREC)
+
+
+@triton.jit
+def _tile_layout(group, H, M: tl.constexpr, MP: tl.constexpr, D: tl.constexpr, NT: tl.constexpr):
+    """Block group ``group`` (``NT`` tiles of ``D // MP`` blocks): ``(mrow (NT, D), mask_a
+    (NT, D, D), offs_a, offs_s)``, the masks and element offsets of its rows of ``b``/``h`` and of
+    its diagonal blocks of ``A`` within one time row."""
     r = tl.arange(0, D)
     i = r % MP  # row (column) inside its block
     tt = tl.arange(0, NT)
-    hb = (tl.program_id(0) * NT + tt)[:, None] * G + (r // MP)[None, :]  # (NT, D) block of row r
+    hb = (group * NT + tt)[:, None] * (D // MP) + (r // MP)[None, :]  # (NT, D) block of row r
     mrow = (hb < H) & (i < M)[None, :]
     same = (r // MP)[:, None] == (r // MP)[None, :]  # diagonal blocks of a tile
     mask_a = mrow[:, :, None] & (same & (i < M)[None, :])[None, :, :]
     offs_a = hb[:, :, None] * (M * M) + (i * M)[None, :, None] + i[None, None, :]
     offs_s = hb * M + i[None, :]
-    HM = H * M
-    HMM = HM * M
+    return mrow, mask_a, offs_a, offs_s
+
+
+@triton.jit
+def _chunk_summary(A, Bv, t0, t1, HM, HMM, mrow, mask_a, offs_a, offs_s,
+                   D: tl.constexpr, NT: tl.constexpr, PREC: tl.constexpr, NS: tl.constexpr):
+    """``(P, E)`` of steps ``[t0, t1)``: ``P <- A_t P`` from ``I`` (tensor cores), ``E <- A_t E +
+    b_t`` from 0 (a mat-vec beside it), ``A`` read once."""
+    r = tl.arange(0, D)
     S = tl.zeros([NT, D, D], dtype=tl.float32) + (r[:, None] == r[None, :]).to(tl.float32)[None, :, :]
     e = tl.zeros([NT, D], dtype=tl.float32)
     for t in tl.range(t0, t1, num_stages=NS):
         a = tl.load(A + t * HMM + offs_a, mask=mask_a, other=0.0).to(tl.float32)
         bt = tl.load(Bv + t * HM + offs_s, mask=mrow, other=0.0).to(tl.float32)
         e = tl.sum(a * e[:, None, :], axis=2) + bt
-        if NT == 1:  # a 2-D dot: the 3-D form needs a batch dimension Triton can lay out
-            S = tl.reshape(tl.dot(tl.reshape(a, (D, D)), tl.reshape(S, (D, D)),
-                                  input_precision=PREC), (NT, D, D))
-        else:
-            S = tl.dot(a, S, input_precision=PREC)
+        S = _tile_dot(a, S, D, NT, PREC)
+    return S, e
+
+
+@triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
+def _bd_summary_dot_kernel(A, Bv, Pout, Eout, CU, T, H, CHUNK, NC,
+                           M: tl.constexpr, MP: tl.constexpr, D: tl.constexpr, NT: tl.constexpr,
+                           PREC: tl.constexpr, NS: tl.constexpr, VARLEN: tl.constexpr):
+    """``A`` rows ``(B*T, H, M, M)``, ``Bv`` rows ``(B*T, H, M)``; ``Pout (nseq, NC, H, M, M)`` and
+    ``Eout (nseq, NC, H, M)`` fp32. Grid ``(cdiv(H, NT * D // MP), nseq, NC)``."""
+    s = tl.program_id(1)
+    c = tl.program_id(2)
+    bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
+    mrow, mask_a, offs_a, offs_s = _tile_layout(tl.program_id(0), H, M, MP, D, NT)
+    HM = H * M
+    HMM = HM * M
+    S, e = _chunk_summary(A, Bv, t0, t1, HM, HMM, mrow, mask_a, offs_a, offs_s, D, NT, PREC, NS)
     sc = s.to(tl.int64) * NC + c
     tl.store(Pout + sc * HMM + offs_a, S, mask=mask_a)
     tl.store(Eout + sc * HM + offs_s, e, mask=mrow)

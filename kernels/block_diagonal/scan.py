@@ -17,11 +17,10 @@ import torch
 from .._host import cdiv, device_name, next_pow2, num_sms
 
 from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
-from .fwd import (_bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _bd_summary_kernel,
-                  _diag_fwd_kernel)
+from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kernel
 from .lookback import lookback_cfg
 from .lookback_dot import bd_lookback_forward
-from .summary import launch_summary_dot
+from .summary import launch_summary
 
 __all__ = ["block_diagonal_scan", "diagonal_scan"]
 
@@ -218,36 +217,6 @@ def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, N
         _bd_fwd_kernel[grid](A, b, h, init, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH, NS=NS, **kw)
 
 
-def _summary_launch(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, mp, bh, nw, ns, varlen):
-    """Chunk summaries ``P`` (product of the chunk's transitions) and ``E`` (its end state from 0).
-    ``ring`` (default below m = 5): ``_bd_fwd_ring`` with one column of ``[P | E]`` per program;
-    ``v1``: the matrix-state kernel ``_bd_summary_kernel``; ``dot`` (default from m = 5 on, 8 x 8
-    padded blocks): ``summary.py`` (``S <- A_t S`` on tensor cores, ``A`` read once);
-    ``TUNE['summary']`` overrides."""
-    # H100, fp32, B1 T16384 N768, 256-step chunks, forward, ring vs dot: m = 2 0.327 vs 0.748 ms,
-    # 4 0.261 vs 0.473 (tiles mostly zeros), 8 0.581 vs 0.556, 16 2.197 vs 0.685, 32 8.707 vs 1.778
-    kind = TUNE.get("summary", "dot" if mp >= 8 else "ring")
-    if kind not in ("ring", "v1", "dot"):
-        raise ValueError(f"TUNE['summary'] must be 'ring', 'v1' or 'dot', got {kind!r}")
-    if kind == "dot":
-        launch_summary_dot(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, ns, varlen, TUNE)
-        return
-    if kind == "ring":
-        var = _fwd_variant()
-        R = int(var[4:]) if var.startswith("ring") else 2
-        _bd_fwd_ring[(cdiv(H, bh) * (m + 1), nseq, nc)](
-            A, b, b, b, E, P, cu_arg, T, H, chunk, nc, M=m, MP=mp, BH=bh, R=R, SUMMARY=True,
-            HAS_INIT=False, STORE_H=False, STORE_FINAL=True, VARLEN=varlen, num_warps=nw)
-        return
-    ncb = min(next_pow2(m + 1), 16)
-    ngrp = cdiv(m + 1, ncb)
-    bhs = max(1, 1024 // (mp * mp * ncb))
-    nws = max(1, min(8, bhs * mp * mp * ncb // 1024))
-    _bd_summary_kernel[(cdiv(H, bhs) * ngrp, nseq, nc)](
-        A, b, P, E, cu_arg, T, H, chunk, nc, M=m, MP=mp, BH=bhs, NCB=ncb, NGRP=ngrp, NS=ns,
-        VARLEN=varlen, num_warps=nws, num_stages=ns)
-
-
 def _bd_forward(A, b, h0, cu, chunk):
     B, T, H, m = b.shape
     nseq = B if cu is None else cu.numel() - 1
@@ -268,7 +237,7 @@ def _bd_forward(A, b, h0, cu, chunk):
     nc = cdiv(_max_len(T, nseq, cu), chunk)
     P = _empty((nseq, nc, H, m, m), torch.float32, dev)
     E = _empty((nseq, nc, H, m), torch.float32, dev)
-    _summary_launch(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, mp, bh, nw, ns, varlen)
+    launch_summary(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, bh, nw, ns, varlen, TUNE, _fwd_variant())
     X = _empty((nseq, nc, H, m), torch.float32, dev)
     _fwd_launch((cdiv(H, bh), nseq, 1),
         P, E, X, h0 if h0 is not None else dummy, final, dummy, nc, H, nc, 1,

@@ -19,14 +19,16 @@ fp32 operand into a tf32 head and tail and keeps three of the four products, abo
 at a third of tf32's rate; ``"ieee"`` (the default for D = 32, where it measured faster) is plain
 fp32 FMA (no tensor cores); ``"tf32"`` is 10-bit
 mantissas (errors ~1e-3, not for fp32 tests).
+
+``launch_summary`` picks between the three summary kernels for the chunked forward.
 """
 import triton
 import triton.language as tl
 
 from .._host import cdiv, next_pow2
-from .fwd import _seq_bounds
+from .fwd import _bd_fwd_ring, _bd_summary_kernel, _seq_bounds
 
-__all__ = ["summary_dot_cfg", "launch_summary_dot"]
+__all__ = ["summary_dot_cfg", "launch_summary_dot", "launch_summary"]
 
 
 @triton.jit
@@ -117,3 +119,33 @@ def launch_summary_dot(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, ns, varlen,
     _bd_summary_dot_kernel[(cdiv(H, per_prog), nseq, nc)](
         A, b, P, E, cu_arg, T, H, chunk, nc, M=m, MP=next_pow2(m), D=d, NT=nt, PREC=prec, NS=ns,
         VARLEN=varlen, num_warps=nw, num_stages=ns)
+
+
+def launch_summary(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, bh, nw, ns, varlen, tune, fwd_variant):
+    """Chunk summaries ``P`` (product of the chunk's transitions) and ``E`` (its end state from 0)
+    for ``scan._bd_forward``, by ``tune['summary']``: ``ring`` (default below m = 5):
+    ``_bd_fwd_ring`` with one column of ``[P | E]`` per program (``fwd_variant`` picks its ring);
+    ``v1``: the matrix-state kernel ``_bd_summary_kernel``; ``dot`` (default from m = 5 on, 8 x 8
+    padded blocks): ``launch_summary_dot`` (``S <- A_t S`` on tensor cores, ``A`` read once)."""
+    mp = next_pow2(m)
+    # H100, fp32, B1 T16384 N768, 256-step chunks, forward, ring vs dot: m = 2 0.327 vs 0.748 ms,
+    # 4 0.261 vs 0.473 (tiles mostly zeros), 8 0.581 vs 0.556, 16 2.197 vs 0.685, 32 8.707 vs 1.778
+    kind = tune.get("summary", "dot" if mp >= 8 else "ring")
+    if kind not in ("ring", "v1", "dot"):
+        raise ValueError(f"TUNE['summary'] must be 'ring', 'v1' or 'dot', got {kind!r}")
+    if kind == "dot":
+        launch_summary_dot(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, ns, varlen, tune)
+        return
+    if kind == "ring":
+        R = int(fwd_variant[4:]) if fwd_variant.startswith("ring") else 2
+        _bd_fwd_ring[(cdiv(H, bh) * (m + 1), nseq, nc)](
+            A, b, b, b, E, P, cu_arg, T, H, chunk, nc, M=m, MP=mp, BH=bh, R=R, SUMMARY=True,
+            HAS_INIT=False, STORE_H=False, STORE_FINAL=True, VARLEN=varlen, num_warps=nw)
+        return
+    ncb = min(next_pow2(m + 1), 16)
+    ngrp = cdiv(m + 1, ncb)
+    bhs = max(1, 1024 // (mp * mp * ncb))
+    nws = max(1, min(8, bhs * mp * mp * ncb // 1024))
+    _bd_summary_kernel[(cdiv(H, bhs) * ngrp, nseq, nc)](
+        A, b, P, E, cu_arg, T, H, chunk, nc, M=m, MP=mp, BH=bhs, NCB=ncb, NGRP=ngrp, NS=ns,
+        VARLEN=varlen, num_warps=nws, num_stages=ns)

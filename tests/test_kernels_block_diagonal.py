@@ -362,9 +362,11 @@ def test_summary_dot_end_to_end(m):
 
 
 def test_summary_dot_bad_tune():
-    """Unknown summary kinds, precisions and non-power-of-two tile counts raise, naming the key."""
+    """Unknown summary kinds, precisions, non-power-of-two tile counts and pipeline depths
+    outside [1, 16] raise, naming the key."""
     A, b = make(1, 40, 2, 2, seed=1)
-    for key, val in (("summary", "fast"), ("sum_prec", "fp16"), ("sum_nt", 3)):
+    for key, val in (("summary", "fast"), ("sum_prec", "fp16"), ("sum_nt", 3), ("sum_ns", 0),
+                     ("sum_ns", 2.5)):
         scanmod.TUNE.clear()
         scanmod.TUNE.update({"summary": "dot", "chunk": 8, key: val})
         with pytest.raises(ValueError, match=key):

@@ -32,12 +32,18 @@ def _tune():
     scanmod.TUNE.update(saved)
 
 
-def make(B, T, H, m, dtype=torch.float32, seed=0):
+def make(B, T, H, m, dtype=torch.float32, seed=0, pool=None):
     """Near-orthogonal transitions ``0.999 Q_t``: chunk products stay O(1), so an error in one (or
     in the order of a composition) reaches every later output. ``make`` of the block-diagonal
-    tests contracts: its 8-step products are ~1e-3 and hide such errors."""
+    tests contracts: its 8-step products are ~1e-3 and hide such errors. ``pool``: draw the
+    ``Q_t`` from that many QR factors (a batched fp64 QR of the 6.3 M blocks of B1 T16384 N768
+    m = 2 outlasted a 200 s device stage)."""
     g = torch.Generator(device=DEV).manual_seed(seed)
-    q, _ = torch.linalg.qr(torch.randn(B, T, H, m, m, generator=g, dtype=torch.float64, device=DEV))
+    n = B * T * H if pool is None else pool
+    q, _ = torch.linalg.qr(torch.randn(n, m, m, generator=g, dtype=torch.float64, device=DEV))
+    if pool is not None:
+        q = q[torch.randint(0, pool, (B * T * H,), generator=g, device=DEV)]
+    q = q.reshape(B, T, H, m, m)
     b = torch.randn(B, T, H, m, generator=g, device=DEV)
     return (0.999 * q).to(DEV, dtype).contiguous(), b.to(DEV, dtype).contiguous()
 
@@ -144,6 +150,32 @@ def test_routing(monkeypatch):
         bd.block_diagonal_scan(A, b)
 
 
+@pytest.mark.parametrize("m, want", [(2, False), (15, False), (16, True), (17, True)])
+def test_routing_auto(monkeypatch, m, want):
+    """The default (``"auto"``): the look-back replaces the chunked forward without gradients from
+    ``m = bdlb_min_m`` (16) on; below it the chunked forward runs; never where the forward would
+    not chunk, never with gradients."""
+    calls = []
+    real = lookback_dot.bd_lookback_forward
+    monkeypatch.setattr(scanmod, "bd_lookback_forward", lambda *a: calls.append(1) or real(*a))
+    scanmod.TUNE.pop("bd_lookback")
+    A, b = make(1, 20, 2, m, seed=m)
+    with torch.no_grad():
+        h, hf = bd.block_diagonal_scan(A, b, None, True)
+    hr, hfr = ref.block_diagonal_scan_ref(A.double(), b.double(), None, True)
+    assert calls == ([1] if want else []) and max(rel(h, hr), rel(hf, hfr)) < 1e-5
+    A.requires_grad_()
+    bd.block_diagonal_scan(A, b)[0].sum().backward()
+    scanmod.TUNE["chunk"] = 0
+    with torch.no_grad():
+        bd.block_diagonal_scan(A.detach(), b)
+    assert calls == ([1] if want else [])
+    scanmod.TUNE.update(chunk=8, bdlb_min_m=2)
+    with torch.no_grad():
+        bd.block_diagonal_scan(A.detach(), b)
+    assert calls == ([1, 1] if want else [1])
+
+
 def test_bad_chunk():
     scanmod.TUNE["bdlb_chunk"] = 12
     A, b = make(1, 20, 2, 2, seed=1)
@@ -162,7 +194,7 @@ def test_gpu_many_tiles(m, chunk):
     scanmod.TUNE.update(bd_lookback=True, bdlb_chunk=chunk)
     for B, T, H, cu in ((1, 16384, 768 // m, None),
                         (1, 9000, 256 // m, torch.tensor([0, 1, 4000, 4000, 9000], device=DEV))):
-        A, b = make(B, T, H, m, seed=m + chunk)
+        A, b = make(B, T, H, m, seed=m + chunk, pool=4096)
         h0 = torch.randn(B if cu is None else cu.numel() - 1, H, m, device=DEV)
         hr, hfr = ref.block_diagonal_scan_ref(A.double(), b.double(), h0.double(), True, cu)
         for _ in range(3):

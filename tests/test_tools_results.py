@@ -100,6 +100,19 @@ def test_graph_time_synchronises_before_the_side_stream(monkeypatch):
     assert calls == ["sync", ("bench", 7, "median")]
 
 
+def test_kernel_times_per_call_on_cpu():
+    """measure.kernel_times: operators of fn per call (CPU: self CPU time), largest first; a
+    matmul done twice per call counts 2 calls."""
+    import torch
+
+    from lrnn_scan.bench import measure
+    a = torch.randn(200, 200)
+    kt = measure.kernel_times(lambda: (a @ a) @ a, "cpu", iters=3)
+    assert kt["aten::mm"][0] == 2 and kt["aten::mm"][1] > 0
+    us = [v[1] for v in kt.values()]
+    assert us == sorted(us, reverse=True)
+
+
 def test_memcheck_kernels_runs_every_family_on_the_interpreter(capsys, monkeypatch):
     """tools/memcheck_kernels.py (run under compute-sanitizer on the GPU): one case of every kernel
     family, forward and backward, finite, under the interpreter with poisoned buffers."""
@@ -322,7 +335,7 @@ def test_fwdbwd_chunk_sweep_render_old_and_new_rows(tmp_path):
                graph_ms=None)
     new = dict(B=1, T=16384, N=768, m=16, choice="dot256", tune={"summary": "dot", "chunk": 256},
                ms=0.6847, err=1.63e-07, pct_copy=44.2, fwd_only=True, tbps=1.323, vs_default=0.342,
-               graph_ms=0.6755)
+               graph_ms=0.6755, kernels={"_bd_summary_dot_kernel": [1, 301.5], "_bd_fwd_ring": [1, 250.2]})
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(dict(date="d", set="summary", copy_tbps=2.997, device="GPU X", torch="t",
                                     triton="tr", rows=[old, new])))
@@ -333,3 +346,5 @@ def test_fwdbwd_chunk_sweep_render_old_and_new_rows(tmp_path):
     assert "| 8 | 2048 | 768 | 2 | fwd+bwd | default | — | 0.6400 | 1.100 | — | 1.000 | — | — |" in text
     assert ('| 1 | 16384 | 768 | 16 | fwd | dot256 | {"summary": "dot", "chunk": 256} | 0.6847 | 1.323 | '
             '44.2 | 0.342 | 0.6755 | 1.6e-07 |') in text
+    assert "| 1 | 16384 | 768 | 16 | fwd | dot256 | `_bd_summary_dot_kernel` | 1 | 301.5 |" in text
+    assert text.count("| fwd | dot256 | `") == 2  # the old row has no kernels

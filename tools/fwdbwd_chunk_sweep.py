@@ -5,9 +5,10 @@ chunk rule) or the chunk summaries (``--set summary``: ring vs the tensor-core `
 forced chunk lengths; ``--fwd`` times the forward alone): finds the rule behind the slow rows of
 scan_throughput.py at N768 and B1 T16384. ``err``: relative RMS against the first choice. fp32,
 do_bench medians; ``--graph`` also times CUDA-graph replays (``do_bench_cudagraph``: no host
-launch overhead), so a row that is host-bound shows as a large plain/graph ratio.
+launch overhead), so a row that is host-bound shows as a large plain/graph ratio. ``--profile``
+adds each row's kernels (torch.profiler: calls and microseconds per call of the pass).
 
-    python tools/fwdbwd_chunk_sweep.py [--set chunk|bwd|summary] [--fwd] [--m 1 2 4] [--graph] [--shapes 8x2048x768] [--out DIR]
+    python tools/fwdbwd_chunk_sweep.py [--set chunk|bwd|summary] [--fwd] [--m 1 2 4] [--graph] [--shapes 8x2048x768] [--profile] [--out DIR]
     python tools/fwdbwd_chunk_sweep.py --render OUT/fwdbwd_chunk_sweep.json --results benchmarks/RESULTS.md
 """
 import argparse
@@ -20,24 +21,40 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lrnn_scan.bench.measure import copy_bandwidth, graph_time  # noqa: E402
+from lrnn_scan.bench.measure import copy_bandwidth, graph_time, kernel_times  # noqa: E402
 from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
 
 CHOICES = {"default": {}, "no_chunk": {"chunk": 0}, "target1": {"chunk_target": 1},
            "target2": {"chunk_target": 2}, "target8": {"chunk_target": 8}, "chunk256": {"chunk": 256},
            "chunk512": {"chunk": 512}, "chunk1024": {"chunk": 1024}}
+for _name, _tune in CHOICES.items():   # --fwd rows: the chunked forward, not the default look-back
+    if _name != "default":
+        _tune["bd_lookback"] = False
 # chunk summaries (summary.py): tensor-core products vs the ring summary, forced 256/512-step chunks
-SUMMARY_CHOICES = {"default": {}, "ring256": {"chunk": 256}, "dot256": {"summary": "dot", "chunk": 256},
-                   "dot512": {"summary": "dot", "chunk": 512},
-                   "dot256_nt2": {"summary": "dot", "chunk": 256, "sum_nt": 2},
-                   "dot256_ieee": {"summary": "dot", "chunk": 256, "sum_prec": "ieee"},
-                   "dot256_tf32": {"summary": "dot", "chunk": 256, "sum_prec": "tf32"},
+# chunked rows keep bd_lookback off (the default look-back takes forwards from m = 16 on)
+SUMMARY_CHOICES = {"default": {}, "chunked": {"bd_lookback": False},
+                   "ring256": {"summary": "ring", "chunk": 256, "bd_lookback": False},
+                   "dot256": {"summary": "dot", "chunk": 256, "bd_lookback": False},
+                   "dot512": {"summary": "dot", "chunk": 512, "bd_lookback": False},
+                   "dot256_nt2": {"summary": "dot", "chunk": 256, "bd_lookback": False, "sum_nt": 2},
+                   "dot256_ieee": {"summary": "dot", "chunk": 256, "bd_lookback": False, "sum_prec": "ieee"},
+                   "dot256_tf32": {"summary": "dot", "chunk": 256, "bd_lookback": False, "sum_prec": "tf32"},
                    # single-pass look-back (lookback_dot.py; forward without gradients only: with
                    # gradients these rows are the default chunked path again)
                    "lookback64": {"bd_lookback": True, "bdlb_chunk": 64},
                    "lookback128": {"bd_lookback": True, "bdlb_chunk": 128},
                    "lookback32": {"bd_lookback": True, "bdlb_chunk": 32},
-                   "lookback64_always": {"bd_lookback": "always", "bdlb_chunk": 64}}  # unchunked shapes too
+                   "lookback64_always": {"bd_lookback": "always", "bdlb_chunk": 64},  # unchunked shapes too
+                   # deeper software pipelines of the summary loop (sum_ns: its loads in flight)
+                   "dot256_ns4": {"summary": "dot", "chunk": 256, "bd_lookback": False, "sum_ns": 4},
+                   "dot256_ns6": {"summary": "dot", "chunk": 256, "bd_lookback": False, "sum_ns": 6},
+                   "dot256_ns8": {"summary": "dot", "chunk": 256, "bd_lookback": False, "sum_ns": 8},
+                   "dot256_ns12": {"summary": "dot", "chunk": 256, "bd_lookback": False, "sum_ns": 12},
+                   "lookback64_ns3": {"bd_lookback": True, "bdlb_chunk": 64, "sum_ns": 3},
+                   "lookback64_ns8": {"bd_lookback": True, "bdlb_chunk": 64, "sum_ns": 8},
+                   "lookback128_ns8": {"bd_lookback": True, "bdlb_chunk": 128, "sum_ns": 8},
+                   # shorter chunks: less of A in flight between a chunk's two reads (L2 reuse?)
+                   "lookback16": {"bd_lookback": True, "bdlb_chunk": 16}}
 BWD_CHOICES = {"default": {}, "bwd_g4": {"bwd_variant": "g4"}, "bwd_ring2": {"bwd_variant": "ring2"},
                "bwd_ring4": {"bwd_variant": "ring4"}, "bwd_v1": {"bwd_variant": "v1"}}
 
@@ -62,6 +79,15 @@ def render(path, results):
                      f"{json.dumps(r['tune']) if r['tune'] else '—'} | {r['ms']:.4f} | {r['tbps']:.3f} | "
                      f"{r.get('pct_copy', '—')} | "
                      f"{r['vs_default']:.3f} | {graph} | {err} |\n")
+        prof = [r for r in d["rows"] if r.get("kernels")]
+        if prof:
+            fh.write("\nKernels of each row (torch.profiler; calls and microseconds per call of the pass):\n\n"
+                     "| B | T | N | m | pass | choice | kernel | calls | µs |\n|---|---|---|---|---|---|---|---|---|\n")
+            for r in prof:
+                kind = "fwd" if r.get("fwd_only") else "fwd+bwd"
+                for k, (c, us) in r["kernels"].items():
+                    fh.write(f"| {r['B']} | {r['T']} | {r['N']} | {r['m']} | {kind} | {r['choice']} | "
+                             f"`{k}` | {c:g} | {us:.1f} |\n")
 
 
 def main():
@@ -74,6 +100,8 @@ def main():
     ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--graph", action="store_true", help="also time CUDA-graph replays")
     ap.add_argument("--shapes", nargs="+", default=["8x2048x768", "1x16384x768"], help="BxTxN")
+    ap.add_argument("--choices", nargs="+", default=None, help="only these choices of the set")
+    ap.add_argument("--profile", action="store_true", help="also record each row's kernel times")
     a = ap.parse_args()
     if a.render:
         return render(a.render, a.results)
@@ -96,6 +124,8 @@ def main():
             base = ref = None
             choices = {"chunk": CHOICES, "bwd": BWD_CHOICES, "summary": SUMMARY_CHOICES}[a.set]
             for name, tune in choices.items():
+                if a.choices and name not in a.choices:
+                    continue
                 try:
                     with S.tuned(tune):
                         if a.fwd:
@@ -117,6 +147,7 @@ def main():
                             triton.testing.do_bench(f, warmup=10, rep=40)
                         ms = triton.testing.do_bench(f, warmup=10, rep=40)
                         gms = graph_time(f, rep=40) if a.graph else None
+                        kt = kernel_times(f, "cuda") if a.profile else {}
                 except Exception as e:  # keep the other rows
                     print(f"B{B} T{T} N{N} m{m} {name}: {e!r}"[:200], flush=True)
                     continue
@@ -126,10 +157,14 @@ def main():
                            fwd_only=a.fwd,
                            tbps=round(floor / ms / 1e9, 3), vs_default=round(ms / base, 3),
                            graph_ms=None if gms is None else round(gms, 4))
+                if kt:
+                    row["kernels"] = {k[:90]: [round(c, 2), round(us, 1)] for k, (c, us) in list(kt.items())[:8]}
                 rows.append(row)
                 print(f"B{B} T{T} N{N} m{m:2d} {name:10s} {ms:8.4f} ms {row['tbps']:6.3f} TB/s "
                       f"{row['pct_copy']:5.1f} % x{row['vs_default']:.3f} graph {row['graph_ms']} "
                       f"err {err:.2e}", flush=True)
+                for k, (c, us) in row.get("kernels", {}).items():
+                    print(f"    {us:9.1f} us  x{c:<5g} {k}", flush=True)
                 # written after every row: a run cut short keeps what it measured
                 (Path(a.out) / out_name).write_text(json.dumps(
                     dict(date=date, set=a.set, copy_tbps=round(copy, 3), device=torch.cuda.get_device_name(),

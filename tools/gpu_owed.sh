@@ -2,21 +2,17 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-26, fourteenth session). Everything the thirteenth session left
-#   owed ran in the fourteenth (two H100s): the delta int64 ids passed all 43 delta rows and
-#   memcheck (0 errors) and were re-timed against fla (ratios unchanged). New in the fourteenth:
-#   tensor-core chunk summaries (kernels/block_diagonal/summary.py, default from m = 5 on) and the
-#   chunk rule that goes with them; their GPU tests passed (summary_dot_*, long_chunked_varlen,
-#   backward_ring, full_size; test_gpu_models 67, test_gpu_compile 10) and B1 T16384 N768 was
-#   re-timed. Owed, first: the single-pass block look-back (kernels/block_diagonal/lookback_dot.py,
-#   opt-in TUNE["bd_lookback"], written after the budget was spent, never run on a GPU): its race
-#   test and its timing against the chunked default, in one call:
-#     tools/gpu_pair.sh "SWEEP_SET=summary SWEEP_FWD=1 SWEEP_GRAPH=1 SWEEP_M=2,8,16,32 SWEEP_SHAPES=1x16384x768,8x2048x768 sweep" \
-#       "PYTEST_FILES=tests/test_kernels_lookback_dot.py PYTEST_K=gpu pytest"
-#   Then one scan_throughput.py run over all three issue-3 shapes (the B8 rows do not chunk, so
-#   their code path is unchanged) and test_gpu_fused_companion.py (cut by the budget after 29 of
-#   32 rows, none failed):
-#     tools/gpu_pair.sh "STAGE_TIMEOUT=560 scan" "PYTEST_FILES=tests/gpu/test_gpu_fused_companion.py pytest"
+# Suggested order (written 2026-11-26, fifteenth session). Everything the fourteenth session left
+#   owed ran in the fifteenth (two H100s): the block look-back's race test (8 passed) and timing,
+#   scan_throughput over all three shapes, the rest of test_gpu_fused_companion (32 passed). The
+#   look-back is now the default for forwards without gradients from m = 16 on; with it the GPU
+#   tests passed again (look-back race test + test_gpu_block_diagonal full_size / summary_dot /
+#   long_memory: 35, test_gpu_models: 67). Nothing GPU-untested is owed. Leads for issue 3, each
+#   to be timed against the default in one call (fwdbwd_chunk_sweep.py --set summary --fwd
+#   --profile, and the ncu stage for where the cycles go):
+#     tools/gpu_pair.sh "SWEEP_SET=summary SWEEP_FWD=1 SWEEP_GRAPH=1 SWEEP_PROFILE=1 SWEEP_M=8,16,32 SWEEP_SHAPES=1x16384x768 sweep" \
+#       "NCU_M=8,16 NCU_KERNELS=_bd_summary|_bd_lookback ncu"
+#   (a summary step without the accumulator-to-operand shuffles; E folded into the dot).
 #   The delta cache filter below matched 1013 entries (45 MiB) in the fourteenth session: not saved.
 #   Carry the Triton cache between calls
 #   (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp
@@ -75,9 +71,10 @@
 # writing $OUT/triton_cache.tar.gz: copy it to .triton_cache/ here and carry ".triton_cache" in the
 # next call, which then skips recompiling unchanged kernels (tools/triton_cache.sh).
 set -uo pipefail
+export PYTHONUNBUFFERED=1  # a stage cut by its timeout still leaves its progress in the logs
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh memcheck|bd|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
+stage=${1:?usage: gpu_owed.sh ncu|memcheck|bd|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -160,10 +157,21 @@ case "$stage" in
       --variants ${DELTA_VARIANTS:-default s11_default dhs16 reload_k_always} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
-    # SWEEP_SET (chunk|bwd|summary), SWEEP_FWD=1 (forward alone), SWEEP_M, SWEEP_SHAPES
+    # SWEEP_SET (chunk|bwd|summary), SWEEP_FWD=1 (forward alone), SWEEP_M, SWEEP_SHAPES,
+    # SWEEP_CHOICES (a subset of the set), SWEEP_PROFILE=1 (each row's kernel times)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" --set ${SWEEP_SET:-chunk} \
-      ${SWEEP_FWD:+--fwd} ${SWEEP_GRAPH:+--graph} --m ${SWEEP_M:-1 2 4 8 16} --shapes ${SWEEP_SHAPES:-8x2048x768 1x16384x768} \
+      ${SWEEP_FWD:+--fwd} ${SWEEP_GRAPH:+--graph} ${SWEEP_PROFILE:+--profile} ${SWEEP_CHOICES:+--choices $SWEEP_CHOICES} \
+      --m ${SWEEP_M:-1 2 4 8 16} --shapes ${SWEEP_SHAPES:-8x2048x768 1x16384x768} \
       2>&1 | tee -a "$OUT/sweep.log" | tail -40 ;;
+  ncu)
+    # hardware counters of the block-diagonal kernels (tools/ncu_bd.py): NCU_M, NCU_GRAD=1, NCU_TUNE
+    # (JSON), NCU_KERNELS (regex), NCU_SKIP/NCU_COUNT (launches), NCU_SECTIONS
+    tune=${NCU_TUNE:-}; [ -n "$tune" ] || tune='{}'
+    timeout ${STAGE_TIMEOUT:-300} ncu --clock-control none --kernel-name "regex:${NCU_KERNELS:-_bd_}" \
+      --launch-skip ${NCU_SKIP:-0} --launch-count ${NCU_COUNT:-20} \
+      $(for s in ${NCU_SECTIONS:-SpeedOfLight Occupancy LaunchStats WarpStateStats SchedulerStats MemoryWorkloadAnalysis}; do printf -- "--section %s " $s; done) \
+      python3 tools/ncu_bd.py --m ${NCU_M:-8 16} ${NCU_GRAD:+--grad} --tune "$tune" \
+      > "$OUT/ncu_$(date +%H%M%S).log" 2>&1; tail -5 "$OUT"/ncu_*.log ;;
   layers)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/layer_targets.py --precisions bf16-autocast --out "$OUT" \
       --fla-unguarded --results "$OUT/RESULTS_layers.md" 2>&1 | tee "$OUT/layers.log" | tail -40 ;;
@@ -176,7 +184,8 @@ case "$stage" in
   scan)
     # --skip-variants: the forward-variant and m = 1 tile rows (36 extra compilations; with them the
     # 2026-11-25 run did not finish in 390 s) are in RESULTS.md (2026-11-24, 2026-11-25)
-    # SCAN_ARGS: more options, e.g. SCAN_ARGS="--no-peers --shapes 1x16384x768"
+    # SCAN_ARGS: more options, e.g. SCAN_ARGS="--no-peers --shapes 1x16384x768". Carry ".whl":
+    # without it accelerated-scan's rows are missing (fifteenth session, call 5)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --skip-variants ${SCAN_ARGS:-} --out "$OUT" \
       --results "$OUT/RESULTS_scan.md" 2>&1 | tee "$OUT/scan.log" | tail -40 ;;
   train)

@@ -40,7 +40,7 @@ import triton.language as tl
 from .._host import cdiv, next_pow2
 from .fwd import _seq_bounds
 from .lookback import _publish
-from .summary import _chunk_summary, _tile_dot, _tile_layout, summary_dot_cfg
+from .summary import _chunk_summary, _tile_dot, _tile_layout, summary_dot_cfg, summary_stages
 
 __all__ = ["bd_lookback_forward", "bd_lookback_cfg"]
 
@@ -141,6 +141,8 @@ def bd_lookback_forward(A, b, h0, cu, tune, empty):
     B, T, H, m = b.shape
     nseq = B if cu is None else cu.numel() - 1
     ch, d, nt, prec, nw = bd_lookback_cfg(m, tune)
+    # 6 stages: H100, B1 T16384 N768, m = 16 0.634 ms against 0.654 with 3, m = 32 1.483 vs 1.515
+    ns = summary_stages(tune, 6)
     mp = next_pow2(m)
     dev = b.device
     max_len = T if cu is None else int((cu[1:] - cu[:-1]).max().item())
@@ -157,7 +159,7 @@ def bd_lookback_forward(A, b, h0, cu, tune, empty):
         _bd_lookback_fwd[(ntile,)](
             A, b, h, h0 if h0 is not None else b, final, status, vp, ve, vi,
             cu if cu is not None else b, T, H, nc, nseq, M=m, MP=mp, D=d, NT=nt, CHUNK=ch, PREC=prec,
-            NS=tune.get("num_stages", 3), HAS_INIT=h0 is not None, STORE_FINAL=True,
+            NS=ns, HAS_INIT=h0 is not None, STORE_FINAL=True,
             VARLEN=cu is not None, PUBLISH_INCL=bool(tune.get("lb_publish_incl", True)),
-            num_warps=nw, num_stages=tune.get("num_stages", 3))
+            num_warps=nw, num_stages=ns)
     return h, final, None

@@ -483,13 +483,24 @@ def _bd_apply(A, b, h0, cu, nseq):
     mp, bh, _, _ = _bd_cfg(m)
     grad = _needs_grad(A, b, h0)
     chunk = _choose_chunk(nseq * cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m, grad)
-    # opt-in, not yet timed on a GPU: one look-back pass where the forward would chunk ("always":
-    # also where it would not, e.g. B8 T2048 N768, to time it there)
-    mode = TUNE.get("bd_lookback", False)
-    if mode not in (False, True, "always"):
-        raise ValueError(f"TUNE['bd_lookback'] must be False, True or 'always', got {mode!r}")
-    lookback = not grad and (mode == "always" or (mode is True and chunk is not None))
+    lookback = not grad and _bd_lookback(m, chunk)
     return _ScanFn.apply(A, b, h0, cu, None if lookback else chunk, False, lookback)
+
+
+def _bd_lookback(m, chunk):
+    """One look-back pass (``lookback_dot.py``) instead of the chunked forward? Forwards without
+    gradients only. ``TUNE['bd_lookback']``: ``"auto"`` (default) where the forward would chunk
+    and ``m >= TUNE['bdlb_min_m']`` (16), ``True`` wherever it would chunk, ``"always"`` also
+    where it would not (to time it at B8 T2048 N768), ``False`` never. H100, fp32, B1 T16384
+    N768, CUDA graphs (RESULTS.md, 2026-11-26 fifteenth session): m = 16 0.634 ms against 0.675
+    chunked, m = 32 1.483 against 1.778; with 3 stages m = 8 0.552 against 0.541 and m = 4 0.531
+    against 0.232 (its 16 x 16 tensor-core tiles are mostly zeros there)."""
+    mode = TUNE.get("bd_lookback", "auto")
+    if mode not in (False, True, "always", "auto"):
+        raise ValueError(f"TUNE['bd_lookback'] must be 'auto', False, True or 'always', got {mode!r}")
+    if mode == "auto":
+        return chunk is not None and m >= TUNE.get("bdlb_min_m", 16)
+    return mode == "always" or (mode is True and chunk is not None)
 
 
 def _diag_apply(a, b, h0, cu, nseq):

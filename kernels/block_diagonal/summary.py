@@ -93,6 +93,15 @@ def _bd_summary_dot_kernel(A, Bv, Pout, Eout, CU, T, H, CHUNK, NC,
     tl.store(Eout + sc * HM + offs_s, e, mask=mrow)
 
 
+def summary_stages(tune, default):
+    """Software-pipeline depth of the summary loop (``TUNE['sum_ns']``, else ``default``): the
+    loop's loads in flight per program are ``sum_ns - 1`` time steps' tiles."""
+    ns = tune.get("sum_ns", default)
+    if not isinstance(ns, int) or not 1 <= ns <= 16:
+        raise ValueError(f"TUNE['sum_ns'] must be an int in [1, 16], got {ns!r}")
+    return ns
+
+
 def summary_dot_cfg(m, tune):
     """``(D, NT, PREC, num_warps)`` from ``TUNE`` keys ``sum_nt`` (tiles per program, default 1),
     ``sum_prec`` (``"tf32x3"`` on 16 x 16 tiles, ``"ieee"`` on 32 x 32) and ``sum_nw`` (1 warp per
@@ -115,6 +124,7 @@ def launch_summary_dot(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, ns, varlen,
     """Fill ``P (nseq, nc, H, m, m)`` and ``E (nseq, nc, H, m)`` (fp32) for chunks of ``chunk``
     steps; ``A (B, T, H, m, m)``, ``b (B, T, H, m)`` in any float dtype (read as fp32)."""
     d, nt, prec, nw = summary_dot_cfg(m, tune)
+    ns = summary_stages(tune, ns)
     per_prog = nt * (d // next_pow2(m))  # blocks per program
     _bd_summary_dot_kernel[(cdiv(H, per_prog), nseq, nc)](
         A, b, P, E, cu_arg, T, H, chunk, nc, M=m, MP=next_pow2(m), D=d, NT=nt, PREC=prec, NS=ns,

@@ -23,7 +23,8 @@ from typing import Callable
 
 import torch
 
-__all__ = ["device_label", "sync", "time_fn", "graph_time", "peak_memory", "copy_bandwidth", "environment"]
+__all__ = ["device_label", "sync", "time_fn", "graph_time", "kernel_times", "peak_memory", "copy_bandwidth",
+           "environment"]
 
 
 def device_label(device: torch.device) -> str:
@@ -51,6 +52,30 @@ def graph_time(fn: Callable[[], object], *, rep: int = 20, return_mode: str = "m
 
     torch.cuda.synchronize()
     return do_bench_cudagraph(fn, rep=rep, return_mode=return_mode)
+
+
+def kernel_times(fn: Callable[[], object], device, *, iters: int = 5) -> dict[str, tuple[float, float]]:
+    """Where the time of ``fn()`` goes: ``{name: (calls per call of fn, microseconds per call of fn)}``
+    from ``torch.profiler`` over ``iters`` calls after one untimed call, largest first. CUDA: the
+    device kernels (self device time); CPU: the operators (self CPU time)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    fn()
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as p:
+        for _ in range(iters):
+            fn()
+        sync(device)
+    out = {}
+    for e in p.key_averages():
+        if cuda and e.device_type != DeviceType.CUDA:
+            continue
+        t = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if t > 0:
+            out[e.key] = (e.count / iters, t / iters)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))
 
 
 def time_fn(fn: Callable[[], object], device, *, warmup: int = 1, rep: int = 3) -> float:

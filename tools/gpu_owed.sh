@@ -164,13 +164,13 @@ case "$stage" in
       --m ${SWEEP_M:-1 2 4 8 16} --shapes ${SWEEP_SHAPES:-8x2048x768 1x16384x768} \
       2>&1 | tee -a "$OUT/sweep.log" | tail -40 ;;
   ncu)
-    # hardware counters of the block-diagonal kernels (tools/ncu_bd.py): NCU_M, NCU_GRAD=1, NCU_TUNE
+    # hardware counters of the block-diagonal kernels (tools/ncu_bd.py): NCU_M, NCU_SHAPE, NCU_GRAD=1, NCU_TUNE
     # (JSON), NCU_KERNELS (regex), NCU_SKIP/NCU_COUNT (launches), NCU_SECTIONS
     tune=${NCU_TUNE:-}; [ -n "$tune" ] || tune='{}'
     timeout ${STAGE_TIMEOUT:-300} ncu --clock-control none --kernel-name "regex:${NCU_KERNELS:-_bd_}" \
       --launch-skip ${NCU_SKIP:-0} --launch-count ${NCU_COUNT:-20} \
       $(for s in ${NCU_SECTIONS:-SpeedOfLight Occupancy LaunchStats WarpStateStats SchedulerStats MemoryWorkloadAnalysis}; do printf -- "--section %s " $s; done) \
-      python3 tools/ncu_bd.py --m ${NCU_M:-8 16} ${NCU_GRAD:+--grad} --tune "$tune" \
+      python3 tools/ncu_bd.py --m ${NCU_M:-8 16} --shape ${NCU_SHAPE:-1x16384x768} ${NCU_GRAD:+--grad} --tune "$tune" \
       > "$OUT/ncu_$(date +%H%M%S).log" 2>&1; tail -5 "$OUT"/ncu_*.log ;;
   layers)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/layer_targets.py --precisions bf16-autocast --out "$OUT" \

@@ -113,6 +113,17 @@ def test_kernel_times_per_call_on_cpu():
     assert us == sorted(us, reverse=True)
 
 
+def test_ncu_bd_driver_runs_on_the_interpreter(capsys):
+    """tools/ncu_bd.py (what Nsight Compute runs on the GPU): forward and forward+backward, with
+    a TUNE override that sends m = 16 through the block look-back, on the CPU interpreter."""
+    pytest.importorskip("triton")
+    mod = _tool("ncu_bd")
+    mod.main(["--device", "cpu", "--shape", "1x20x32", "--m", "2", "16", "--runs", "1",
+              "--tune", '{"chunk": 8, "bdlb_chunk": 8}'])
+    mod.main(["--device", "cpu", "--shape", "1x20x32", "--m", "4", "--runs", "1", "--grad"])
+    assert capsys.readouterr().out.split() == ["m=2", "done", "m=16", "done", "m=4", "done"]
+
+
 def test_memcheck_kernels_runs_every_family_on_the_interpreter(capsys, monkeypatch):
     """tools/memcheck_kernels.py (run under compute-sanitizer on the GPU): one case of every kernel
     family, forward and backward, finite, under the interpreter with poisoned buffers."""

@@ -20,18 +20,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--shape", default="1x16384x768", help="BxTxN")
     ap.add_argument("--grad", action="store_true", help="forward+backward")
     ap.add_argument("--tune", default="{}", help="scan.TUNE overrides as JSON")
     ap.add_argument("--runs", type=int, default=2)
-    a = ap.parse_args()
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1")
+    a = ap.parse_args(argv)
     B, T, N = (int(x) for x in a.shape.split("x"))
     for m in a.m:
-        A = torch.randn(B, T, N // m, m, m, device="cuda") * (0.9 / m ** 0.5)
-        b = torch.randn(B, T, N // m, m, device="cuda")
+        A = torch.randn(B, T, N // m, m, m, device=a.device) * (0.9 / m ** 0.5)
+        b = torch.randn(B, T, N // m, m, device=a.device)
         A.requires_grad_(a.grad), b.requires_grad_(a.grad)
         with S.tuned(json.loads(a.tune)):
             for _ in range(a.runs):
@@ -40,7 +41,8 @@ def main():
                 else:
                     with torch.no_grad():
                         S.block_diagonal_scan(A, b)
-                torch.cuda.synchronize()
+                if a.device == "cuda":
+                    torch.cuda.synchronize()
         print(f"m={m} done", flush=True)
 
 

@@ -138,6 +138,29 @@ def test_memcheck_kernels_runs_every_family_on_the_interpreter(capsys, monkeypat
     assert all(r["nonfinite_grads"] and not any(r["nonfinite_grads"]) for r in rows), rows
 
 
+def test_memcheck_kernels_block_lookback_cases(monkeypatch):
+    """memcheck_kernels' forward-only block cases go through the block look-back (and are finite
+    under the interpreter with poisoned buffers), so compute-sanitizer sees that kernel too."""
+    import os
+
+    import torch
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter test (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA)")
+    from lrnn_scan.kernels.block_diagonal import lookback_dot, scan as S
+    mod = _tool("memcheck_kernels")
+    monkeypatch.setenv("LRNN_SCAN_POISON", "1")
+    calls = []
+    real = lookback_dot.bd_lookback_forward
+    monkeypatch.setattr(S, "bd_lookback_forward", lambda *a: calls.append(1) or real(*a))
+    cases = [(n, r) for n, r in mod._cases("block_diagonal", torch.device("cpu"), True)
+             if n.endswith("_fwd_lookback")]
+    assert len(cases) == 4
+    for name, run in cases:
+        outs, _ = run()
+        assert all(torch.isfinite(o).all() for o in outs if o is not None), name
+    assert len(calls) == 4
+
+
 def test_delta_throughput_agreement_names_the_worst_difference():
     """delta_throughput's fla-vs-ours column: 0 for the same function, the right name and size for a
     perturbed gradient, NaN counted as worst."""

@@ -100,11 +100,12 @@ case "$stage" in
       --results "$OUT/RESULTS_lookback.md" 2>&1 | tee "$OUT/lookback.log" | tail -40 ;;
   memcheck)
     # one sanitizer process per family, all at once (2026-11-25: all six families in 374 s this way;
-    # 0 errors everywhere). FAMILIES narrows it
+    # 0 errors everywhere). FAMILIES narrows it, MEMCHECK_CASE (a substring of the case names) too
     cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)   # 2026-11-25: there
     for f in ${FAMILIES:-block_diagonal diagonal fused_gates companion delta l2norm}; do
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${STAGE_TIMEOUT:-500} "$cs" --tool memcheck \
-        --print-limit 30 python3 tools/memcheck_kernels.py --family $f > "$OUT/memcheck_$f.log" 2>&1 &
+        --print-limit 30 python3 tools/memcheck_kernels.py --family $f ${MEMCHECK_CASE:+--case $MEMCHECK_CASE} \
+        > "$OUT/memcheck_$f.log" 2>&1 &
     done
     wait
     tail -n 12 "$OUT"/memcheck_*.log ;;

@@ -77,6 +77,22 @@ def _cases(family, dev, small):
                     h0 = _leaf(torch.randn(nseq, H, m, device=dev), torch.float32)
                     return block_diagonal_scan(A, b, h0, True, cu), (A, b, h0)
                 yield f"m{m}_T{T}_{'varlen' if cu is not None else 'B1'}", run
+
+        def run_lb(m, T, cu):
+            """Forward only through the block look-back (lookback_dot.py; the default for such
+            forwards from m = 16 on where time would be chunked)."""
+            from lrnn_scan.kernels.block_diagonal import scan as S
+            H = max(1, (8 if small else 768) // m)
+            nseq = 1 if cu is None else cu.numel() - 1
+            scale = 0.5 + 0.49 * torch.rand(1, T, H, m, 1, device=dev)
+            A = stable_blocks(1, T, H, m, m, scale=scale, device=dev)
+            b, h0 = torch.randn(1, T, H, m, device=dev), torch.randn(nseq, H, m, device=dev)
+            with S.tuned({"bd_lookback": True, **({"chunk": 8, "bdlb_chunk": 8} if small else {})}):
+                return block_diagonal_scan(A, b, h0, True, cu), (A, b, h0)
+        for m in ((2, 5) if small else (2, 16, 32)):
+            for T, cu in ((T_var, _cu(T_var, dev, small)), (T_long, None)):
+                yield (f"m{m}_T{T}_{'varlen' if cu is not None else 'B1'}_fwd_lookback",
+                       lambda m=m, T=T, cu=cu: run_lb(m, T, cu))
     elif family == "diagonal":
         for T, cu in ((T_var, _cu(T_var, dev, small)), (T_long, None), (4 * T_long + 3, None)):
             def run(T=T, cu=cu):
@@ -157,6 +173,7 @@ def main(argv=None):
     ap.add_argument("--family", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for tiny shapes under the interpreter")
     ap.add_argument("--first", action="store_true", help="only the first case of each family")
+    ap.add_argument("--case", default="", help="only cases whose name contains this")
     a = ap.parse_args(argv)
     dev = torch.device(a.device)
     small = dev.type == "cpu"
@@ -166,6 +183,8 @@ def main(argv=None):
         for i, (name, run) in enumerate(_cases(fam, dev, small)):
             if a.first and i:
                 break
+            if a.case not in name:
+                continue
             outs, inputs = run()
             outs = [o for o in outs if o is not None]
             # a non-finite input would spread into outputs and gradients and read as a kernel fault

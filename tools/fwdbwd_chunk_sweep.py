@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lrnn_scan.bench.measure import copy_bandwidth, graph_time, kernel_times  # noqa: E402
 from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
 
-CHOICES = {"default": {}, "no_chunk": {"chunk": 0}, "target1": {"chunk_target": 1},
-           "target2": {"chunk_target": 2}, "target8": {"chunk_target": 8}, "chunk256": {"chunk": 256},
-           "chunk512": {"chunk": 512}, "chunk1024": {"chunk": 1024}}
-for _name, _tune in CHOICES.items():   # --fwd rows: the chunked forward, not the default look-back
-    if _name != "default":
-        _tune["bd_lookback"] = False
+# the non-default rows keep bd_lookback off: with --fwd they time the chunked forward, not the
+# default look-back (m >= 16)
+CHOICES = {"default": {}, **{name: dict(tune, bd_lookback=False) for name, tune in (
+    ("no_chunk", {"chunk": 0}), ("target1", {"chunk_target": 1}), ("target2", {"chunk_target": 2}),
+    ("target8", {"chunk_target": 8}), ("chunk256", {"chunk": 256}), ("chunk512", {"chunk": 512}),
+    ("chunk1024", {"chunk": 1024}))}}
 # chunk summaries (summary.py): tensor-core products vs the ring summary, forced 256/512-step chunks
 # chunked rows keep bd_lookback off (the default look-back takes forwards from m = 16 on)
 SUMMARY_CHOICES = {"default": {}, "chunked": {"bd_lookback": False},

@@ -493,8 +493,8 @@ def _bd_lookback(m, chunk):
     and ``m >= TUNE['bdlb_min_m']`` (16), ``True`` wherever it would chunk, ``"always"`` also
     where it would not (to time it at B8 T2048 N768), ``False`` never. H100, fp32, B1 T16384
     N768, CUDA graphs (RESULTS.md, 2026-11-26 fifteenth session): m = 16 0.634 ms against 0.675
-    chunked, m = 32 1.483 against 1.778; with 3 stages m = 8 0.552 against 0.541 and m = 4 0.531
-    against 0.232 (its 16 x 16 tensor-core tiles are mostly zeros there)."""
+    chunked, m = 32 1.483 against 1.778; with 3 stages m = 8 0.553 against 0.551 and m = 4 0.528
+    against 0.238 (its 16 x 16 tensor-core tiles are mostly zeros there)."""
     mode = TUNE.get("bd_lookback", "auto")
     if mode not in (False, True, "always", "auto"):
         raise ValueError(f"TUNE['bd_lookback'] must be 'auto', False, True or 'always', got {mode!r}")

@@ -6,7 +6,8 @@ A chunk takes ``mu_in = mu_{t1}`` (the next chunk's ``mu_out``, or ``dh_final`` 
 sequence) and returns ``mu_out = mu_{t0}``.
 
 Kernels: ``_bd_bwd_kernel`` (one step per iteration), ``_bd_bwd_kernel_g4`` (4-step groups),
-``_bd_bwd_ring`` (opt-in ring like ``fwd._bd_fwd_ring``, not yet timed on a GPU),
+``_bd_bwd_ring`` (a ring of in-flight steps like ``fwd._bd_fwd_ring``; the default for most
+``m`` and grid sizes, ``scan._bwd_variant``),
 ``_diag_bwd_kernel`` (m = 1 tiles).
 """
 import triton

@@ -1,14 +1,17 @@
 """Single-pass decoupled look-back forward for blocks (m >= 2), chunk products on tensor cores.
 
-Opt-in (``scan.TUNE["bd_lookback"] = True``): forwards without gradients that the default rule
-would time-chunk; ``"always"``: every forward without gradients (to time it where the default
-runs one pass, e.g. B8 T2048 N768). Not yet timed on a GPU (written 2026-11-26, fourteenth session, after the
-device budget was spent); the default stays the three-pass chunked forward (``scan._bd_forward``).
+Where (``scan._bd_lookback``): by default forwards without gradients that the chunk rule would
+time-chunk, from ``m = 16`` on (``TUNE["bd_lookback"] = "auto"``, ``bdlb_min_m``); ``True``:
+every such forward; ``"always"``: every forward without gradients (to time it where the default
+runs one pass, e.g. B8 T2048 N768). Below ``m = 16`` and with gradients the three-pass chunked
+forward (``scan._bd_forward``) runs.
 
-Why: the three-pass forward reads ``A`` twice from HBM (the chunk summaries, then the re-run from
-the carries), which caps it near half of the one-read floor (B1 T16384 N768 m = 16: 44.7 % of copy
-bandwidth on an H100). Here one program per (sequence, block group, chunk) does both passes over
-its chunk back to back, so the second read of the chunk's ``A`` should mostly hit L2.
+Why: the three-pass forward launches the chunk summaries, a carry scan and the re-run from the
+carries, and reads ``A`` twice. Here one program per (sequence, block group, chunk) does both passes
+over its chunk back to back. Measured (H100, B1 T16384 N768, fifteenth session): m = 16 0.634 ms
+against 0.675, m = 32 1.483 against 1.778; but the second read of ``A`` still comes from DRAM
+(Nsight Compute: L2 hit rate 12 % with 64-step chunks; about 150 MB of ``A`` is in flight between a
+chunk's two reads), so it saves launches and the carry pass, not bytes (README.md).
 
 Per program (tiles as in ``summary.py``: ``NT`` block-diagonal ``D x D`` tiles of ``D / MP``
 blocks):

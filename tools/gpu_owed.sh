@@ -13,6 +13,9 @@
 #     tools/gpu_pair.sh "SWEEP_SET=summary SWEEP_FWD=1 SWEEP_GRAPH=1 SWEEP_PROFILE=1 SWEEP_M=8,16,32 SWEEP_SHAPES=1x16384x768 sweep" \
 #       "NCU_M=8,16 NCU_KERNELS=_bd_summary|_bd_lookback ncu"
 #   (a summary step without the accumulator-to-operand shuffles; E folded into the dot).
+#   Repeat before changing scan._bwd_variant: B1 T16384 N768 m = 16 fwd+bwd with the ring2 backward
+#   was 3 % faster than the default v1 in one run (fifteenth session, call 10):
+#     tools/gpu_pair.sh "SWEEP_SET=bwd SWEEP_GRAPH=1 SWEEP_M=16 SWEEP_SHAPES=1x16384x768,8x2048x4096 sweep" ""
 #   The delta cache filter below matched 1013 entries (45 MiB) in the fourteenth session: not saved.
 #   Carry the Triton cache between calls
 #   (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp

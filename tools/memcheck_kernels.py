@@ -65,34 +65,32 @@ def _cases(family, dev, small):
     T_long = 70 if small else 16384
     T_var = 50 if small else 5003
     if family == "block_diagonal":
+        from lrnn_scan.kernels.block_diagonal import scan as S
+
+        def run(m, H, T, cu, lookback=False):
+            """Forward+backward, or (``lookback``) a forward only through the block look-back
+            (lookback_dot.py; the default for such forwards from m = 16 on where time would be
+            chunked)."""
+            cast = _cast if lookback else _leaf
+            nseq = 1 if cu is None else cu.numel() - 1
+            # rows scaled by (0.5, 1): with m = 1 not one constant decay
+            scale = 0.5 + 0.49 * torch.rand(1, T, H, m, 1, device=dev)
+            A = cast(stable_blocks(1, T, H, m, m, scale=scale, device=dev), torch.float32)
+            b = cast(torch.randn(1, T, H, m, device=dev), torch.float32)
+            h0 = cast(torch.randn(nseq, H, m, device=dev), torch.float32)
+            tune = {"bd_lookback": True, **({"chunk": 8, "bdlb_chunk": 8} if small else {})} if lookback else {}
+            with S.tuned(tune):
+                return block_diagonal_scan(A, b, h0, True, cu), (A, b, h0)
         for m in ((1, 2, 3, 5) if small else (1, 2, 3, 4, 8, 16, 32)):
             H = max(1, (8 if small else 256) // m)
             for T, cu in ((T_var, _cu(T_var, dev, small)), (T_long, None)):
-                def run(m=m, H=H, T=T, cu=cu):
-                    nseq = 1 if cu is None else cu.numel() - 1
-                    # rows scaled by (0.5, 1): with m = 1 not one constant decay
-                    scale = 0.5 + 0.49 * torch.rand(1, T, H, m, 1, device=dev)
-                    A = _leaf(stable_blocks(1, T, H, m, m, scale=scale, device=dev), torch.float32)
-                    b = _leaf(torch.randn(1, T, H, m, device=dev), torch.float32)
-                    h0 = _leaf(torch.randn(nseq, H, m, device=dev), torch.float32)
-                    return block_diagonal_scan(A, b, h0, True, cu), (A, b, h0)
-                yield f"m{m}_T{T}_{'varlen' if cu is not None else 'B1'}", run
-
-        def run_lb(m, T, cu):
-            """Forward only through the block look-back (lookback_dot.py; the default for such
-            forwards from m = 16 on where time would be chunked)."""
-            from lrnn_scan.kernels.block_diagonal import scan as S
-            H = max(1, (8 if small else 768) // m)
-            nseq = 1 if cu is None else cu.numel() - 1
-            scale = 0.5 + 0.49 * torch.rand(1, T, H, m, 1, device=dev)
-            A = stable_blocks(1, T, H, m, m, scale=scale, device=dev)
-            b, h0 = torch.randn(1, T, H, m, device=dev), torch.randn(nseq, H, m, device=dev)
-            with S.tuned({"bd_lookback": True, **({"chunk": 8, "bdlb_chunk": 8} if small else {})}):
-                return block_diagonal_scan(A, b, h0, True, cu), (A, b, h0)
+                yield f"m{m}_T{T}_{'varlen' if cu is not None else 'B1'}", \
+                    lambda m=m, H=H, T=T, cu=cu: run(m, H, T, cu)
         for m in ((2, 5) if small else (2, 16, 32)):
+            H = max(1, (8 if small else 768) // m)
             for T, cu in ((T_var, _cu(T_var, dev, small)), (T_long, None)):
                 yield (f"m{m}_T{T}_{'varlen' if cu is not None else 'B1'}_fwd_lookback",
-                       lambda m=m, T=T, cu=cu: run_lb(m, T, cu))
+                       lambda m=m, H=H, T=T, cu=cu: run(m, H, T, cu, lookback=True))
     elif family == "diagonal":
         for T, cu in ((T_var, _cu(T_var, dev, small)), (T_long, None), (4 * T_long + 3, None)):
             def run(T=T, cu=cu):

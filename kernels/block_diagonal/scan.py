@@ -418,8 +418,9 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False):
 class _ScanFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, b, h0, cu, chunk, diag, lookback=False, bwd_lookback=False):
-        h, final, P = (_diag_forward(A, b, h0, cu, chunk, lookback) if diag else  # blocks: forward-only
-                       bd_lookback_forward(A, b, h0, cu, TUNE, _empty) if lookback else  # look-back
+        # the block look-back is forward-only: it returns no chunk products (P = None)
+        h, final, P = (_diag_forward(A, b, h0, cu, chunk, lookback) if diag else
+                       bd_lookback_forward(A, b, h0, cu, TUNE, _empty) if lookback else
                        _bd_forward(A, b, h0, cu, chunk))
         ctx.save_for_backward(A, h, h0, cu, P)
         ctx.chunk, ctx.diag, ctx.bwd_lookback = chunk, diag, bwd_lookback

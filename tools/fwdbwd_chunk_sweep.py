@@ -2,13 +2,14 @@
 chunking choices of ``scan.TUNE`` (``--set chunk``: the default rule, no chunking, other chunk
 targets / lengths), the backward kernels (``--set bwd``: g4, ring2, ring4, v1 under the default
 chunk rule) or the chunk summaries (``--set summary``: ring vs the tensor-core ``summary.py`` at
-forced chunk lengths; ``--fwd`` times the forward alone): finds the rule behind the slow rows of
+forced chunk lengths), the m = 1 look-back forward (``--set lb1``: one tile per program or
+persistent; ``--fwd`` times the forward alone): finds the rule behind the slow rows of
 scan_throughput.py at N768 and B1 T16384. ``err``: relative RMS against the first choice. fp32,
 do_bench medians; ``--graph`` also times CUDA-graph replays (``do_bench_cudagraph``: no host
 launch overhead), so a row that is host-bound shows as a large plain/graph ratio. ``--profile``
 adds each row's kernels (torch.profiler: calls and microseconds per call of the pass).
 
-    python tools/fwdbwd_chunk_sweep.py [--set chunk|bwd|summary] [--fwd] [--m 1 2 4] [--graph] [--shapes 8x2048x768] [--profile] [--out DIR]
+    python tools/fwdbwd_chunk_sweep.py [--set chunk|bwd|summary|lb1] [--fwd] [--m 1 2 4] [--graph] [--shapes 8x2048x768] [--profile] [--out DIR]
     python tools/fwdbwd_chunk_sweep.py --render OUT/fwdbwd_chunk_sweep.json --results benchmarks/RESULTS.md
 """
 import argparse
@@ -55,6 +56,23 @@ SUMMARY_CHOICES = {"default": {}, "chunked": {"bd_lookback": False},
                    "lookback128_ns8": {"bd_lookback": True, "bdlb_chunk": 128, "sum_ns": 8},
                    # shorter chunks: less of A in flight between a chunk's two reads (L2 reuse?)
                    "lookback16": {"bd_lookback": True, "bdlb_chunk": 16}}
+# m = 1 forward: the tiled one-pass kernel, the look-back (one tile per program, or persistent:
+# lb_persist programs per SM, each loading the next tile while the current one looks back), with
+# the status-flag protocol or flagged words (lb_words); fl = flags, w = words, p<k> = persistent
+def _lb1(chunk=128, persist=0, nw=0, words=False, window=16):
+    t = {"fwd_lookback": True, "lb_chunk": chunk, "lb_window": window}
+    t.update({"lb_persist": persist} if persist else {}, **({"lb_nw": nw} if nw else {}),
+             **({"lb_words": True} if words else {}))
+    return t
+
+
+LB1_CHOICES = {"default": {}, "tiles": {"fwd_lookback": False}, "fl128": _lb1(),
+               "fl_p3_c64_nw4": _lb1(64, 3, 4), "w64_nw4_w4": _lb1(64, 0, 4, True, 4),
+               "w64_nw4_w2": _lb1(64, 0, 4, True, 2), "w64_nw4_w8": _lb1(64, 0, 4, True, 8),
+               "w64_nw2_w4": _lb1(64, 0, 2, True, 4), "w64_nw8_w4": _lb1(64, 0, 8, True, 4),
+               "w32_nw4_w4": _lb1(32, 0, 4, True, 4), "w32_nw2_w4": _lb1(32, 0, 2, True, 4),
+               "w128_nw4_w4": _lb1(128, 0, 4, True, 4), "w128_nw8_w4": _lb1(128, 0, 8, True, 4),
+               "w_p3_c64_nw4_w4": _lb1(64, 3, 4, True, 4), "w_p6_c32_nw2_w4": _lb1(32, 6, 2, True, 4)}
 BWD_CHOICES = {"default": {}, "bwd_g4": {"bwd_variant": "g4"}, "bwd_ring2": {"bwd_variant": "ring2"},
                "bwd_ring4": {"bwd_variant": "ring4"}, "bwd_v1": {"bwd_variant": "v1"}}
 
@@ -95,7 +113,7 @@ def main():
     ap.add_argument("--out", default="benchmarks/out")
     ap.add_argument("--render", default=None, help="a sweep JSON to append to --results, no GPU run")
     ap.add_argument("--results", default="benchmarks/RESULTS.md")
-    ap.add_argument("--set", default="chunk", choices=("chunk", "bwd", "summary"))
+    ap.add_argument("--set", default="chunk", choices=("chunk", "bwd", "summary", "lb1"))
     ap.add_argument("--fwd", action="store_true", help="time the forward alone (no autograd graph)")
     ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--graph", action="store_true", help="also time CUDA-graph replays")
@@ -122,7 +140,8 @@ def main():
             # fwd+bwd: A, b, dh read; h read; dA, db written. fwd: A, b read, h written
             floor = ((A.numel() + 2 * b.numel()) if a.fwd else (2 * A.numel() + 4 * b.numel())) * 4
             base = ref = None
-            choices = {"chunk": CHOICES, "bwd": BWD_CHOICES, "summary": SUMMARY_CHOICES}[a.set]
+            choices = {"chunk": CHOICES, "bwd": BWD_CHOICES, "summary": SUMMARY_CHOICES,
+                       "lb1": LB1_CHOICES}[a.set]
             for name, tune in choices.items():
                 if a.choices and name not in a.choices:
                     continue

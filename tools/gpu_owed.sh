@@ -43,6 +43,7 @@
 #                   H100; test_gpu_compile needs about 260 s)
 #        lookback — issue 3: m = 1 look-back forward and backward (both "auto" defaults) vs the
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
+#        lbrepeat — issue 3: tools/lookback_repeat.py (LBR_SET default|words, LBR_ROUNDS)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py (41 rows: 41 passed in 176 s on an H100
@@ -101,6 +102,11 @@ case "$stage" in
   lookback)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --lookback-compare --out "$OUT" \
       --results "$OUT/RESULTS_lookback.md" 2>&1 | tee "$OUT/lookback.log" | tail -40 ;;
+  lbrepeat)
+    # m = 1 look-back configurations in interleaved rounds (tools/lookback_repeat.py): LBR_SET
+    # (default|words), LBR_ROUNDS
+    timeout ${STAGE_TIMEOUT:-560} python3 tools/lookback_repeat.py --out "$OUT" --set ${LBR_SET:-default} \
+      --rounds ${LBR_ROUNDS:-5} 2>&1 | tee "$OUT/lbrepeat.log" | tail -40 ;;
   memcheck)
     # one sanitizer process per family, all at once (2026-11-25: all six families in 374 s this way;
     # 0 errors everywhere). FAMILIES narrows it, MEMCHECK_CASE (a substring of the case names) too
@@ -161,7 +167,7 @@ case "$stage" in
       --variants ${DELTA_VARIANTS:-default s11_default dhs16 reload_k_always} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
-    # SWEEP_SET (chunk|bwd|summary), SWEEP_FWD=1 (forward alone), SWEEP_M, SWEEP_SHAPES,
+    # SWEEP_SET (chunk|bwd|summary|lb1), SWEEP_FWD=1 (forward alone), SWEEP_M, SWEEP_SHAPES,
     # SWEEP_CHOICES (a subset of the set), SWEEP_PROFILE=1 (each row's kernel times)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" --set ${SWEEP_SET:-chunk} \
       ${SWEEP_FWD:+--fwd} ${SWEEP_GRAPH:+--graph} ${SWEEP_PROFILE:+--profile} ${SWEEP_CHOICES:+--choices $SWEEP_CHOICES} \

@@ -68,30 +68,23 @@ def spy(monkeypatch, module=lookback, name="launch_diag_lookback"):
     return calls
 
 
-@pytest.mark.parametrize("T,window,h0,persist,words", [
-    (1, 4, True, 0, False), (17, 1, False, 0, False), (64, 2, True, 0, False), (129, 4, False, 0, False),
-    (300, 16, True, 0, False), (1, 4, True, 1, False), (129, 4, False, 2, False), (300, 16, True, 1, False),
-    (1, 4, True, 0, True), (17, 1, False, 1, True), (129, 4, False, 0, True), (300, 16, True, 2, True)])
-def test_forward(T, window, h0, persist, words, monkeypatch):
-    """``persist``: the persistent kernel (``lb_persist`` programs per SM, 4 "SMs" on the CPU);
-    ``words``: the flagged-word protocol (``lb_words``)."""
+@pytest.mark.parametrize("T,window,h0", [(1, 4, True), (17, 1, False), (64, 2, True),
+                                         (129, 4, False), (300, 16, True)])
+def test_forward(T, window, h0, monkeypatch):
     calls = spy(monkeypatch)
-    scanmod.TUNE.update(lb_window=window, lb_persist=persist, lb_words=words)
+    scanmod.TUNE["lb_window"] = window
     a, b = inputs(2, T, 21, seed=T)
     e = fwd_errors(a, b, torch.randn(2, 21).to(DEV) if h0 else None, None)
     assert max(e) < 1e-5, e
     assert calls == [1]
 
 
-@pytest.mark.parametrize("chunk,incl,window,persist,words", [
-    (8, True, 4, 0, False), (8, False, 2, 0, False), (32, False, 1, 0, False), (8, True, 4, 1, False),
-    (8, False, 2, 3, False), (8, True, 4, 0, True), (8, False, 2, 0, True), (32, False, 1, 2, True)])
-def test_varlen(chunk, incl, window, persist, words):
+@pytest.mark.parametrize("chunk,incl,window", [(8, True, 4), (8, False, 2), (32, False, 1)])
+def test_varlen(chunk, incl, window):
     """Boundaries inside chunks, an empty sequence (its final state is h0), a one-step sequence;
     ``incl=False``: only aggregates are published beyond chunk 0, so the look-backs compose
     aggregates over several windows."""
-    scanmod.TUNE.update(lb_chunk=chunk, lb_publish_incl=incl, lb_window=window, lb_persist=persist,
-                        lb_words=words)
+    scanmod.TUNE.update(lb_chunk=chunk, lb_publish_incl=incl, lb_window=window)
     a, b = inputs(1, 129, 20, seed=chunk)
     cu = torch.tensor([0, 7, 40, 40, 41, 100, 129], dtype=torch.int64, device=DEV)
     for h0 in (torch.randn(6, 20).to(DEV), None):
@@ -107,29 +100,21 @@ def test_low_precision(dtype):
     assert 0 < eh <= 5e-3 and ef <= 1e-5, (eh, ef)
 
 
-@pytest.mark.parametrize("persist,words", [(0, False), (1, False), (0, True), (2, True)])
-def test_status_flags(persist, words):
+def test_status_flags():
     """After one launch every flag of a real chunk is 2, every empty chunk past a sequence's end
-    (varlen) stayed 0 and the counter handed out one id per tile (persistent: and one more per
-    program, the id past the end that stops it); ``lb_publish_incl=False`` leaves 1 beyond
-    chunk 0. ``words``: the flags are read from the flagged words, the same for every channel."""
-    scanmod.TUNE.update(lb_chunk=8, lb_bn=16, lb_persist=persist, lb_words=words)
+    (varlen) stayed 0 and the counter handed out one id per tile; ``lb_publish_incl=False``
+    leaves 1 beyond chunk 0."""
+    scanmod.TUNE.update(lb_chunk=8, lb_bn=16)
     a, b = inputs(1, 50, 20, seed=2)
     cu = torch.tensor([0, 9, 9, 50], dtype=torch.int64, device=DEV)
     lens = [9, 0, 41]
     for incl in (True, False):
         scanmod.TUNE["lb_publish_incl"] = incl
-        h, hf, status, vals, wbuf, (ch, bn, nc, gn) = lookback.launch_diag_lookback(
+        h, hf, status, vals, (ch, bn, nc, gn) = lookback.launch_diag_lookback(
             a, b, None, cu, scanmod.TUNE, scanmod._empty)
-        ntile = 3 * gn * nc
-        assert (nc, gn) == (6, 2) and status.numel() == (1 if words else ntile + 1)
-        assert status[-1].item() == ntile + (min(ntile, 4 * persist) if persist else 0)
-        if words:
-            fl = torch.where((wbuf[2] & 3) == 2, 2, torch.where((wbuf[0] & 3) == 1, 1, 0))
-            assert (fl == fl[:, :1]).all()  # every channel of a tile alike
-            flags = fl[:, 0].view(3, gn, nc)
-        else:
-            flags = status[:-1].view(3, gn, nc)
+        assert (nc, gn) == (6, 2) and status.numel() == 3 * gn * nc + 1
+        assert status[-1].item() == 3 * gn * nc
+        flags = status[:-1].view(3, gn, nc)
         for s, L in enumerate(lens):
             nreal = max(1, -(-L // ch))
             want = [2 if incl or c == 0 else 1 for c in range(nreal)] + [0] * (nc - nreal)
@@ -214,9 +199,8 @@ def test_auto_rule(monkeypatch):
         bd.diagonal_scan(a, b)
     with pytest.raises(ValueError, match="power of two"):
         lookback.lookback_cfg({"lb_chunk": 24})
-    for bad in (-1, 1.5, True):
-        with pytest.raises(ValueError, match="lb_persist"):
-            lookback.lookback_cfg({"lb_persist": bad})
+    with pytest.raises(ValueError, match="lb_nw"):
+        lookback.lookback_cfg({"lb_nw": 3})
 
 
 # ----------------------------------------------------------------------------- backward (lookback_bwd.py)
@@ -227,26 +211,23 @@ def bwd_spy(monkeypatch):
     return spy(monkeypatch, lookback_bwd, "diag_lookback_backward")
 
 
-@pytest.mark.parametrize("T,window,h0,fwd,words", [
-    (1, 4, True, True, False), (17, 1, False, False, False), (64, 2, True, True, False),
-    (129, 4, False, True, False), (300, 16, True, False, False), (1, 4, True, True, True),
-    (17, 1, False, False, True), (129, 4, False, True, True), (300, 16, True, False, True)])
-def test_backward(T, window, h0, fwd, words, monkeypatch):
+@pytest.mark.parametrize("T,window,h0,fwd", [(1, 4, True, True), (17, 1, False, False),
+                                             (64, 2, True, True), (129, 4, False, True),
+                                             (300, 16, True, False)])
+def test_backward(T, window, h0, fwd, monkeypatch):
     """``bwd_lookback``: gradients of a, b, h0 against fp64 autograd (one chunk, partial last
-    chunks, many chunks with windows of 1-16), with either forward; ``words``: both look-backs
-    on flagged words (``lb_words``)."""
+    chunks, many chunks with windows of 1-16), with either forward."""
     calls = bwd_spy(monkeypatch)
-    scanmod.TUNE.update(bwd_lookback=True, lb_window=window, fwd_lookback=fwd, lb_words=words)
+    scanmod.TUNE.update(bwd_lookback=True, lb_window=window, fwd_lookback=fwd)
     a, b = inputs(2, T, 20, seed=T)
     grad_check(a, b, torch.randn(2, 20).to(DEV) if h0 else None, None)
     assert len(calls) == 1
 
 
-@pytest.mark.parametrize("words", [False, True])
-def test_backward_varlen(words, monkeypatch):
+def test_backward_varlen(monkeypatch):
     """Boundaries inside chunks, an empty sequence (its dh0 is dh_final), a 1-step sequence."""
     calls = bwd_spy(monkeypatch)
-    scanmod.TUNE.update(bwd_lookback=True, lb_words=words)
+    scanmod.TUNE.update(bwd_lookback=True)
     a, b = inputs(1, 78, 20, seed=3)
     cu = torch.tensor([0, 5, 30, 30, 77, 78], dtype=torch.int64, device=DEV)
     grad_check(a, b, torch.randn(5, 20).to(DEV), cu)
@@ -255,10 +236,11 @@ def test_backward_varlen(words, monkeypatch):
 
 
 def test_backward_auto_rule(monkeypatch):
-    """``bwd_lookback="auto"`` (the default): the look-back backward runs exactly where the gradient
-    rule would time-chunk (then the forward is chosen as for inference and leaves no chunk
-    products); True always, False never, a forced ``TUNE["chunk"]`` keeps the chunked backward;
-    bad values refused. Gradients against fp64 every time."""
+    """``bwd_lookback="auto"`` (the default): the look-back backward runs where the gradient rule
+    would time-chunk or the one-pass backward has few programs over long sequences (then the
+    forward is chosen as for inference and leaves no chunk products); True always, False never,
+    a forced ``TUNE["chunk"]`` keeps the chunked backward; bad values refused. Gradients against
+    fp64 every time."""
     calls = bwd_spy(monkeypatch)
     rules = {}
 
@@ -278,7 +260,15 @@ def test_backward_auto_rule(monkeypatch):
         grad_check(a, b, None, None)
         assert (len(calls) > 0) == used, (grad_chunk, mode)
     scanmod.TUNE.pop("bwd_lookback")
-    scanmod.TUNE["chunk"] = 16
+    # "auto" also where the one-pass backward has few programs (here 2 < 2 x 4 "SMs") over
+    # sequences of at least chunk_min_len steps, though the gradient rule would not chunk
+    rules.update(grad=None)
+    for below, min_len, used in ((2, 32, True), (2, 64, False), (0.25, 32, False)):
+        scanmod.TUNE.update(bwd_lb_below=below, chunk_min_len=min_len)
+        calls.clear()
+        grad_check(a, b, None, None)
+        assert (len(calls) > 0) == used, (below, min_len)
+    scanmod.TUNE["chunk"] = 16  # a forced chunk keeps the chunked backward
     rules.update(grad=16)
     calls.clear()
     grad_check(a, b, None, None)
@@ -322,15 +312,11 @@ def test_backward_low_precision(dtype, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(DEV == "cpu", reason="races only show on a GPU: many tiles running at once")
-@pytest.mark.parametrize("chunk,window,words,nw", [(32, 16, False, 0), (64, 1, False, 0),
-                                                   (128, 16, False, 0), (64, 1, True, 0),
-                                                   (64, 4, True, 4), (128, 4, True, 4)])
-def test_gpu_many_tiles_backward(chunk, window, words, nw):
+@pytest.mark.parametrize("chunk,window", [(32, 16), (64, 1), (128, 16), (128, 4)])
+def test_gpu_many_tiles_backward(chunk, window):
     """The backward look-back with thousands of tiles in flight, repeated: B1 T16384 N768,
-    B8 T2048 N768, varlen; gradients against the fp64 reference every time. ``words``: flagged
-    words; ``nw``: warps (0: the default)."""
-    scanmod.TUNE.update(bwd_lookback=True, lb_chunk=chunk, lb_bn=32, lb_window=window,
-                        lb_words=words, **({"lb_nw": nw} if nw else {}))
+    B8 T2048 N768, varlen; gradients against the fp64 reference every time."""
+    scanmod.TUNE.update(bwd_lookback=True, lb_chunk=chunk, lb_bn=32, lb_window=window)
     for B, T, N, cu in ((1, 16384, 768, None), (8, 2048, 768, None),
                         (1, 9000, 256, torch.tensor([0, 1, 4000, 4000, 9000], device=DEV))):
         a, b = inputs(B, T, N, seed=chunk + window)
@@ -341,20 +327,11 @@ def test_gpu_many_tiles_backward(chunk, window, words, nw):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(DEV == "cpu", reason="races only show on a GPU: many tiles running at once")
-@pytest.mark.parametrize("chunk,window,persist,words,nw", [
-    (32, 16, 0, False, 0), (64, 1, 0, False, 0), (64, 16, 0, False, 0), (128, 32, 0, False, 0),
-    (64, 1, 2, False, 0), (64, 16, 4, False, 0), (128, 16, 1, False, 0), (32, 16, 8, False, 0),
-    (32, 4, 0, True, 0), (64, 1, 0, True, 0), (128, 16, 0, True, 0), (64, 4, 3, True, 0),
-    (64, 1, 6, True, 0), (128, 4, 2, True, 0), (32, 16, 8, True, 0), (64, 4, 0, True, 0),
-    (64, 2, 0, True, 0), (32, 4, 6, True, 0), (64, 4, 0, True, 4), (64, 1, 0, True, 4),
-    (32, 4, 0, True, 2), (64, 4, 3, True, 4)])
-def test_gpu_many_tiles(chunk, window, persist, words, nw):
+@pytest.mark.parametrize("chunk,window", [(32, 16), (64, 1), (64, 16), (128, 32), (128, 4)])
+def test_gpu_many_tiles(chunk, window):
     """Thousands of tiles in flight (spins, aggregates, windows), repeated: B1 T16384 N768, B8
-    T2048 N768, varlen; every run must match the fp64 reference. ``persist``: the persistent
-    kernel with that many programs per SM; ``words``: the flagged-word protocol; ``nw``: warps
-    (0: the default)."""
-    scanmod.TUNE.update(lb_chunk=chunk, lb_bn=32, lb_window=window, lb_persist=persist,
-                        lb_words=words, **({"lb_nw": nw} if nw else {}))
+    T2048 N768, varlen; every run must match the fp64 reference."""
+    scanmod.TUNE.update(lb_chunk=chunk, lb_bn=32, lb_window=window)
     for B, T, N, cu in ((1, 16384, 768, None), (8, 2048, 768, None),
                         (1, 9000, 256, torch.tensor([0, 1, 4000, 4000, 9000], device=DEV))):
         a, b = inputs(B, T, N, seed=chunk + window)

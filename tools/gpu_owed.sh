@@ -43,7 +43,7 @@
 #                   H100; test_gpu_compile needs about 260 s)
 #        lookback — issue 3: m = 1 look-back forward and backward (both "auto" defaults) vs the
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
-#        lbrepeat — issue 3: tools/lookback_repeat.py (LBR_SET default|words, LBR_ROUNDS)
+#        lbrepeat — issue 3: tools/lookback_repeat.py (LBR_SET default|rule, LBR_ROUNDS)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py (41 rows: 41 passed in 176 s on an H100
@@ -104,7 +104,7 @@ case "$stage" in
       --results "$OUT/RESULTS_lookback.md" 2>&1 | tee "$OUT/lookback.log" | tail -40 ;;
   lbrepeat)
     # m = 1 look-back configurations in interleaved rounds (tools/lookback_repeat.py): LBR_SET
-    # (default|words), LBR_ROUNDS
+    # (default|rule), LBR_ROUNDS
     timeout ${STAGE_TIMEOUT:-560} python3 tools/lookback_repeat.py --out "$OUT" --set ${LBR_SET:-default} \
       --rounds ${LBR_ROUNDS:-5} 2>&1 | tee "$OUT/lbrepeat.log" | tail -40 ;;
   memcheck)

@@ -2,7 +2,7 @@
 rounds, with plain ``do_bench`` and with ``do_bench_cudagraph`` (no CPU launch overhead), so a
 default chosen from one timing is not a choice made on noise. fp32, B1 T16384 N768 and B8 T2048 N768.
 
-    python tools/lookback_repeat.py [--rounds 5] [--set default|words] [--out DIR]
+    python tools/lookback_repeat.py [--rounds 5] [--set default|rule] [--out DIR]
     python tools/lookback_repeat.py --render OUT/lookback_repeat.json --results benchmarks/RESULTS.md
 
 Configurations (``scan.TUNE``): ``off`` (tiled/chunked forward, chunked backward where the rule
@@ -29,15 +29,16 @@ FWD = {"off": dict(fwd_lookback=False), "lb_fwd_c32": dict(fwd_lookback=True, lb
 FWDBWD = {"off": dict(fwd_lookback=False, bwd_lookback=False),
           "lb_fwd": dict(fwd_lookback=True, bwd_lookback=False),
           "lb_fwd_bwd": dict(fwd_lookback=True, bwd_lookback=True)}
-# --set words (2026-11-26, sixteenth session): the flag protocol against flagged words (lb_words),
-# 4 warps and 4-chunk windows, 64- and 128-step tiles; "lb" = the look-back default of the time
-WORDS_FWD = {"off": dict(fwd_lookback=False), "lb": dict(fwd_lookback=True),
-             **{f"{p}{c}_nw4_w4": dict(fwd_lookback=True, lb_chunk=c, lb_nw=4, lb_window=4,
-                                       lb_words=p == "w") for p in ("fl", "w") for c in (64, 128)}}
-WORDS_FWDBWD = {"off": dict(fwd_lookback=False, bwd_lookback=False),
-                "lb": dict(fwd_lookback=True, bwd_lookback=True),
-                **{k: dict(v, bwd_lookback=True) for k, v in WORDS_FWD.items() if "_nw4" in k}}
+# --set rule: where the look-backs pay, with their defaults (128 x 32 tiles, 4 warps, 4-chunk
+# windows since 2026-11-26): "off" = tiled / chunked forward and one-pass / chunked backward,
+# "bwd_lb" = that forward with the look-back backward, "lb" = both look-backs; "default" = the
+# rule of scan.py. The flagged-word variants of --set words are in commit ff44276 (removed)
+RULE_FWD = {"default": {}, "off": dict(fwd_lookback=False), "lb": dict(fwd_lookback=True)}
+RULE_FWDBWD = {"default": {}, "off": dict(fwd_lookback=False, bwd_lookback=False),
+               "bwd_lb": dict(fwd_lookback=False, bwd_lookback=True),
+               "lb": dict(fwd_lookback=True, bwd_lookback=True)}
 SHAPES = ((1, 16384, 768), (8, 2048, 768))
+RULE_SHAPES = SHAPES + ((8, 2048, 4096), (2, 8192, 768))
 
 
 def render(path, results):
@@ -69,7 +70,7 @@ def main():
     ap.add_argument("--out", default="benchmarks/out")
     ap.add_argument("--render", default=None, help="a JSON of this tool to append to --results")
     ap.add_argument("--results", default="benchmarks/RESULTS.md")
-    ap.add_argument("--set", default="default", choices=("default", "words"))
+    ap.add_argument("--set", default="default", choices=("default", "rule"))
     a = ap.parse_args()
     if a.render:
         return render(a.render, a.results)
@@ -79,13 +80,13 @@ def main():
                 triton=triton.__version__, rounds=a.rounds)
     rows = {}
     for rnd in range(a.rounds):
-        for B, T, N in SHAPES:
+        for B, T, N in (SHAPES if a.set == "default" else RULE_SHAPES):
             g = torch.Generator(device="cuda").manual_seed(rnd)
             x = torch.rand(B, T, N, device="cuda", generator=g) * 0.5 + 0.45
             b = torch.randn(B, T, N, device="cuda", generator=g)
             dh = torch.randn_like(b)
             xg, bg = x.clone().requires_grad_(), b.clone().requires_grad_()
-            sets = (FWD, FWDBWD) if a.set == "default" else (WORDS_FWD, WORDS_FWDBWD)
+            sets = (FWD, FWDBWD) if a.set == "default" else (RULE_FWD, RULE_FWDBWD)
             for mode, configs in zip(("fwd", "fwd+bwd"), sets):
                 for name, tune in configs.items():
                     saved = dict(S.TUNE)

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv, num_sms
+from .._host import cdiv
 from .fwd import _affine_combine, _diag_fwd_kernel, _seq_bounds
 
 __all__ = ["diag_lookback_forward", "launch_diag_lookback", "lookback_cfg"]
@@ -103,108 +103,20 @@ def _look_back(Status, VA, VB, VI, base, c, bn, BN: tl.constexpr, W: tl.constexp
     return acc_b
 
 
-@triton.jit
-def _pack(v, flag: tl.constexpr):
-    """An fp32 value and its flag in one int64 word (value bits high, flag low)."""
-    return (v.to(tl.int32, bitcast=True).to(tl.int64) << 32) | flag
-
-
-@triton.jit
-def _word_value(wd):
-    return (wd >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _publish_word(ptr, v, flag: tl.constexpr):
-    """One relaxed 64-bit exchange per channel: value and flag become visible together, so no
-    barrier or release fence (which waits for every earlier store of the thread) is needed."""
-    tl.atomic_xchg(ptr, _pack(v, flag), sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _look_back_words(WP, WE, WI, base, c, bn, BN: tl.constexpr, W: tl.constexpr):
-    """``_look_back`` on flagged words (``WORDS``): per chunk and channel ``P``, ``E`` (flag 1)
-    and the inclusive state (flag 2) each in its own word, read with one relaxed atomic each (no
-    acquire round trip before the values). Flags are per channel, so the newest inclusive row
-    ``r2`` is per channel; the window is used once, for every channel not yet finished, each row
-    newer than its ``r2`` has both aggregate words; a channel finishes at its first ``r2``."""
-    w = tl.arange(0, W)
-    acc_a = tl.full([BN], 1.0, tl.float32)
-    acc_b = tl.zeros([BN], dtype=tl.float32)
-    fin = tl.zeros([BN], dtype=tl.int32)  # per channel: 1 once its carry is complete
-    hi = c
-    done = c * 0
-    while done == 0:
-        j = hi - W + w
-        ok = (j >= 0)[:, None] & (bn >= 0)[None, :]
-        offs = (base + j)[:, None] * BN + bn[None, :]
-        # atomic reads, not volatile loads: Triton may rematerialise a load in each layout its
-        # uses need (the W = 1 PTX loaded each word three times), and copies read at different
-        # moments by different warps could pair a flag from one with a value from another (an
-        # H100 race test failed so); an atomic's result is read once and moved between layouts
-        wi = tl.where(ok, tl.atomic_add(WI + offs, 0, mask=ok, sem="relaxed", scope="gpu"), 2)
-        wp = tl.atomic_add(WP + offs, 0, mask=ok, sem="relaxed", scope="gpu")
-        we = tl.atomic_add(WE + offs, 0, mask=ok, sem="relaxed", scope="gpu")
-        f1 = (((wp & 3) == 1) & ((we & 3) == 1)).to(tl.int32)
-        r2 = tl.max(tl.where((wi & 3) == 2, w[:, None], -1), axis=0)  # per channel, -1: none
-        newer = w[:, None] > r2[None, :]
-        miss = tl.max(tl.where(newer & (f1 == 0) & (fin == 0)[None, :], 1, 0), axis=0)
-        if tl.max(miss, axis=0) == 0:  # else spin: re-read the window
-            newest2 = w[:, None] == r2[None, :]
-            keep = (fin == 0)[None, :]
-            ga = tl.where(keep & newer, _word_value(wp), tl.where(keep & newest2, 0.0, 1.0))
-            gb = tl.where(keep & newer, _word_value(we),
-                          tl.where(keep & newest2, _word_value(wi), 0.0))
-            sa, sb = tl.associative_scan((ga, gb), 0, _affine_combine)
-            acc_b = acc_a * _last_row(sb, W) + acc_b
-            acc_a = acc_a * _last_row(sa, W)
-            fin = tl.maximum(fin, (r2 >= 0).to(tl.int32))
-            hi = hi - W
-            if tl.min(fin, axis=0) == 1:
-                done = done + 1
-    return acc_b
-
-
-@triton.jit
-def _publish_end(Status, me, VI, WI, bn, xend, BN: tl.constexpr, WORDS: tl.constexpr):
-    if WORDS:
-        _publish_word(WI + me * BN + bn, xend, 2)
-    else:
-        _publish(Status, me, VI + me * BN + bn, xend, 2)
-
-
-@triton.jit
-def _fwd_tile(Aa, Bv, CU, tid, T, N, NC, NSEQ, CHUNK: tl.constexpr, BN: tl.constexpr,
-              VARLEN: tl.constexpr, PERSIST: tl.constexpr):
-    """Coordinates of tile ``tid`` (chunk-major ids) and its ``a``, ``b`` loads; with ``PERSIST``
-    a ``tid`` past the last tile (a program's final prefetch) loads nothing (identity rows)."""
-    GN = tl.cdiv(N, BN)
-    per = NSEQ * GN
-    c = tid // per  # chunk-major: a tile's predecessors got smaller ids
-    s = (tid % per) // GN
-    pn = tid % GN
-    bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
-    if PERSIST:  # (a constexpr: the one-tile kernel keeps its registers, 108 on sm_90a)
-        t1 = tl.where(tid < per * NC, t1, t0)  # past the last tile: no rows
-    n = pn * BN + tl.arange(0, BN)
-    t = t0 + tl.arange(0, CHUNK)
-    m2 = (t < t1)[:, None] & (n < N)[None, :]  # chunks never cross eos
-    offs = t[:, None] * N + n[None, :]
-    av = tl.load(Aa + offs, mask=m2, other=1.0).to(tl.float32)
-    bv = tl.load(Bv + offs, mask=m2, other=0.0).to(tl.float32)
-    return av, bv
-
-
-@triton.jit
-def _fwd_finish(av, bv, Hout, Init, Final, Status, Vals, Words, CU, tid, T, N, NC, NSEQ,
-                CHUNK: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, HAS_INIT: tl.constexpr,
-                STORE_FINAL: tl.constexpr, VARLEN: tl.constexpr, PUBLISH_INCL: tl.constexpr,
-                WORDS: tl.constexpr):
-    """Steps 2-5 of the module docstring for tile ``tid`` whose ``a``, ``b`` are loaded."""
+@triton.jit(do_not_specialize=["T", "NC", "NSEQ"])
+def _diag_lookback_fwd(Aa, Bv, Hout, Init, Final, Status, Vals, CU, T, N, NC, NSEQ,
+                       CHUNK: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
+                       HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, VARLEN: tl.constexpr,
+                       PUBLISH_INCL: tl.constexpr):
+    """``h_t = a_t h_{t-1} + b_t``, a, b, h ``(B*T, N)`` rows (``B == 1`` with ``CU``), one tile of
+    ``CHUNK x BN`` per program. ``Init (nseq, N)`` h0, ``Final (nseq, N)`` fp32, ``Status``
+    int32 ``(ntile + 1,)`` zeroed, ``Vals`` fp32 ``(3, ntile, BN)``. ``PUBLISH_INCL = False``
+    (tests only) publishes only aggregates beyond chunk 0, so every look-back walks to chunk 0."""
     GN = tl.cdiv(N, BN)
     per = NSEQ * GN
     ntile = per * NC
-    c = tid // per
+    tid = tl.atomic_add(Status + ntile, 1, sem="relaxed")  # dynamic tile id (module docstring)
+    c = tid // per  # chunk-major: a tile's predecessors got smaller ids
     s = (tid % per) // GN
     pn = tid % GN
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
@@ -212,8 +124,10 @@ def _fwd_finish(av, bv, Hout, Init, Final, Status, Vals, Words, CU, tid, T, N, N
     n = pn * BN + bn
     mn = n < N
     t = t0 + tl.arange(0, CHUNK)
-    m2 = (t < t1)[:, None] & mn[None, :]
+    m2 = (t < t1)[:, None] & mn[None, :]  # chunks never cross eos: rows past it are identity
     offs = t[:, None] * N + n[None, :]
+    av = tl.load(Aa + offs, mask=m2, other=1.0).to(tl.float32)
+    bv = tl.load(Bv + offs, mask=m2, other=0.0).to(tl.float32)
     ca, cb = tl.associative_scan((av, bv), 0, _affine_combine)
     pa = _last_row(ca, CHUNK)
     pb = _last_row(cb, CHUNK)
@@ -224,98 +138,52 @@ def _fwd_finish(av, bv, Hout, Init, Final, Status, Vals, Words, CU, tid, T, N, N
     VI = Vals + 2 * ntile.to(tl.int64) * BN
     # P of every tile (1 past eos) also gives the backward its chunk products (diag_lookback_forward)
     tl.store(VA + me * BN + bn, pa)
-    WP = Words
-    WE = Words + ntile.to(tl.int64) * BN
-    WI = Words + 2 * ntile.to(tl.int64) * BN
     carry = tl.zeros([BN], dtype=tl.float32)
     if c == 0:
         if HAS_INIT:
             carry = tl.load(Init + s.to(tl.int64) * N + n, mask=mn, other=0.0).to(tl.float32)
     elif t0 < eos:
-        if WORDS:
-            _publish_word(WP + me * BN + bn, pa, 1)
-            _publish_word(WE + me * BN + bn, pb, 1)
-            carry = _look_back_words(WP, WE, WI, base, c, bn, BN, W)
-        else:
-            _publish(Status, me, VB + me * BN + bn, pb, 1)  # VA stored above, before the barrier
-            carry = _look_back(Status, VA, VB, VI, base, c, bn, BN, W)
+        _publish(Status, me, VB + me * BN + bn, pb, 1)  # VA stored above, before the barrier
+        carry = _look_back(Status, VA, VB, VI, base, c, bn, BN, W)
     if (t0 < eos) | (c == 0):  # empty chunks past a sequence's end (varlen) do nothing more
-        h = ca * carry[None, :] + cb
         xend = pa * carry + pb
-        # the end state first: a flag's release waits for one row of stores, not the tile's
+        # the end state before h: the flag's release fence then waits for one row of stores
         if PUBLISH_INCL:
-            _publish_end(Status, me, VI, WI, bn, xend, BN, WORDS)
+            _publish(Status, me, VI + me * BN + bn, xend, 2)
         elif c == 0:
-            _publish_end(Status, me, VI, WI, bn, xend, BN, WORDS)
+            _publish(Status, me, VI + me * BN + bn, xend, 2)
+        h = ca * carry[None, :] + cb
         tl.store(Hout + offs, h.to(Hout.dtype.element_ty), mask=m2)
         if STORE_FINAL:
             if t1 == eos:  # the sequence's last chunk (chunk 0 of an empty sequence: h0)
                 tl.store(Final + s.to(tl.int64) * N + n, xend, mask=mn)
 
 
-@triton.jit(do_not_specialize=["T", "NC", "NSEQ"])
-def _diag_lookback_fwd(Aa, Bv, Hout, Init, Final, Status, Vals, Words, CU, T, N, NC, NSEQ,
-                       CHUNK: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
-                       HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, VARLEN: tl.constexpr,
-                       PUBLISH_INCL: tl.constexpr, PERSIST: tl.constexpr, WORDS: tl.constexpr):
-    """``h_t = a_t h_{t-1} + b_t``, a, b, h ``(B*T, N)`` rows (``B == 1`` with ``CU``), tiles of
-    ``CHUNK x BN``. ``Init (nseq, N)`` h0, ``Final (nseq, N)`` fp32, ``Status`` int32
-    ``(ntile + 1,)`` zeroed, ``Vals`` fp32 ``(3, ntile, BN)``. ``PUBLISH_INCL = False`` (tests
-    only) publishes only aggregates beyond chunk 0, so every look-back walks to chunk 0.
-    ``PERSIST``: a grid smaller than the tile count; each program takes tile after tile and loads
-    the next one before it scans, publishes and looks back on the current one, so the wait of the
-    look-back overlaps the next tile's loads (one tile per program: the loads of an SM's programs
-    stall together while they wait)."""
-    ntile = NSEQ * tl.cdiv(N, BN) * NC
-    if WORDS:  # the tile counter: Status holds only it
-        ctr = Status
-    else:  # behind the flags
-        ctr = Status + ntile
-    tid = tl.atomic_add(ctr, 1, sem="relaxed")  # dynamic tile id (module docstring)
-    av, bv = _fwd_tile(Aa, Bv, CU, tid, T, N, NC, NSEQ, CHUNK, BN, VARLEN, PERSIST)
-    if PERSIST:
-        # no deadlock: the smallest unfinished id is always some program's current tile (its
-        # prefetched one got a larger id), and its predecessors all finished
-        while tid < ntile:
-            # relaxed: an acq_rel atomic would first wait for the last tile's stores
-            nid = tl.atomic_add(ctr, 1, sem="relaxed")
-            an, bn_ = _fwd_tile(Aa, Bv, CU, nid, T, N, NC, NSEQ, CHUNK, BN, VARLEN, PERSIST)
-            _fwd_finish(av, bv, Hout, Init, Final, Status, Vals, Words, CU, tid, T, N, NC, NSEQ, CHUNK,
-                        BN, W, HAS_INIT, STORE_FINAL, VARLEN, PUBLISH_INCL, WORDS)
-            tid = nid
-            av = an
-            bv = bn_
-    else:
-        _fwd_finish(av, bv, Hout, Init, Final, Status, Vals, Words, CU, tid, T, N, NC, NSEQ, CHUNK, BN,
-                    W, HAS_INIT, STORE_FINAL, VARLEN, PUBLISH_INCL, WORDS)
-
-
 def lookback_cfg(tune: dict):
     """(CHUNK, BN, W, num_warps) from ``TUNE`` keys ``lb_chunk`` (128), ``lb_bn`` (32),
-    ``lb_window`` (16) and ``lb_nw`` (8 elements of a tile per thread, at most 8 warps). H100, fp32,
-    B1 T16384 N768 (2026-11-24): 128 x 32 0.113 ms, 32 x 32 0.115, 64 x 32 0.138, 64 x 64 0.205.
-    ptxas (sm_90a): 128 x 32 with 8 warps 108 registers, no spills (256 x 32 spills).
-    ``lb_persist`` (0 = off): programs per SM of the persistent forward (``PERSIST``);
-    ``lb_h_first``: store ``h`` before publishing the end state (the order before 2026-11-26)."""
+    ``lb_window`` (4) and ``lb_nw`` (4), shared by the forward and the backward. H100, fp32, CUDA
+    graphs, medians of 5 interleaved rounds (2026-11-26, ``tools/lookback_repeat.py --set words``),
+    B1 T16384 N768 with 128 x 32 tiles: forward 0.0698 ms with 4 warps and 4-chunk windows
+    against 0.1039 with 8 warps and 16-chunk windows (the old defaults), forward+backward 0.1689
+    against 0.2430; 64 x 32 tiles 0.0745 / 0.1789. (2026-11-24, 8 warps: 128 x 32 0.113 ms,
+    32 x 32 0.115, 64 x 32 0.138, 64 x 64 0.205.) ptxas (sm_90a): 128 x 32 with 4 warps 144
+    registers (forward), 148 (backward), no spills."""
     ch = tune.get("lb_chunk", 128)
     bn = tune.get("lb_bn", 32)
-    w = tune.get("lb_window", 16)
+    w = tune.get("lb_window", 4)
     for k, v in (("lb_chunk", ch), ("lb_bn", bn), ("lb_window", w)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"TUNE[{k!r}] must be a power of two, got {v}")
-    nw = tune.get("lb_nw", max(1, min(8, ch * bn // 256)))
-    per_sm = tune.get("lb_persist", 0)
-    if not isinstance(per_sm, int) or isinstance(per_sm, bool) or per_sm < 0:
-        raise ValueError(f"TUNE['lb_persist'] must be an int >= 0 (programs per SM), got {per_sm!r}")
+    nw = tune.get("lb_nw", 4)
+    if nw not in (1, 2, 4, 8, 16):
+        raise ValueError(f"TUNE['lb_nw'] must be 1, 2, 4, 8 or 16 warps, got {nw!r}")
     return ch, bn, w, nw
 
 
 def launch_diag_lookback(a, b, h0, cu, tune, empty):
     """One launch. a, b ``(B, T, N)``, h0 ``(nseq, N)`` or None, cu int64 offsets or None.
-    Returns ``(h, final, status, vals, words, (CHUNK, BN, NC, GN))``: ``status`` the flags and
-    the tile counter (with ``lb_words`` the counter alone), ``vals`` fp32 ``P, E, incl`` (with
-    ``lb_words`` ``P`` alone, for the backward) and ``words`` int64 ``(3, ntile, BN)`` (``lb_words``;
-    else a dummy). ``empty`` allocates outputs (the launcher's NaN-poisoning ``_empty``)."""
+    Returns ``(h, final, status, vals, (CHUNK, BN, NC, GN))``; ``empty`` allocates outputs (the
+    launcher's NaN-poisoning ``_empty``)."""
     B, T, N = b.shape
     nseq = B if cu is None else cu.numel() - 1
     ch, bn, w, nw = lookback_cfg(tune)
@@ -325,23 +193,17 @@ def launch_diag_lookback(a, b, h0, cu, tune, empty):
     gn = cdiv(N, bn)
     ntile = nseq * gn * nc
     # zeroed per call: flags 0 = nothing published, and the tile counter must start at 0
-    words = bool(tune.get("lb_words", False))
-    status = torch.zeros(1 if words else ntile + 1, dtype=torch.int32, device=dev)
-    vals = empty((1 if words else 3, ntile, bn), torch.float32, dev)
-    # flagged words start at 0 = nothing published
-    wbuf = torch.zeros((3, ntile, bn) if words else (1,), dtype=torch.int64, device=dev)
+    status = torch.zeros(ntile + 1, dtype=torch.int32, device=dev)
+    vals = empty((3, ntile, bn), torch.float32, dev)
     h = empty(b.shape, b.dtype, dev)
     final = empty((nseq, N), torch.float32, dev)
-    per_sm = tune.get("lb_persist", 0)
-    grid = min(ntile, per_sm * num_sms(dev, cpu=4)) if per_sm else ntile
     if ntile:
-        _diag_lookback_fwd[(grid,)](
-            a, b, h, h0 if h0 is not None else b, final, status, vals, wbuf,
-            cu if cu is not None else b, T, N, nc, nseq, CHUNK=ch, BN=bn, W=w,
-            HAS_INIT=h0 is not None, STORE_FINAL=True, VARLEN=cu is not None,
-            PUBLISH_INCL=bool(tune.get("lb_publish_incl", True)), PERSIST=bool(per_sm),
-            WORDS=words, num_warps=nw)
-    return h, final, status, vals, wbuf, (ch, bn, nc, gn)
+        _diag_lookback_fwd[(ntile,)](
+            a, b, h, h0 if h0 is not None else b, final, status, vals, cu if cu is not None else b,
+            T, N, nc, nseq, CHUNK=ch, BN=bn, W=w, HAS_INIT=h0 is not None, STORE_FINAL=True,
+            VARLEN=cu is not None, PUBLISH_INCL=bool(tune.get("lb_publish_incl", True)),
+            num_warps=nw)
+    return h, final, status, vals, (ch, bn, nc, gn)
 
 
 def diag_lookback_forward(a, b, h0, cu, chunk, tune, empty, diag_cfg):
@@ -350,7 +212,7 @@ def diag_lookback_forward(a, b, h0, cu, chunk, tune, empty, diag_cfg):
     When ``chunk`` is a multiple of ``CHUNK`` (``scan._diag_apply`` aligns it so), ``P`` is a
     product over groups of tile products already in ``vals``; otherwise one extra summary pass
     (the chunked forward's pass 1, reads ``a`` and ``b``)."""
-    h, final, _, vals, _, (ch, bn, nc_t, gn) = launch_diag_lookback(a, b, h0, cu, tune, empty)
+    h, final, status, vals, (ch, bn, nc_t, gn) = launch_diag_lookback(a, b, h0, cu, tune, empty)
     if chunk is None:
         return h, final, None
     B, T, N = b.shape

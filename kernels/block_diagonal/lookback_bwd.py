@@ -28,29 +28,21 @@ import triton.language as tl
 
 from .._host import cdiv
 from .fwd import _affine_combine, _seq_bounds
-from .lookback import (_last_row, _look_back, _look_back_words, _publish, _publish_end,
-                       _publish_word, lookback_cfg)
+from .lookback import _last_row, _look_back, _publish, lookback_cfg
 
 __all__ = ["diag_lookback_backward"]
 
 
 @triton.jit(do_not_specialize=["T", "NC", "NSEQ"])
-def _diag_lookback_bwd(Aa, Hs, H0, G, DHT, DA, DB, DH0, Status, Vals, Words, CU, T, N, NC, NSEQ,
+def _diag_lookback_bwd(Aa, Hs, H0, G, DHT, DA, DB, DH0, Status, Vals, CU, T, N, NC, NSEQ,
                        CHUNK: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
-                       HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, VARLEN: tl.constexpr,
-                       WORDS: tl.constexpr):
+                       HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, VARLEN: tl.constexpr):
     """a, h, dh, da, db ``(B*T, N)`` rows (``B == 1`` with ``CU``); ``H0``, ``DHT``, ``DH0``
-    ``(nseq, N)``; ``Status`` int32 ``(ntile + 1,)`` zeroed, ``Vals`` fp32 ``(3, ntile, BN)``;
-    ``WORDS`` (lookback.py's flagged words): ``Status`` the tile counter alone, ``Words`` int64
-    ``(3, ntile, BN)`` zeroed, ``Vals`` unused."""
+    ``(nseq, N)``; ``Status`` int32 ``(ntile + 1,)`` zeroed; ``Vals`` fp32 ``(3, ntile, BN)``."""
     GN = tl.cdiv(N, BN)
     per = NSEQ * GN
     ntile = per * NC
-    if WORDS:
-        ctr = Status
-    else:
-        ctr = Status + ntile
-    tid = tl.atomic_add(ctr, 1, sem="relaxed")  # dynamic tile id (lookback.py)
+    tid = tl.atomic_add(Status + ntile, 1, sem="relaxed")  # dynamic tile id (lookback.py)
     cr = tid // per  # reversed chunk index, chunk-major: successors in time got smaller ids
     s = (tid % per) // GN
     pn = tid % GN
@@ -78,26 +70,18 @@ def _diag_lookback_bwd(Aa, Hs, H0, G, DHT, DA, DB, DH0, Status, Vals, Words, CU,
     VA = Vals
     VB = Vals + ntile.to(tl.int64) * BN
     VI = Vals + 2 * ntile.to(tl.int64) * BN
-    WP = Words
-    WE = Words + ntile.to(tl.int64) * BN
-    WI = Words + 2 * ntile.to(tl.int64) * BN
     carry = tl.zeros([BN], dtype=tl.float32)
     if cr == 0:  # a sequence's last chunk: its carry is dh_final
         if HAS_DHT:
             carry = tl.load(DHT + s.to(tl.int64) * N + n, mask=mn, other=0.0).to(tl.float32)
     elif real:
-        if WORDS:
-            _publish_word(WP + me * BN + bn, pa, 1)
-            _publish_word(WE + me * BN + bn, pb, 1)
-            carry = _look_back_words(WP, WE, WI, base, cr, bn, BN, W)
-        else:
-            tl.store(VA + me * BN + bn, pa)  # before _publish's barrier and flag
-            _publish(Status, me, VB + me * BN + bn, pb, 1)
-            carry = _look_back(Status, VA, VB, VI, base, cr, bn, BN, W)
+        tl.store(VA + me * BN + bn, pa)  # before _publish's barrier and flag
+        _publish(Status, me, VB + me * BN + bn, pb, 1)
+        carry = _look_back(Status, VA, VB, VI, base, cr, bn, BN, W)
     if real | (cr == 0):  # tiles past a shorter sequence's chunks (varlen) do nothing
         mu_out = pa * carry + pb
-        if real:  # before the tile's stores: a flag's release would wait for them
-            _publish_end(Status, me, VI, WI, bn, mu_out, BN, WORDS)
+        if real:  # before the tile's stores: the flag's release fence would wait for them
+            _publish(Status, me, VI + me * BN + bn, mu_out, 2)
         lam = cc * carry[None, :] + cv
         tl.store(DB + offs, lam.to(DB.dtype.element_ty), mask=m2)
         hp = tl.load(Hs + offs - N, mask=m2 & (t > bos)[:, None], other=0.0).to(tl.float32)
@@ -122,17 +106,14 @@ def diag_lookback_backward(a, h, h0, g, dhT, cu, tune, empty):
     nc = max(1, cdiv(max_len, ch))  # >= 1: an empty sequence still writes dh0
     gn = cdiv(N, bn)
     ntile = nseq * gn * nc
-    words = bool(tune.get("lb_words", False))
-    status = torch.zeros(1 if words else ntile + 1, dtype=torch.int32, device=dev)
-    vals = empty((1,) if words else (3, ntile, bn), torch.float32, dev)
-    wbuf = torch.zeros((3, ntile, bn) if words else (1,), dtype=torch.int64, device=dev)
+    status = torch.zeros(ntile + 1, dtype=torch.int32, device=dev)
+    vals = empty((3, ntile, bn), torch.float32, dev)
     da = empty(a.shape, a.dtype, dev)
     db = empty(h.shape, h.dtype, dev)
     dh0 = empty((nseq, N), torch.float32, dev)
     if ntile:
         _diag_lookback_bwd[(ntile,)](
             a, h, h0 if h0 is not None else h, g, dhT if dhT is not None else h, da, db, dh0,
-            status, vals, wbuf, cu if cu is not None else h, T, N, nc, nseq, CHUNK=ch, BN=bn, W=w,
-            HAS_H0=h0 is not None, HAS_DHT=dhT is not None, VARLEN=cu is not None, WORDS=words,
-            num_warps=nw)
+            status, vals, cu if cu is not None else h, T, N, nc, nseq, CHUNK=ch, BN=bn, W=w,
+            HAS_H0=h0 is not None, HAS_DHT=dhT is not None, VARLEN=cu is not None, num_warps=nw)
     return da, db, dh0

@@ -529,11 +529,17 @@ def _diag_apply(a, b, h0, cu, nseq):
 def _diag_bwd_lookback(nprog, max_len, device, bt) -> bool:
     """Whether the m = 1 backward is the single-pass look-back (lookback_bwd.py).
     ``TUNE["bwd_lookback"]``: True / False, or "auto" (the default): wherever the gradient rule
-    would time-chunk (few programs, long sequences; a forced ``TUNE["chunk"]`` keeps the chunked
-    backward). H100, fp32, CUDA-graph replays (2026-11-25, ``tools/lookback_repeat.py``): B1
-    T16384 N768 forward+backward 0.238 ms against 0.265 (tiled forward, chunked backward) and
-    0.279 (look-back forward, chunked backward), and one launch instead of three (host time);
-    B8 T2048 N768 (one pass, 192 programs) keeps the tiles: 0.188 ms against 0.230."""
+    would time-chunk, and also where the one-pass backward has fewer than ``TUNE["bwd_lb_below"]``
+    (2) programs per SM over sequences of at least ``chunk_min_len`` (1024) steps (a forced
+    ``TUNE["chunk"]`` keeps the chunked backward). H100, fp32, CUDA graphs, medians of 3 rounds
+    (2026-11-26, ``tools/lookback_repeat.py --set rule``), forward+backward: B1 T16384 N768
+    0.1666 ms against 0.2631 (tiled forward, chunked backward); B8 T2048 N768 (192 programs,
+    1.45 per SM) 0.1633 against 0.1880 with the one-pass backward; B8 T2048 N4096 (512, 3.9 per
+    SM) 0.7823 against 0.7448, so the one-pass backward stays there."""
+    if TUNE.get("bwd_lookback", "auto") == "auto" and "chunk" not in TUNE:
+        few = nprog < TUNE.get("bwd_lb_below", 2) * _num_sms(device)
+        if few and max_len >= TUNE.get("chunk_min_len", 1024):
+            return True
     return _lookback_mode("bwd_lookback", nprog, max_len, device, bt, True)
 
 

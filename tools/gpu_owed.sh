@@ -2,17 +2,17 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-26, fifteenth session). Everything the fourteenth session left
-#   owed ran in the fifteenth (two H100s): the block look-back's race test (8 passed) and timing,
-#   scan_throughput over all three shapes, the rest of test_gpu_fused_companion (32 passed). The
-#   look-back is now the default for forwards without gradients from m = 16 on; with it the GPU
-#   tests passed again (look-back race test + test_gpu_block_diagonal full_size / summary_dot /
-#   long_memory: 35, test_gpu_models: 67). Nothing GPU-untested is owed. Leads for issue 3, each
-#   to be timed against the default in one call (fwdbwd_chunk_sweep.py --set summary --fwd
-#   --profile, and the ncu stage for where the cycles go):
+# Suggested order (written 2026-11-26, sixteenth session). Nothing GPU-untested is owed: the m = 1
+#   look-back's new defaults (4 warps, 4-chunk windows) and backward rule (bwd_lb_below) ran on two
+#   H100s (race tests 9 + 4, test_gpu_block_diagonal m = 1 subsets 13 + 4, memcheck diagonal 0
+#   errors, scan_throughput full run). Leads for issue 3, each to be timed against the default in
+#   one call:
+#     the same program-count view for the block kernels at B8 N768 m = 2..8 (one-warp programs,
+#     1-2.9 warps per SM): fwdbwd_chunk_sweep.py --set summary --fwd --profile and the ncu stage;
 #     tools/gpu_pair.sh "SWEEP_SET=summary SWEEP_FWD=1 SWEEP_GRAPH=1 SWEEP_PROFILE=1 SWEEP_M=8,16,32 SWEEP_SHAPES=1x16384x768 sweep" \
 #       "NCU_M=8,16 NCU_KERNELS=_bd_summary|_bd_lookback ncu"
-#   (a summary step without the accumulator-to-operand shuffles; E folded into the dot).
+#   The m = 1 look-back rule, repeated where it was chosen (B1/B2/B8 N768, B8 N4096):
+#     tools/gpu_pair.sh "LBR_SET=rule LBR_ROUNDS=3 lbrepeat" ""
 #   Repeat before changing scan._bwd_variant: B1 T16384 N768 m = 16 fwd+bwd with the ring2 backward
 #   was 3 % faster than the default v1 in one run (fifteenth session, call 10):
 #     tools/gpu_pair.sh "SWEEP_SET=bwd SWEEP_GRAPH=1 SWEEP_M=16 SWEEP_SHAPES=1x16384x768,8x2048x4096 sweep" ""

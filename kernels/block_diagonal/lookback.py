@@ -33,7 +33,8 @@ broadcasts an atomic's result through shared memory behind a bar.sync, so every 
 loads are ordered after the acquire) and the values are read with ``ld.volatile`` (L2, never a
 stale L1 line). Checked in the sm_90 PTX; on an H100 (Triton 3.6, 2026-11-24) the many-tiles
 tests (thousands of tiles in flight, repeated, varlen) pass and B1 T16384 N768 fp32 runs in 0.113 ms
-(44 % of copy bandwidth) against 0.295 ms for the chunked 3-pass forward.
+(44 % of copy bandwidth) against 0.295 ms for the chunked 3-pass forward; with 4 warps and
+4-chunk windows (2026-11-26, ``lookback_cfg``) in 0.069 ms (73 %).
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Single-pass decoupled look-back backward for the diagonal scan (m = 1): the default where the
-gradient rule would time-chunk (``scan.TUNE["bwd_lookback"]``: "auto", True, False; see
-``scan._diag_bwd_lookback``). CPU-interpreter tests and an H100 many-tile race test pass; H100
-B1 T16384 N768 fwd+bwd 0.239 ms (CUDA graph) against 0.280 with the chunked backward.
+gradient rule would time-chunk or the one-pass backward has few programs (``scan.TUNE
+["bwd_lookback"]``: "auto", True, False; see ``scan._diag_bwd_lookback``). CPU-interpreter tests
+and an H100 many-tile race test pass; H100 B1 T16384 N768 fwd+bwd 0.239 ms (CUDA graph) against
+0.280 with the chunked backward (2026-11-25), 0.167 ms with 4 warps and 4-chunk windows
+(2026-11-26).
 
 The adjoint of ``h_t = a_t h_{t-1} + b_t`` runs backwards in time:
 ``lam_t = dh_t + a_{t+1} lam_{t+1}`` (``lam_{eos-1} = dh_{eos-1} + dh_final``), then

@@ -2,14 +2,14 @@
 chunking choices of ``scan.TUNE`` (``--set chunk``: the default rule, no chunking, other chunk
 targets / lengths), the backward kernels (``--set bwd``: g4, ring2, ring4, v1 under the default
 chunk rule) or the chunk summaries (``--set summary``: ring vs the tensor-core ``summary.py`` at
-forced chunk lengths), the m = 1 look-back forward (``--set lb1``: one tile per program or
-persistent; ``--fwd`` times the forward alone): finds the rule behind the slow rows of
+forced chunk lengths), the m = 1 look-back forward (``--set lb1``) or the m = 1 tiles where
+they give few programs (``--set few``); ``--fwd`` times the forward alone): finds the rule behind the slow rows of
 scan_throughput.py at N768 and B1 T16384. ``err``: relative RMS against the first choice. fp32,
 do_bench medians; ``--graph`` also times CUDA-graph replays (``do_bench_cudagraph``: no host
 launch overhead), so a row that is host-bound shows as a large plain/graph ratio. ``--profile``
 adds each row's kernels (torch.profiler: calls and microseconds per call of the pass).
 
-    python tools/fwdbwd_chunk_sweep.py [--set chunk|bwd|summary|lb1] [--fwd] [--m 1 2 4] [--graph] [--shapes 8x2048x768] [--profile] [--out DIR]
+    python tools/fwdbwd_chunk_sweep.py [--set chunk|bwd|summary|lb1|few] [--fwd] [--m 1 2 4] [--graph] [--shapes 8x2048x768] [--profile] [--out DIR]
     python tools/fwdbwd_chunk_sweep.py --render OUT/fwdbwd_chunk_sweep.json --results benchmarks/RESULTS.md
 """
 import argparse
@@ -62,7 +62,17 @@ SUMMARY_CHOICES = {"default": {}, "chunked": {"bd_lookback": False},
 # are in commit ff44276 (slower on an H100, removed)
 LB1_CHOICES = {"default": {}, "tiles": {"fwd_lookback": False}, "lb": {"fwd_lookback": True},
                "lb_nw8_w16": {"fwd_lookback": True, "lb_nw": 8, "lb_window": 16},
-               "lb64": {"fwd_lookback": True, "lb_chunk": 64}}
+               "lb64": {"fwd_lookback": True, "lb_chunk": 64},
+               # not yet timed (written 2026-11-26, sixteenth session): B8 T2048 N768 leads
+               "lb_bn16": {"fwd_lookback": True, "lb_bn": 16}, "lb_nw2": {"fwd_lookback": True, "lb_nw": 2},
+               "lb_c256_nw8": {"fwd_lookback": True, "lb_chunk": 256, "lb_nw": 8}}
+# m = 1 tiles where the default tiles give few programs (scan._DIAG_FEW, (64, 32, 2) at B8 T2048
+# N768: 192 two-warp programs, 1.45 per SM): more, smaller programs per SM; forwards (--fwd) that
+# ptxas compiles for sm_90a without spills (64 x 32 on 1 warp and 128 x 32 on 4 spill). Not yet
+# timed (written 2026-11-26, sixteenth session); the backward keeps its own keys (bt_bwd, ...)
+FEW_CHOICES = {"default": {}, **{f"few_{bt}x{bn}_nw{nw}": {"bt_few": bt, "bn_few": bn, "nw_few": nw}
+                                 for bt, bn, nw in ((32, 32, 1), (64, 16, 1), (32, 16, 1), (16, 32, 1),
+                                                    (128, 16, 2), (32, 32, 2), (16, 64, 2))}}
 BWD_CHOICES = {"default": {}, "bwd_g4": {"bwd_variant": "g4"}, "bwd_ring2": {"bwd_variant": "ring2"},
                "bwd_ring4": {"bwd_variant": "ring4"}, "bwd_v1": {"bwd_variant": "v1"}}
 
@@ -103,7 +113,7 @@ def main():
     ap.add_argument("--out", default="benchmarks/out")
     ap.add_argument("--render", default=None, help="a sweep JSON to append to --results, no GPU run")
     ap.add_argument("--results", default="benchmarks/RESULTS.md")
-    ap.add_argument("--set", default="chunk", choices=("chunk", "bwd", "summary", "lb1"))
+    ap.add_argument("--set", default="chunk", choices=("chunk", "bwd", "summary", "lb1", "few"))
     ap.add_argument("--fwd", action="store_true", help="time the forward alone (no autograd graph)")
     ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--graph", action="store_true", help="also time CUDA-graph replays")
@@ -131,7 +141,7 @@ def main():
             floor = ((A.numel() + 2 * b.numel()) if a.fwd else (2 * A.numel() + 4 * b.numel())) * 4
             base = ref = None
             choices = {"chunk": CHOICES, "bwd": BWD_CHOICES, "summary": SUMMARY_CHOICES,
-                       "lb1": LB1_CHOICES}[a.set]
+                       "lb1": LB1_CHOICES, "few": FEW_CHOICES}[a.set]
             for name, tune in choices.items():
                 if a.choices and name not in a.choices:
                     continue

@@ -11,6 +11,9 @@
 #     1-2.9 warps per SM): fwdbwd_chunk_sweep.py --set summary --fwd --profile and the ncu stage;
 #     tools/gpu_pair.sh "SWEEP_SET=summary SWEEP_FWD=1 SWEEP_GRAPH=1 SWEEP_PROFILE=1 SWEEP_M=8,16,32 SWEEP_SHAPES=1x16384x768 sweep" \
 #       "NCU_M=8,16 NCU_KERNELS=_bd_summary|_bd_lookback ncu"
+#   B8 T2048 N768 m = 1 forward (79 % of copy, target 85 %): more programs per SM for the tiles, and
+#   other look-back tiles (both sets written, compiled for sm_90a on the CPU, not yet timed):
+#     tools/gpu_pair.sh "SWEEP_SET=few SWEEP_FWD=1 SWEEP_GRAPH=1 SWEEP_M=1 SWEEP_SHAPES=8x2048x768 sweep SWEEP_SET=lb1 sweep" ""
 #   The m = 1 look-back rule, repeated where it was chosen (B1/B2/B8 N768, B8 N4096):
 #     tools/gpu_pair.sh "LBR_SET=rule LBR_ROUNDS=3 lbrepeat" ""
 #   Repeat before changing scan._bwd_variant: B1 T16384 N768 m = 16 fwd+bwd with the ring2 backward
@@ -167,7 +170,7 @@ case "$stage" in
       --variants ${DELTA_VARIANTS:-default s11_default dhs16 reload_k_always} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
-    # SWEEP_SET (chunk|bwd|summary|lb1), SWEEP_FWD=1 (forward alone), SWEEP_M, SWEEP_SHAPES,
+    # SWEEP_SET (chunk|bwd|summary|lb1|few), SWEEP_FWD=1 (forward alone), SWEEP_M, SWEEP_SHAPES,
     # SWEEP_CHOICES (a subset of the set), SWEEP_PROFILE=1 (each row's kernel times)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" --set ${SWEEP_SET:-chunk} \
       ${SWEEP_FWD:+--fwd} ${SWEEP_GRAPH:+--graph} ${SWEEP_PROFILE:+--profile} ${SWEEP_CHOICES:+--choices $SWEEP_CHOICES} \

@@ -163,12 +163,12 @@ def _diag_lookback_fwd(Aa, Bv, Hout, Init, Final, Status, Vals, CU, T, N, NC, NS
 def lookback_cfg(tune: dict):
     """(CHUNK, BN, W, num_warps) from ``TUNE`` keys ``lb_chunk`` (128), ``lb_bn`` (32),
     ``lb_window`` (4) and ``lb_nw`` (4), shared by the forward and the backward. H100, fp32, CUDA
-    graphs, medians of 5 interleaved rounds (2026-11-26, ``tools/lookback_repeat.py --set words``),
-    B1 T16384 N768 with 128 x 32 tiles: forward 0.0698 ms with 4 warps and 4-chunk windows
-    against 0.1039 with 8 warps and 16-chunk windows (the old defaults), forward+backward 0.1689
-    against 0.2430; 64 x 32 tiles 0.0745 / 0.1789. (2026-11-24, 8 warps: 128 x 32 0.113 ms,
-    32 x 32 0.115, 64 x 32 0.138, 64 x 64 0.205.) ptxas (sm_90a): 128 x 32 with 4 warps 144
-    registers (forward), 148 (backward), no spills."""
+    graphs, medians of 5 interleaved rounds (2026-11-26, ``tools/lookback_repeat.py``, the words
+    set of commit ff44276), B1 T16384 N768 with 128 x 32 tiles: forward 0.0698 ms with 4 warps
+    and 4-chunk windows against 0.1039 with 8 warps and 16-chunk windows (the old defaults),
+    forward+backward 0.1689 against 0.2430; 64 x 32 tiles 0.0745 / 0.1789. (2026-11-24, 8 warps:
+    128 x 32 0.113 ms, 32 x 32 0.115, 64 x 32 0.138, 64 x 64 0.205.) ptxas (sm_90a): 128 x 32
+    with 4 warps 144 registers (forward), 148 (backward), no spills."""
     ch = tune.get("lb_chunk", 128)
     bn = tune.get("lb_bn", 32)
     w = tune.get("lb_window", 4)

@@ -201,6 +201,8 @@ def test_auto_rule(monkeypatch):
         lookback.lookback_cfg({"lb_chunk": 24})
     with pytest.raises(ValueError, match="lb_nw"):
         lookback.lookback_cfg({"lb_nw": 3})
+    # default warps: 4 up to 128 x 32 tiles, 8 from 256 x 32 on (4 spill there)
+    assert [lookback.lookback_cfg({"lb_chunk": c})[3] for c in (16, 64, 128, 256, 512)] == [4, 4, 4, 8, 8]
 
 
 # ----------------------------------------------------------------------------- backward (lookback_bwd.py)

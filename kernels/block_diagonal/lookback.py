@@ -162,20 +162,23 @@ def _diag_lookback_fwd(Aa, Bv, Hout, Init, Final, Status, Vals, CU, T, N, NC, NS
 
 def lookback_cfg(tune: dict):
     """(CHUNK, BN, W, num_warps) from ``TUNE`` keys ``lb_chunk`` (128), ``lb_bn`` (32),
-    ``lb_window`` (4) and ``lb_nw`` (4), shared by the forward and the backward. H100, fp32, CUDA
-    graphs, medians of 5 interleaved rounds (2026-11-26, ``tools/lookback_repeat.py``, the words
-    set of commit ff44276), B1 T16384 N768 with 128 x 32 tiles: forward 0.0698 ms with 4 warps
-    and 4-chunk windows against 0.1039 with 8 warps and 16-chunk windows (the old defaults),
-    forward+backward 0.1689 against 0.2430; 64 x 32 tiles 0.0745 / 0.1789. (2026-11-24, 8 warps:
-    128 x 32 0.113 ms, 32 x 32 0.115, 64 x 32 0.138, 64 x 64 0.205.) ptxas (sm_90a): 128 x 32
-    with 4 warps 144 registers (forward), 148 (backward), no spills."""
+    ``lb_window`` (4) and ``lb_nw`` (4, 8 from 256 x 32 tiles on), shared by the forward and the
+    backward. H100, fp32, CUDA graphs, medians of 5 interleaved rounds (2026-11-26,
+    ``tools/lookback_repeat.py``, the words set of commit ff44276), B1 T16384 N768 with 128 x 32
+    tiles: forward 0.0698 ms with 4 warps and 4-chunk windows against 0.1039 with 8 warps and
+    16-chunk windows (the old defaults), forward+backward 0.1689 against 0.2430; 64 x 32 tiles
+    0.0745 / 0.1789. (2026-11-24, 8 warps: 128 x 32 0.113 ms, 32 x 32 0.115, 64 x 32 0.138,
+    64 x 64 0.205.) ptxas (sm_90a): 128 x 32 with 4 warps 144 registers (forward), 148
+    (backward), no spills."""
     ch = tune.get("lb_chunk", 128)
     bn = tune.get("lb_bn", 32)
     w = tune.get("lb_window", 4)
     for k, v in (("lb_chunk", ch), ("lb_bn", bn), ("lb_window", w)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"TUNE[{k!r}] must be a power of two, got {v}")
-    nw = tune.get("lb_nw", 4)
+    # 4 warps up to 128 x 32 tiles (measured), 8 from 256 x 32 on: with 4 there, ptxas (sm_90a)
+    # gave the forward 255 registers and the backward 116 bytes of spills a thread (8: 145, 185)
+    nw = tune.get("lb_nw", max(4, min(8, ch * bn // 1024)))
     if nw not in (1, 2, 4, 8, 16):
         raise ValueError(f"TUNE['lb_nw'] must be 1, 2, 4, 8 or 16 warps, got {nw!r}")
     return ch, bn, w, nw

@@ -1,6 +1,7 @@
 """Run-to-run spread of the m = 1 look-back paths: the same configurations timed in interleaved
 rounds, with plain ``do_bench`` and with ``do_bench_cudagraph`` (no CPU launch overhead), so a
-default chosen from one timing is not a choice made on noise. fp32, B1 T16384 N768 and B8 T2048 N768.
+default chosen from one timing is not a choice made on noise. fp32, B1 T16384 N768 and B8 T2048 N768
+(``--set rule``: also B8 T2048 N4096 and B2 T8192 N768).
 
     python tools/lookback_repeat.py [--rounds 5] [--set default|rule] [--out DIR]
     python tools/lookback_repeat.py --render OUT/lookback_repeat.json --results benchmarks/RESULTS.md
@@ -89,8 +90,6 @@ def main():
             sets = (FWD, FWDBWD) if a.set == "default" else (RULE_FWD, RULE_FWDBWD)
             for mode, configs in zip(("fwd", "fwd+bwd"), sets):
                 for name, tune in configs.items():
-                    saved = dict(S.TUNE)
-                    S.TUNE.update(tune)
                     if mode == "fwd":
                         fn = lambda: S.diagonal_scan(x, b)  # noqa: E731
                     else:
@@ -98,14 +97,12 @@ def main():
                     row = rows.setdefault((mode, B, T, N, name), dict(
                         mode=mode, B=B, T=T, N=N, config=name, tune=tune, plain=[], graph=[]))
                     try:
-                        for graph in (False, True):
-                            ms = _timed(fn, graph)
-                            row["graph" if graph else "plain"].append(round(ms, 4))
+                        with S.tuned(tune):
+                            for graph in (False, True):
+                                ms = _timed(fn, graph)
+                                row["graph" if graph else "plain"].append(round(ms, 4))
                     except Exception as e:  # keep the other rows (a capture may fail)
                         print(f"{mode} B{B} T{T} N{N} {name}: {e!r}"[:200], flush=True)
-                    finally:
-                        S.TUNE.clear()
-                        S.TUNE.update(saved)
                     print(f"round {rnd} {mode:7s} B{B} T{T} N{N} {name:12s} plain {row['plain'][-1:]} "
                           f"graph {row['graph'][-1:]}", flush=True)
             # after every shape: a run cut short keeps what it measured

@@ -116,6 +116,12 @@ def _max_len(T, nseq, cu_seqlens):
     return max([y - x for x, y in zip(cu[:-1], cu[1:])] + [0])
 
 
+def _chunk_min_len(grad) -> int:
+    """Shortest sequence that time chunking (or an m = 1 look-back in its place) is worth:
+    ``TUNE['chunk_min_len']``, else 1024 steps with gradients and 4096 without."""
+    return TUNE.get("chunk_min_len", 1024 if grad else 4096)
+
+
 def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
     """Chunk length, or None for one pass over the whole sequence.
 
@@ -139,7 +145,7 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
         c = TUNE["chunk"]
         return None if not c or c >= max_len else c
     target = TUNE.get("chunk_target", 4 if grad else 1) * _num_sms(device)
-    min_len = TUNE.get("chunk_min_len", 1024 if grad else 4096)
+    min_len = _chunk_min_len(grad)
     below = TUNE.get("chunk_grad_below", 0.5) * _num_sms(device) if grad else target
     if m >= TUNE.get("chunk_max_m", MAX_M + 1) or max_len < min_len or nprog >= below:
         return None
@@ -538,7 +544,7 @@ def _diag_bwd_lookback(nprog, max_len, device, bt) -> bool:
     SM) 0.7823 against 0.7448, so the one-pass backward stays there."""
     if TUNE.get("bwd_lookback", "auto") == "auto" and "chunk" not in TUNE:
         few = nprog < TUNE.get("bwd_lb_below", 2) * _num_sms(device)
-        if few and max_len >= TUNE.get("chunk_min_len", 1024):
+        if few and max_len >= _chunk_min_len(True):
             return True
     return _lookback_mode("bwd_lookback", nprog, max_len, device, bt, True)
 

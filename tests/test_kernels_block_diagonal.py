@@ -194,7 +194,7 @@ def test_diagonal_varlen_chunked():
 
 
 @pytest.mark.parametrize("fwd,bwd", [("v1", "g4"), ("g4", "g4"), ("v1", "v1"), ("ring1", "g4"),
-                                     ("ring2", "v1"), ("ring4", "ring")])
+                                     ("ring2", "v1"), ("ring4", "ring"), ("pipe", "v1")])
 def test_kernel_variants(fwd, bwd):
     """The one-step-loop and hand-pipelined kernels compute the same thing (also chunked)."""
     scanmod.TUNE.update(variant=fwd, bwd_variant=bwd)
@@ -202,6 +202,20 @@ def test_kernel_variants(fwd, bwd):
     run_check(A, b, torch.randn(2, 2, 3).to(DEV), None, 1e-5)
     scanmod.TUNE["chunk"] = 8
     run_check(A[:1], b[:1], None, torch.tensor([0, 5, 19], device=DEV), 1e-5)
+
+
+@pytest.mark.parametrize("bt,bh,nw", [(4, 2, 1), (16, 4, 2)])
+def test_tile2_forward(bt, bh, nw):
+    """The m = 2 tile kernel (tile2.py; a parallel scan over time in each tile): one pass with h0,
+    a single step, and varlen chunks whose boundaries fall inside tiles (summaries, carry scan and
+    re-run all through it)."""
+    scanmod.TUNE.update(variant="tile2", t2_bt=bt, t2_bh=bh, t2_nw=nw)
+    A, b = make(2, 37, 3, 2, seed=7)
+    run_check(A, b, torch.randn(2, 3, 2).to(DEV), None, 1e-5)
+    run_check(A[:, :1], b[:, :1], None, None, 1e-5)
+    scanmod.TUNE["chunk"] = 12
+    cu = torch.tensor([0, 5, 30, 30, 61, 74], dtype=torch.int64, device=DEV)
+    run_check(A.reshape(1, 74, 3, 2, 2), b.reshape(1, 74, 3, 2), torch.randn(5, 3, 2).to(DEV), cu, 1e-5)
 
 
 # the two largest cases (50-75 s each under the interpreter) run in the slow pass (CI runs both)

@@ -9,7 +9,7 @@ do_bench medians; ``--graph`` also times CUDA-graph replays (``do_bench_cudagrap
 launch overhead), so a row that is host-bound shows as a large plain/graph ratio. ``--profile``
 adds each row's kernels (torch.profiler: calls and microseconds per call of the pass).
 
-    python tools/fwdbwd_chunk_sweep.py [--set chunk|bwd|summary|lb1|few] [--fwd] [--m 1 2 4] [--graph] [--shapes 8x2048x768] [--profile] [--out DIR]
+    python tools/fwdbwd_chunk_sweep.py [--set chunk|bwd|summary|lb1|few|pipe|tile2] [--fwd] [--m 1 2 4] [--graph] [--shapes 8x2048x768] [--profile] [--out DIR]
     python tools/fwdbwd_chunk_sweep.py --render OUT/fwdbwd_chunk_sweep.json --results benchmarks/RESULTS.md
 """
 import argparse
@@ -72,9 +72,26 @@ LB1_CHOICES = {"default": {}, "tiles": {"fwd_lookback": False}, "lb": {"fwd_look
 # timed (written 2026-11-26, sixteenth session); the backward keeps its own keys (bt_bwd, ...)
 FEW_CHOICES = {"default": {}, **{f"few_{bt}x{bn}_nw{nw}": {"bt_few": bt, "bn_few": bn, "nw_few": nw}
                                  for bt, bn, nw in ((32, 32, 1), (64, 16, 1), (32, 16, 1), (16, 32, 1),
-                                                    (128, 16, 2), (32, 32, 2), (16, 64, 2))}}
+                                                    (128, 16, 2), (32, 32, 2), (16, 64, 2),
+                                                    # seventeenth session: around 128 x 16 (H200: 0.0455 ms
+                                                    # graph against the default's 0.056)
+                                                    (64, 16, 2), (256, 8, 2), (128, 8, 1), (128, 16, 4))}}
 BWD_CHOICES = {"default": {}, "bwd_g4": {"bwd_variant": "g4"}, "bwd_ring2": {"bwd_variant": "ring2"},
                "bwd_ring4": {"bwd_variant": "ring4"}, "bwd_v1": {"bwd_variant": "v1"}}
+# m >= 2: one-step loops whose loads Triton 3.6's pipeliner turns into cp.async copies to shared
+# memory NS - 1 steps ahead (fwd.py _bd_fwd_pipe; bwd.py _bd_bwd_kernel with num_stages), against the
+# register rings (32 slots at most). Written 2026-11-26, seventeenth session
+PIPE_CHOICES = {"default": {}, **{f"pipe{ns}": {"variant": "pipe", "pipe_ns": ns} for ns in (16, 32, 64, 128)},
+                **{f"bwd_v1_ns{ns}": {"bwd_variant": "v1", "num_stages": ns} for ns in (16, 32, 64)},
+                "pipe32_bwd32": {"variant": "pipe", "pipe_ns": 32, "bwd_variant": "v1", "num_stages": 32},
+                "pipe64_bwd32": {"variant": "pipe", "pipe_ns": 64, "bwd_variant": "v1", "num_stages": 32},
+                "pipe32_u4": {"variant": "pipe", "pipe_ns": 32, "pipe_u": 4}}
+# m = 2: tile2.py (BT x BH tiles, tl.associative_scan over time) against the ring; (BT, BH, warps)
+# that ptxas compiles for sm_90a without spills
+TILE2_CHOICES = {"default": {}, **{f"t2_{bt}x{bh}_nw{nw}": {"variant": "tile2", "t2_bt": bt, "t2_bh": bh, "t2_nw": nw}
+                                   for bt, bh, nw in ((16, 32, 2), (8, 32, 1), (16, 16, 1), (16, 16, 2), (32, 16, 2),
+                                                      (64, 16, 4), (16, 8, 1), (32, 8, 1), (32, 8, 2), (64, 8, 2),
+                                                      (128, 8, 4))}}
 
 
 def render(path, results):
@@ -113,7 +130,7 @@ def main():
     ap.add_argument("--out", default="benchmarks/out")
     ap.add_argument("--render", default=None, help="a sweep JSON to append to --results, no GPU run")
     ap.add_argument("--results", default="benchmarks/RESULTS.md")
-    ap.add_argument("--set", default="chunk", choices=("chunk", "bwd", "summary", "lb1", "few"))
+    ap.add_argument("--set", default="chunk", choices=("chunk", "bwd", "summary", "lb1", "few", "pipe", "tile2"))
     ap.add_argument("--fwd", action="store_true", help="time the forward alone (no autograd graph)")
     ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--graph", action="store_true", help="also time CUDA-graph replays")
@@ -140,8 +157,16 @@ def main():
             # fwd+bwd: A, b, dh read; h read; dA, db written. fwd: A, b read, h written
             floor = ((A.numel() + 2 * b.numel()) if a.fwd else (2 * A.numel() + 4 * b.numel())) * 4
             base = ref = None
+            same = None
+            if a.graph:  # a copy moving the same bytes (half read, half written): small-size roofline
+                src = torch.empty(floor // 8, device="cuda")
+                dst = torch.empty_like(src)
+                same = floor / graph_time(lambda: dst.copy_(src), rep=40) / 1e9
+                del src, dst
+                print(f"B{B} T{T} N{N} m{m}: same-size copy {same:.3f} TB/s ({100 * same / copy:.1f} % "
+                      f"of the 1 GiB copy)", flush=True)
             choices = {"chunk": CHOICES, "bwd": BWD_CHOICES, "summary": SUMMARY_CHOICES,
-                       "lb1": LB1_CHOICES, "few": FEW_CHOICES}[a.set]
+                       "lb1": LB1_CHOICES, "few": FEW_CHOICES, "pipe": PIPE_CHOICES, "tile2": TILE2_CHOICES}[a.set]
             for name, tune in choices.items():
                 if a.choices and name not in a.choices:
                     continue
@@ -175,7 +200,8 @@ def main():
                            pct_copy=round(100 * floor / ms / 1e9 / copy, 1),
                            fwd_only=a.fwd,
                            tbps=round(floor / ms / 1e9, 3), vs_default=round(ms / base, 3),
-                           graph_ms=None if gms is None else round(gms, 4))
+                           graph_ms=None if gms is None else round(gms, 4),
+                           same_copy_tbps=None if same is None else round(same, 3))
                 if kt:
                     row["kernels"] = {k[:90]: [round(c, 2), round(us, 1)] for k, (c, us) in list(kt.items())[:8]}
                 rows.append(row)

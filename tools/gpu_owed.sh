@@ -170,7 +170,7 @@ case "$stage" in
       --variants ${DELTA_VARIANTS:-default s11_default dhs16 reload_k_always} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
-    # SWEEP_SET (chunk|bwd|summary|lb1|few), SWEEP_FWD=1 (forward alone), SWEEP_M, SWEEP_SHAPES,
+    # SWEEP_SET (chunk|bwd|summary|lb1|few|pipe|tile2), SWEEP_FWD=1 (forward alone), SWEEP_M, SWEEP_SHAPES,
     # SWEEP_CHOICES (a subset of the set), SWEEP_PROFILE=1 (each row's kernel times)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" --set ${SWEEP_SET:-chunk} \
       ${SWEEP_FWD:+--fwd} ${SWEEP_GRAPH:+--graph} ${SWEEP_PROFILE:+--profile} ${SWEEP_CHOICES:+--choices $SWEEP_CHOICES} \

@@ -17,10 +17,11 @@ import torch
 from .._host import cdiv, device_name, next_pow2, num_sms
 
 from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
-from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kernel
+from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_pipe, _bd_fwd_ring, _diag_fwd_kernel
 from .lookback import lookback_cfg
 from .lookback_dot import bd_lookback_forward
 from .summary import launch_summary
+from .tile2 import _bd2_fwd_tile
 
 __all__ = ["block_diagonal_scan", "diagonal_scan"]
 
@@ -214,9 +215,18 @@ def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
 
 def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, NS, few=False, **kw):
     var = _fwd_variant(few and M <= 16)
-    if var.startswith("ring"):
+    if var == "tile2" and M == 2:
+        bh2 = TUNE.get("t2_bh", 32)
+        _bd2_fwd_tile[(cdiv(H, bh2), grid[1], grid[2])](
+            A, b, h, init, final, cu, T, H, CHUNK, NC, BT=TUNE.get("t2_bt", 16), BH=bh2,
+            HAS_INIT=kw["HAS_INIT"], STORE_H=kw["STORE_H"], STORE_FINAL=kw["STORE_FINAL"],
+            VARLEN=kw["VARLEN"], num_warps=TUNE.get("t2_nw", 1))
+    elif var.startswith("ring"):
         _bd_fwd_ring[grid](A, b, h, init, final, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH,
                            R=int(var[4:]), SUMMARY=False, **kw)
+    elif var == "pipe":
+        _bd_fwd_pipe[grid](A, b, h, init, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH,
+                           NS=TUNE.get("pipe_ns", 32), U=TUNE.get("pipe_u", 1), **kw)
     elif var == "g4":
         _bd_fwd_kernel_g4[grid](A, b, h, init, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH, **kw)
     else:

@@ -166,7 +166,8 @@ def test_diagonal_tile_configs(fwd_cfg, bwd_cfg):
 
 def test_diagonal_forward_tile_by_gpu_name(monkeypatch):
     """The m = 1 tiles are picked by GPU name (H100: 16 x 64 forward and backward, measured there;
-    others 64 x 32); the backward has 4 warps; the few-programs tile and TUNE overrides win."""
+    others 64 x 32); the backward has 4 warps; the few-programs tiles (their own for the backward)
+    and TUNE overrides win."""
     from lrnn_scan.kernels import _host as host
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
     scanmod.TUNE.clear()                       # no interpreter tiles (the autouse fixture's)
@@ -178,6 +179,7 @@ def test_diagonal_forward_tile_by_gpu_name(monkeypatch):
         assert scanmod._diag_cfg(many[1], many[0], dev)[:3] == fwd, name
         assert scanmod._diag_cfg(many[1], many[0], dev, bwd=True)[:3] == bwd, name
         assert scanmod._diag_cfg(few[1], few[0], dev)[:3] == scanmod._DIAG_FEW, name
+        assert scanmod._diag_cfg(few[1], few[0], dev, bwd=True)[:3] == scanmod._DIAG_FEW_BWD, name
     monkeypatch.setitem(scanmod.TUNE, "bt", 32)
     assert scanmod._diag_cfg(many[1], many[0], dev)[:3] == (32, 32, 2)   # H200 name still set
     assert scanmod._diag_cfg(4096, 8, torch.device("cpu"))[:2] == (32, 32)
@@ -194,7 +196,7 @@ def test_diagonal_varlen_chunked():
 
 
 @pytest.mark.parametrize("fwd,bwd", [("v1", "g4"), ("g4", "g4"), ("v1", "v1"), ("ring1", "g4"),
-                                     ("ring2", "v1"), ("ring4", "ring"), ("pipe", "v1")])
+                                     ("ring2", "v1"), ("ring4", "ring")])
 def test_kernel_variants(fwd, bwd):
     """The one-step-loop and hand-pipelined kernels compute the same thing (also chunked)."""
     scanmod.TUNE.update(variant=fwd, bwd_variant=bwd)
@@ -202,20 +204,6 @@ def test_kernel_variants(fwd, bwd):
     run_check(A, b, torch.randn(2, 2, 3).to(DEV), None, 1e-5)
     scanmod.TUNE["chunk"] = 8
     run_check(A[:1], b[:1], None, torch.tensor([0, 5, 19], device=DEV), 1e-5)
-
-
-@pytest.mark.parametrize("bt,bh,nw", [(4, 2, 1), (16, 4, 2)])
-def test_tile2_forward(bt, bh, nw):
-    """The m = 2 tile kernel (tile2.py; a parallel scan over time in each tile): one pass with h0,
-    a single step, and varlen chunks whose boundaries fall inside tiles (summaries, carry scan and
-    re-run all through it)."""
-    scanmod.TUNE.update(variant="tile2", t2_bt=bt, t2_bh=bh, t2_nw=nw)
-    A, b = make(2, 37, 3, 2, seed=7)
-    run_check(A, b, torch.randn(2, 3, 2).to(DEV), None, 1e-5)
-    run_check(A[:, :1], b[:, :1], None, None, 1e-5)
-    scanmod.TUNE["chunk"] = 12
-    cu = torch.tensor([0, 5, 30, 30, 61, 74], dtype=torch.int64, device=DEV)
-    run_check(A.reshape(1, 74, 3, 2, 2), b.reshape(1, 74, 3, 2), torch.randn(5, 3, 2).to(DEV), cu, 1e-5)
 
 
 # the two largest cases (50-75 s each under the interpreter) run in the slow pass (CI runs both)
@@ -248,6 +236,35 @@ def test_bwd_ring(m, bwd):
     run_check(A.reshape(1, 74, 3, m, m), b.reshape(1, 74, 3, m), torch.randn(5, 3, m).to(DEV), cu, 1e-5)
 
 
+def test_bwd_v1_stages(monkeypatch):
+    """The one-step backward chosen for few programs runs a 16-stage pipeline (``bwd_ns``); with
+    1024+ programs, or ``TUNE['num_stages']`` set, it keeps the configured stages."""
+    seen = []
+    real = scanmod._bd_bwd_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append((grid[0] * grid[1] * grid[2], kw["NS"]))
+                return real[grid](*args, **kw)
+            return launch
+    monkeypatch.setattr(scanmod, "_bd_bwd_kernel", Spy())
+    A, b = make(2, 9, 3, 4, seed=2)
+    run_check(A, b, None, None, 1e-5)                        # 2 programs: v1, 16 stages
+    assert seen and all(ns == 16 for _, ns in seen), seen
+    seen.clear()
+    scanmod.TUNE.update(num_stages=5)
+    run_check(A, b, None, None, 1e-5)
+    assert seen and all(ns == 5 for _, ns in seen), seen
+    seen.clear()
+    scanmod.TUNE.pop("num_stages")
+    monkeypatch.setattr(scanmod, "_bwd_variant", lambda m, nprog: "v1")
+    scanmod.TUNE.update(bh=1)
+    A, b = make(1, 5, 1030, 4, seed=3)                       # 1030 programs: configured stages
+    run_check(A, b, None, None, 1e-5)
+    assert seen and all(ns == scanmod._bd_cfg(4)[3] for _, ns in seen), seen
+
+
 def test_chunk_policy(monkeypatch):
     """Forward only: chunk (256 steps) only below one program per SM and from T = 4096 on; with
     gradients only below half a program per SM, then 256-step chunks from m = 4 on, below that
@@ -278,7 +295,7 @@ def test_variant_rules():
     """Default kernel choices (measured on an H200 and an H100, see scan._bwd_variant / _fwd_variant)."""
     bv = scanmod._bwd_variant
     assert [bv(m, 1024) for m in (2, 3, 4, 8, 16, 32)] == ["ring4", "ring2", "ring2", "ring4", "v1", "ring2"]
-    assert [bv(m, 384) for m in (2, 3, 4, 8, 16, 32)] == ["ring4", "ring4", "ring4", "ring4", "ring4", "ring2"]
+    assert [bv(m, 384) for m in (2, 3, 4, 8, 16, 32)] == ["ring4", "v1", "v1", "v1", "v1", "ring2"]
     assert scanmod._fwd_variant(True) == "ring8" and scanmod._fwd_variant(False) == "ring4"
     scanmod.TUNE.update(bwd_variant="g4", variant="ring2")
     assert bv(2, 10) == "g4" and scanmod._fwd_variant(True) == "ring2"

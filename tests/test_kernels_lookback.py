@@ -270,6 +270,14 @@ def test_backward_auto_rule(monkeypatch):
         calls.clear()
         grad_check(a, b, None, None)
         assert (len(calls) > 0) == used, (below, min_len)
+    # the backward's programs are counted on its own tiles: narrow forward tiles (5 programs, not
+    # few at 1 x 4 "SMs") do not hide a one-program backward
+    scanmod.TUNE.update(bwd_lb_below=1, chunk_min_len=32, bn=4, bn_bwd=32)
+    calls.clear()
+    grad_check(a, b, None, None)
+    assert calls
+    for k in ("bn", "bn_bwd"):
+        scanmod.TUNE.pop(k)
     scanmod.TUNE["chunk"] = 16  # a forced chunk keeps the chunked backward
     rules.update(grad=16)
     calls.clear()

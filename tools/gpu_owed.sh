@@ -2,23 +2,23 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-26, sixteenth session). Nothing GPU-untested is owed: the m = 1
-#   look-back's new defaults (4 warps, 4-chunk windows) and backward rule (bwd_lb_below) ran on two
-#   H100s (race tests 9 + 4, test_gpu_block_diagonal m = 1 subsets 13 + 4, memcheck diagonal 0
-#   errors, scan_throughput full run). Leads for issue 3, each to be timed against the default in
-#   one call:
-#     the same program-count view for the block kernels at B8 N768 m = 2..8 (one-warp programs,
-#     1-2.9 warps per SM): fwdbwd_chunk_sweep.py --set summary --fwd --profile and the ncu stage;
-#     tools/gpu_pair.sh "SWEEP_SET=summary SWEEP_FWD=1 SWEEP_GRAPH=1 SWEEP_PROFILE=1 SWEEP_M=8,16,32 SWEEP_SHAPES=1x16384x768 sweep" \
-#       "NCU_M=8,16 NCU_KERNELS=_bd_summary|_bd_lookback ncu"
-#   B8 T2048 N768 m = 1 forward (79 % of copy, target 85 %): more programs per SM for the tiles, and
-#   other look-back tiles (both sets written, compiled for sm_90a on the CPU, not yet timed):
-#     tools/gpu_pair.sh "SWEEP_SET=few SWEEP_FWD=1 SWEEP_GRAPH=1 SWEEP_M=1 SWEEP_SHAPES=8x2048x768 sweep SWEEP_SET=lb1 sweep" ""
-#   The m = 1 look-back rule, repeated where it was chosen (B1/B2/B8 N768, B8 N4096):
+# Suggested order (written 2026-11-26, seventeenth session). Owed GPU checks of this session's
+#   changes (the v1 backward with 16 stages below 1024 programs at m = 3..16, the m = 1 forward's
+#   128 x 16 few-program tiles, the look-back backward rule counted on the backward's tiles): they
+#   ran in test_gpu_block_diagonal -k full_size (14 passed) and -k "diagonal_api or ..." (4) on an
+#   H100, and memcheck of the block-diagonal varlen T5003 cases gave 0 errors. Still to run: the
+#   rest of memcheck and the models on the new defaults, and the rest of test_gpu_block_diagonal
+#   (diag_tiles, backward_ring, forward_variants) in one stage of its own:
+#     tools/gpu_pair.sh "FAMILIES=block_diagonal,diagonal memcheck" "tests2"
+#   Leads for issue 3, each to be timed against the default in one call:
+#     the backward for m = 2 at few programs (43.4 % of the floor at B8 N768): v1 with deep
+#     pipelines lost (0.330 against ring4's 0.308 ms); a 32-slot backward ring (R = 8, not written:
+#     the forward's ring8 beat ring4 1.13-1.74x) is the next thing to try;
+#     the m = 1 look-back rule, repeated where it was chosen (B1/B2/B8 N768, B8 N4096):
 #     tools/gpu_pair.sh "LBR_SET=rule LBR_ROUNDS=3 lbrepeat" ""
-#   Repeat before changing scan._bwd_variant: B1 T16384 N768 m = 16 fwd+bwd with the ring2 backward
-#   was 3 % faster than the default v1 in one run (fifteenth session, call 10):
-#     tools/gpu_pair.sh "SWEEP_SET=bwd SWEEP_GRAPH=1 SWEEP_M=16 SWEEP_SHAPES=1x16384x768,8x2048x4096 sweep" ""
+#   The forward's small-m passes at B8 N768 are bound by the program (the same time on an H100
+#   and an H200; README.md "Few programs"): the cp.async forward and tile2.py were slower and are
+#   in commit 498dacb only.
 #   The delta cache filter below matched 1013 entries (45 MiB) in the fourteenth session: not saved.
 #   Carry the Triton cache between calls
 #   (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp
@@ -170,7 +170,7 @@ case "$stage" in
       --variants ${DELTA_VARIANTS:-default s11_default dhs16 reload_k_always} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)
-    # SWEEP_SET (chunk|bwd|summary|lb1|few|pipe|tile2), SWEEP_FWD=1 (forward alone), SWEEP_M, SWEEP_SHAPES,
+    # SWEEP_SET (chunk|bwd|summary|lb1|few), SWEEP_FWD=1 (forward alone), SWEEP_M, SWEEP_SHAPES,
     # SWEEP_CHOICES (a subset of the set), SWEEP_PROFILE=1 (each row's kernel times)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwdbwd_chunk_sweep.py --out "$OUT" --set ${SWEEP_SET:-chunk} \
       ${SWEEP_FWD:+--fwd} ${SWEEP_GRAPH:+--graph} ${SWEEP_PROFILE:+--profile} ${SWEEP_CHOICES:+--choices $SWEEP_CHOICES} \

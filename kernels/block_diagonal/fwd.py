@@ -94,58 +94,6 @@ def _bd_fwd_kernel(A, Bv, Hout, Init, Final, CU, T, H, CHUNK, NC,
 
 
 @triton.jit
-def _eye_state(x0, MP: tl.constexpr, BH: tl.constexpr):
-    """``I x0`` (a select: ``x0`` exactly), reduced as a step reduces ``A x``, so that the state
-    starts in the layout every step returns (loaded as it is, the loop-carried state kept the
-    load's layout and the m = 2 ring8 kernel spilled 1164 bytes per thread for sm_90a)."""
-    k = tl.arange(0, MP * MP)
-    eye = (tl.zeros([BH, MP * MP], dtype=tl.int32) + ((k // MP) == (k % MP)).to(tl.int32)[None, :]) != 0
-    return tl.sum(tl.where(tl.reshape(eye, (BH, MP, MP)), x0[:, None, :], 0.0), axis=2)
-
-
-@triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
-def _bd_fwd_pipe(A, Bv, Hout, Init, Final, CU, T, H, CHUNK, NC,
-                 M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, NS: tl.constexpr,
-                 U: tl.constexpr, HAS_INIT: tl.constexpr, STORE_H: tl.constexpr,
-                 STORE_FINAL: tl.constexpr, VARLEN: tl.constexpr):
-    """``U`` (1 or 4) steps per iteration, ``A`` as ``(BH, MP*MP)`` rows (16-byte vectors when ``M == MP``);
-    Triton >= 3.5's pipeliner turns the loads of a ``tl.range(..., num_stages=NS)`` loop into
-    ``cp.async`` copies to shared memory ``NS - 1`` steps ahead, so the bytes in flight are not
-    bounded by registers (the ring kernel's 32 slots are)."""
-    pid_h = tl.program_id(0)
-    s = tl.program_id(1)
-    c = tl.program_id(2)
-    bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
-    offs_s, mask_s, offs_a, mask_a = _block_row_offsets(pid_h, H, M, MP, BH)
-    HM = H * M
-    HMM = HM * M
-    sc = (s.to(tl.int64) * NC + c) * HM
-    if HAS_INIT:
-        x = _eye_state(tl.load(Init + sc + offs_s, mask=mask_s, other=0.0).to(tl.float32), MP, BH)
-    else:
-        x = tl.zeros([BH, MP], dtype=tl.float32)
-    if U == 1:
-        for t in tl.range(t0, t1, num_stages=NS):
-            a = tl.load(A + t * HMM + offs_a, mask=mask_a, other=0.0).to(tl.float32)
-            bt = tl.load(Bv + t * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32)
-            x = tl.sum(tl.reshape(a, (BH, MP, MP)) * x[:, None, :], axis=2) + bt
-            if STORE_H:
-                tl.store(Hout + t * HM + offs_s, x.to(Hout.dtype.element_ty), mask=mask_s)
-    else:  # 4 steps per iteration: one wait and barrier pair per 4 steps, 8 shared loads issued together
-        for ts in tl.range(t0, t1, 4, num_stages=NS):
-            a0, b0 = _ring_ld(A, Bv, ts, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
-            a1, b1 = _ring_ld(A, Bv, ts + 1, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
-            a2, b2 = _ring_ld(A, Bv, ts + 2, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
-            a3, b3 = _ring_ld(A, Bv, ts + 3, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
-            x = _pipe_step(Hout, a0, b0, x, ts, t1, offs_s, mask_s, HM, MP, BH, STORE_H)
-            x = _pipe_step(Hout, a1, b1, x, ts + 1, t1, offs_s, mask_s, HM, MP, BH, STORE_H)
-            x = _pipe_step(Hout, a2, b2, x, ts + 2, t1, offs_s, mask_s, HM, MP, BH, STORE_H)
-            x = _pipe_step(Hout, a3, b3, x, ts + 3, t1, offs_s, mask_s, HM, MP, BH, STORE_H)
-    if STORE_FINAL:
-        tl.store(Final + sc + offs_s, x, mask=mask_s)
-
-
-@triton.jit
 def _step(a, bt, x, t, t1):
     xn = tl.sum(a.to(tl.float32) * x[:, None, :], axis=2) + bt.to(tl.float32)
     return tl.where(t < t1, xn, x)
@@ -314,15 +262,6 @@ def _ring_ld(A, Bv, t, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM):
     a = tl.load(A + t * HMM + offs_a, mask=tl.where(ok, mask_a, False), other=0.0)
     b = tl.load(Bv + t * HM + offs_s, mask=tl.where(ok, mask_s, False), other=0.0)
     return a, b
-
-
-@triton.jit
-def _pipe_step(Hout, a, b, x, t, t1, offs_s, mask_s, HM, MP: tl.constexpr, BH: tl.constexpr,
-               STORE_H: tl.constexpr):
-    xn = tl.sum(tl.reshape(a.to(tl.float32), (BH, MP, MP)) * x[:, None, :], axis=2) + b.to(tl.float32)
-    if STORE_H:
-        tl.store(Hout + t * HM + offs_s, xn.to(Hout.dtype.element_ty), mask=tl.where(t < t1, mask_s, False))
-    return tl.where(t < t1, xn, x)
 
 
 @triton.jit

@@ -17,11 +17,10 @@ import torch
 from .._host import cdiv, device_name, next_pow2, num_sms
 
 from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
-from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_pipe, _bd_fwd_ring, _diag_fwd_kernel
+from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kernel
 from .lookback import lookback_cfg
 from .lookback_dot import bd_lookback_forward
 from .summary import launch_summary
-from .tile2 import _bd2_fwd_tile
 
 __all__ = ["block_diagonal_scan", "diagonal_scan"]
 
@@ -184,22 +183,22 @@ def _fwd_variant(few=False):
 
 
 def _bwd_variant(m, nprog):
-    """Backward kernel, from forward+backward timings (README.md). H200 (fp32, 2026-11-22), 1024+
-    programs (B8 T2048 N4096): ring kernels won (m = 2 ring4 1.15x, m = 4 ring2 1.22x, m = 8 ring4
-    1.05x, m = 32 ring2 = v1), m = 16 v1 (ring4 0.97x); below 1024 programs ring4 (m = 9..16,
-    1.21x) and ring2 (m > 16, 1.07x). H100 CUDA graphs (2026-11-25, ``fwdbwd_chunk_sweep.py --set
-    bwd --graph``): ring4 won every case below 1024 programs, e.g. B8 T2048 N768 m = 2 / 4 / 8
-    0.307 / 0.509 / 0.653 ms against g4's 0.481 / 0.704 / 0.809. ``TUNE['bwd_variant']`` overrides
-    (``ring`` = ring2)."""
+    """Backward kernel, from forward+backward timings (README.md "Backward"). 1024+ programs (B8
+    T2048 N4096; H200 2026-11-22): ring4 for m = 2, 5..8, ring2 for m = 3, 4, 17..32, v1 for
+    m = 9..16. Below 1024 programs: ring4 for m = 2 (H100 CUDA graphs 2026-11-25: B8 T2048 N768
+    m = 2 / 4 / 8 0.307 / 0.509 / 0.653 ms against g4's 0.481 / 0.704 / 0.809), ring2 above 16,
+    and for m = 3..16 v1 with 16 stages (``_bwd_launch``: its loads become ``cp.async`` copies 15
+    steps ahead; 2026-11-26, H100 m = 4 / 8 / 16 0.418 / 0.568 / 1.011 ms against ring4's 0.508 /
+    0.651 / 1.033, H200 likewise). ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
     if "bwd_variant" in TUNE:
         return TUNE["bwd_variant"]
     mp = next_pow2(m)
     if mp == 32:
         return "ring2"
     if mp == 16:
-        return "ring4" if nprog < 1024 else "v1"
-    if nprog < 1024:  # H100 2026-11-25, CUDA-graph timings (GPU time only; docstring)
-        return "ring4"
+        return "v1"
+    if nprog < 1024:  # H100 2026-11-25 / 26, CUDA-graph timings (GPU time only; docstring)
+        return "v1" if mp >= 4 else "ring4"
     return "ring2" if mp == 4 else "ring4"
 
 
@@ -209,24 +208,16 @@ def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
         _bd_bwd_ring[grid](*args, M=M, MP=MP, BH=BH, R=int(var[4:] or 2), **kw)
     elif var == "g4":
         _bd_bwd_kernel_g4[grid](*args, M=M, MP=MP, BH=BH, **kw)
-    else:
-        _bd_bwd_kernel[grid](*args, M=M, MP=MP, BH=BH, NS=NS, **kw)
+    else:  # few programs: a deep pipeline (_bwd_variant); TUNE['num_stages'] overrides
+        deep = grid[0] * grid[1] * grid[2] < 1024 and "num_stages" not in TUNE
+        _bd_bwd_kernel[grid](*args, M=M, MP=MP, BH=BH, NS=TUNE.get("bwd_ns", 16) if deep else NS, **kw)
 
 
 def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, NS, few=False, **kw):
     var = _fwd_variant(few and M <= 16)
-    if var == "tile2" and M == 2:
-        bh2 = TUNE.get("t2_bh", 32)
-        _bd2_fwd_tile[(cdiv(H, bh2), grid[1], grid[2])](
-            A, b, h, init, final, cu, T, H, CHUNK, NC, BT=TUNE.get("t2_bt", 16), BH=bh2,
-            HAS_INIT=kw["HAS_INIT"], STORE_H=kw["STORE_H"], STORE_FINAL=kw["STORE_FINAL"],
-            VARLEN=kw["VARLEN"], num_warps=TUNE.get("t2_nw", 1))
-    elif var.startswith("ring"):
+    if var.startswith("ring"):
         _bd_fwd_ring[grid](A, b, h, init, final, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH,
                            R=int(var[4:]), SUMMARY=False, **kw)
-    elif var == "pipe":
-        _bd_fwd_pipe[grid](A, b, h, init, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH,
-                           NS=TUNE.get("pipe_ns", 32), U=TUNE.get("pipe_u", 1), **kw)
     elif var == "g4":
         _bd_fwd_kernel_g4[grid](A, b, h, init, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH, **kw)
     else:
@@ -310,13 +301,13 @@ def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
 
 
 # ----------------------------------------------------------------------------- m == 1 kernels
-_DIAG_FEW = (64, 32, 2)  # (BT, BN, num_warps) when the default tiles give few programs
+# few programs: forward (B8 T2048 N768, CUDA graphs: H100 0.0598 ms against 64 x 32's 0.0631, H200
+# 0.0456 / 0.0558; README.md) and backward (not re-measured) tiles
+_DIAG_FEW, _DIAG_FEW_BWD = (128, 16, 2), (64, 32, 2)
 # (BT, BN, num_warps) of the m = 1 forward and (BT, BN) of its backward (4 warps) by GPU (a
-# substring of the device name). The 12-config forward sweep at B8 T2048 N4096 ranks the tiles
-# differently on the two Hopper cards (RESULTS.md): H200 (64, 32, 2) 0.2022 ms, (16, 64, 2) 0.2105;
-# H100 (16, 64, 2) 0.2802 / 0.2803 ms against (64, 32, 2) 0.2923 / 0.2932 in two runs. H100,
-# tools/diag_tile_vs_accel.py (2026-11-25, CUDA graphs): fwd 0.2738 vs 0.2937 ms; fwd+bwd with
-# 16 x 64 backward tiles 0.7460 vs 0.7646 (64 x 32) at T2048, 5.937 vs 6.171 ms at T16384.
+# substring of the device name): B8 T2048 N4096 ranks the tiles differently on the two Hopper
+# cards (RESULTS.md): H200 (64, 32, 2) 0.2022 ms, (16, 64, 2) 0.2105; H100 (16, 64, 2) 0.2802 ms
+# against 0.2923, and with CUDA graphs fwd+bwd 0.7460 against 0.7646 (tools/diag_tile_vs_accel.py).
 _DIAG_BY_DEVICE = {"H100": (16, 64, 2)}    # measured on the H100 80GB HBM3 (SXM) only
 _DIAG_BWD_BY_DEVICE = {"H100": (16, 64)}
 _DIAG_DEFAULT = (64, 32, 2)
@@ -336,12 +327,14 @@ def _diag_default(device, bwd=False):
 def _diag_cfg(N, nseq, device, bwd=False):
     """(BT, BN, num_warps, num_stages) of the m = 1 tiles. Forward: ``_diag_default`` (per GPU,
     measured at B8 T2048 N4096; RESULTS.md). With fewer than 4 programs per SM
-    at BN = 32, ``_DIAG_FEW`` (keys ``bt_few``/``bn_few``/``nw_few``). The backward has its own
+    at BN = 32, ``_DIAG_FEW`` (backward ``_DIAG_FEW_BWD``; keys ``bt_few``/``bn_few``/``nw_few``
+    for both). The backward has its own
     keys (``bt_bwd``, ``bn_bwd``, ``nw_bwd``; default: the forward's), so that one can be tuned
     without the other; its tiles need not match the forward's (chunks are any length)."""
     few = nseq * cdiv(N, 32) < 4 * _num_sms(device)
-    d = (TUNE.get("bt_few", _DIAG_FEW[0]), TUNE.get("bn_few", _DIAG_FEW[1]),
-         TUNE.get("nw_few", _DIAG_FEW[2])) if few else _diag_default(device, bwd)
+    fw = _DIAG_FEW_BWD if bwd else _DIAG_FEW
+    d = (TUNE.get("bt_few", fw[0]), TUNE.get("bn_few", fw[1]),
+         TUNE.get("nw_few", fw[2])) if few else _diag_default(device, bwd)
     bt, bn, nw = TUNE.get("bt", d[0]), TUNE.get("bn", d[1]), TUNE.get("num_warps_diag", d[2])
     if bwd:  # 4 warps: B8 T2048 N4096 fwd+bwd 0.5629 ms against 0.7796 with 2 (same run)
         nw = nw if few or "num_warps_diag" in TUNE else 4
@@ -529,7 +522,8 @@ def _diag_apply(a, b, h0, cu, nseq):
     bt, bn, _, _ = _diag_cfg(N, nseq, b.device)
     nprog, max_len = nseq * cdiv(N, bn), _max_len(T, nseq, cu)
     grad = _needs_grad(a, b, h0)
-    bwd_lb = grad and _diag_bwd_lookback(nprog, max_len, b.device, bt)
+    bwd_prog = nseq * cdiv(N, _diag_cfg(N, nseq, b.device, bwd=True)[1])  # its own tiles
+    bwd_lb = grad and _diag_bwd_lookback(nprog, max_len, b.device, bt, bwd_prog)
     # with the look-back backward the forward need not leave chunk products behind, so it is
     # chosen as for inference
     grad = grad and not bwd_lb
@@ -542,18 +536,19 @@ def _diag_apply(a, b, h0, cu, nseq):
     return _ScanFn.apply(a, b, h0, cu, chunk, True, False, bwd_lb)
 
 
-def _diag_bwd_lookback(nprog, max_len, device, bt) -> bool:
+def _diag_bwd_lookback(nprog, max_len, device, bt, bwd_prog) -> bool:
     """Whether the m = 1 backward is the single-pass look-back (lookback_bwd.py).
     ``TUNE["bwd_lookback"]``: True / False, or "auto" (the default): wherever the gradient rule
-    would time-chunk, and also where the one-pass backward has fewer than ``TUNE["bwd_lb_below"]``
-    (2) programs per SM over sequences of at least ``chunk_min_len`` (1024) steps (a forced
+    would time-chunk (``nprog``: the forward's programs), and also where the one-pass backward has
+    fewer than ``TUNE["bwd_lb_below"]`` (2) programs per SM (``bwd_prog``, counted on the backward's
+    tiles) over sequences of at least ``chunk_min_len`` (1024) steps (a forced
     ``TUNE["chunk"]`` keeps the chunked backward). H100, fp32, CUDA graphs, medians of 3 rounds
     (2026-11-26, ``tools/lookback_repeat.py --set rule``), forward+backward: B1 T16384 N768
     0.1666 ms against 0.2631 (tiled forward, chunked backward); B8 T2048 N768 (192 programs,
     1.45 per SM) 0.1633 against 0.1880 with the one-pass backward; B8 T2048 N4096 (512, 3.9 per
     SM) 0.7823 against 0.7448, so the one-pass backward stays there."""
     if TUNE.get("bwd_lookback", "auto") == "auto" and "chunk" not in TUNE:
-        few = nprog < TUNE.get("bwd_lb_below", 2) * _num_sms(device)
+        few = bwd_prog < TUNE.get("bwd_lb_below", 2) * _num_sms(device)
         if few and max_len >= _chunk_min_len(True):
             return True
     return _lookback_mode("bwd_lookback", nprog, max_len, device, bt, True)

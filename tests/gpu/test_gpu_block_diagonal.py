@@ -192,8 +192,7 @@ def test_more_than_2_31_elements():
 
 
 @pytest.mark.parametrize("variant,summary", [("ring2", "ring"), ("g4", "v1"), ("v1", "ring"),
-                                             ("ring8", "ring"), ("pipe", "ring"),
-                                             ("tile2", "ring")])
+                                             ("ring8", "ring")])
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
 def test_forward_variants(variant, summary, m):
     """The non-default forward kernels and summaries (the default ring4 runs above), one pass and

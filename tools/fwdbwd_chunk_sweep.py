@@ -63,13 +63,14 @@ SUMMARY_CHOICES = {"default": {}, "chunked": {"bd_lookback": False},
 LB1_CHOICES = {"default": {}, "tiles": {"fwd_lookback": False}, "lb": {"fwd_lookback": True},
                "lb_nw8_w16": {"fwd_lookback": True, "lb_nw": 8, "lb_window": 16},
                "lb64": {"fwd_lookback": True, "lb_chunk": 64},
-               # not yet timed (written 2026-11-26, sixteenth session): B8 T2048 N768 leads
+               # B8 T2048 N768 leads, timed in the seventeenth session on an H200 (slower, RESULTS.md)
                "lb_bn16": {"fwd_lookback": True, "lb_bn": 16}, "lb_nw2": {"fwd_lookback": True, "lb_nw": 2},
                "lb_c256_nw8": {"fwd_lookback": True, "lb_chunk": 256, "lb_nw": 8}}
-# m = 1 tiles where the default tiles give few programs (scan._DIAG_FEW, (64, 32, 2) at B8 T2048
-# N768: 192 two-warp programs, 1.45 per SM): more, smaller programs per SM; forwards (--fwd) that
-# ptxas compiles for sm_90a without spills (64 x 32 on 1 warp and 128 x 32 on 4 spill). Not yet
-# timed (written 2026-11-26, sixteenth session); the backward keeps its own keys (bt_bwd, ...)
+# m = 1 tiles where the default tiles give few programs (scan._DIAG_FEW; (64, 32, 2) at B8 T2048
+# N768 was 192 two-warp programs, 1.45 per SM): more, smaller programs per SM; forwards (--fwd) that
+# ptxas compiles for sm_90a without spills (64 x 32 on 1 warp and 128 x 32 on 4 spill). Timed in
+# the seventeenth session (RESULTS.md): 128 x 16 on 2 warps became the default. The keys set the
+# backward's few-program tiles too (its own: bt_bwd, ...)
 FEW_CHOICES = {"default": {}, **{f"few_{bt}x{bn}_nw{nw}": {"bt_few": bt, "bn_few": bn, "nw_few": nw}
                                  for bt, bn, nw in ((32, 32, 1), (64, 16, 1), (32, 16, 1), (16, 32, 1),
                                                     (128, 16, 2), (32, 32, 2), (16, 64, 2),
@@ -84,7 +85,6 @@ BWD_CHOICES = {"default": {}, "bwd_g4": {"bwd_variant": "g4"}, "bwd_ring2": {"bw
                # T2048 N768 fwd+bwd m = 4 / 8 / 16 0.401 / 0.519 / 0.868 ms at NS 16 against the
                # default ring4's 0.477 / 0.569 / 0.894 (m = 2 slower: 0.321 against 0.277)
                **{f"bwd_v1_ns{ns}": {"bwd_variant": "v1", "num_stages": ns} for ns in (8, 12, 16, 24, 32)}}
-
 
 
 def render(path, results):

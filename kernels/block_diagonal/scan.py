@@ -208,7 +208,7 @@ def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
         _bd_bwd_ring[grid](*args, M=M, MP=MP, BH=BH, R=int(var[4:] or 2), **kw)
     elif var == "g4":
         _bd_bwd_kernel_g4[grid](*args, M=M, MP=MP, BH=BH, **kw)
-    else:  # few programs: a deep pipeline (_bwd_variant); TUNE['num_stages'] overrides
+    else:  # below 1024 programs a deep pipeline (_bwd_variant); TUNE['num_stages'] overrides
         deep = grid[0] * grid[1] * grid[2] < 1024 and "num_stages" not in TUNE
         _bd_bwd_kernel[grid](*args, M=M, MP=MP, BH=BH, NS=TUNE.get("bwd_ns", 16) if deep else NS, **kw)
 

@@ -301,9 +301,7 @@ def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
 
 
 # ----------------------------------------------------------------------------- m == 1 kernels
-# few programs: forward (B8 T2048 N768, CUDA graphs: H100 0.0598 ms against 64 x 32's 0.0631, H200
-# 0.0456 / 0.0558; README.md) and backward (not re-measured) tiles
-_DIAG_FEW, _DIAG_FEW_BWD = (128, 16, 2), (64, 32, 2)
+_DIAG_FEW, _DIAG_FEW_BWD = (128, 16, 2), (64, 32, 2)  # few programs, fwd / bwd (README.md)
 # (BT, BN, num_warps) of the m = 1 forward and (BT, BN) of its backward (4 warps) by GPU (a
 # substring of the device name): B8 T2048 N4096 ranks the tiles differently on the two Hopper
 # cards (RESULTS.md): H200 (64, 32, 2) 0.2022 ms, (16, 64, 2) 0.2105; H100 (16, 64, 2) 0.2802 ms
@@ -326,11 +324,10 @@ def _diag_default(device, bwd=False):
 
 def _diag_cfg(N, nseq, device, bwd=False):
     """(BT, BN, num_warps, num_stages) of the m = 1 tiles. Forward: ``_diag_default`` (per GPU,
-    measured at B8 T2048 N4096; RESULTS.md). With fewer than 4 programs per SM
-    at BN = 32, ``_DIAG_FEW`` (backward ``_DIAG_FEW_BWD``; keys ``bt_few``/``bn_few``/``nw_few``
-    for both). The backward has its own
-    keys (``bt_bwd``, ``bn_bwd``, ``nw_bwd``; default: the forward's), so that one can be tuned
-    without the other; its tiles need not match the forward's (chunks are any length)."""
+    measured at B8 T2048 N4096; RESULTS.md); with fewer than 4 programs per SM at BN = 32
+    ``_DIAG_FEW`` (backward ``_DIAG_FEW_BWD``; keys ``bt_few``/``bn_few``/``nw_few`` for both).
+    The backward has its own keys (``bt_bwd``, ``bn_bwd``, ``nw_bwd``; default: the forward's);
+    its tiles need not match the forward's (chunks are any length)."""
     few = nseq * cdiv(N, 32) < 4 * _num_sms(device)
     fw = _DIAG_FEW_BWD if bwd else _DIAG_FEW
     d = (TUNE.get("bt_few", fw[0]), TUNE.get("bn_few", fw[1]),

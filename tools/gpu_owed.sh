@@ -12,8 +12,9 @@
 #     tools/gpu_pair.sh "FAMILIES=block_diagonal,diagonal memcheck" "tests2"
 #   Leads for issue 3, each to be timed against the default in one call:
 #     the backward for m = 2 at few programs (43.4 % of the floor at B8 N768): v1 with deep
-#     pipelines lost (0.330 against ring4's 0.308 ms); a 32-slot backward ring (R = 8, not written:
-#     the forward's ring8 beat ring4 1.13-1.74x) is the next thing to try;
+#     pipelines lost (0.330 against ring4's 0.308 ms), and a 32-slot backward ring would not fit:
+#     ptxas gives the 16-slot ring4 194 registers at m = 2 (a slot holds A, g and h_{t-1}), so 32
+#     slots would spill. No cheap lead is left there;
 #     the m = 1 look-back rule, repeated where it was chosen (B1/B2/B8 N768, B8 N4096):
 #     tools/gpu_pair.sh "LBR_SET=rule LBR_ROUNDS=3 lbrepeat" ""
 #   The forward's small-m passes at B8 N768 are bound by the program (the same time on an H100

@@ -136,8 +136,13 @@ def main():
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rows = []
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    out_name = "fwdbwd_chunk_sweep.json" if a.set == "chunk" and not a.fwd else \
-        f"fwdbwd_chunk_sweep_{a.set}{'_fwd' if a.fwd else ''}.json"
+    stem = "fwdbwd_chunk_sweep" if a.set == "chunk" and not a.fwd else \
+        f"fwdbwd_chunk_sweep_{a.set}{'_fwd' if a.fwd else ''}"
+    # a second sweep of the same set in one output directory gets its own file (the seventeenth
+    # session lost one sweep's rows to the next one's file)
+    out_path, k = Path(a.out) / f"{stem}.json", 1
+    while out_path.exists():
+        out_path, k = Path(a.out) / f"{stem}_{k}.json", k + 1
     copy = copy_bandwidth(torch.device("cuda")) / 1e3  # GB/s -> TB/s, same run
     print(f"copy bandwidth {copy:.3f} TB/s", flush=True)
     for B, T, N in (tuple(int(x) for x in sh.split("x")) for sh in a.shapes):
@@ -204,7 +209,7 @@ def main():
                 for k, (c, us) in row.get("kernels", {}).items():
                     print(f"    {us:9.1f} us  x{c:<5g} {k}", flush=True)
                 # written after every row: a run cut short keeps what it measured
-                (Path(a.out) / out_name).write_text(json.dumps(
+                out_path.write_text(json.dumps(
                     dict(date=date, set=a.set, copy_tbps=round(copy, 3), device=torch.cuda.get_device_name(),
                          torch=torch.__version__,
                          triton=triton.__version__, rows=rows), indent=1))

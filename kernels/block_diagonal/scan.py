@@ -26,6 +26,7 @@ __all__ = ["block_diagonal_scan", "diagonal_scan"]
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 MAX_M = 32
+_BWD_FEW = 1024  # below this many programs the backward takes its few-programs kernels
 # Test/benchmark knobs (not public API): ``chunk`` forces a chunk length (0 = never chunk),
 # ``bh``/``num_warps``/``num_stages``/``bt``/``bn`` override the kernel configuration.
 TUNE: dict = {}
@@ -197,19 +198,19 @@ def _bwd_variant(m, nprog):
         return "ring2"
     if mp == 16:
         return "v1"
-    if nprog < 1024:  # H100 2026-11-25 / 26, CUDA-graph timings (GPU time only; docstring)
+    if nprog < _BWD_FEW:  # H100 2026-11-25 / 26, CUDA-graph timings (GPU time only; docstring)
         return "v1" if mp >= 4 else "ring4"
     return "ring2" if mp == 4 else "ring4"
 
 
 def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
-    var = _bwd_variant(M, grid[0] * grid[1] * grid[2])
+    var = _bwd_variant(M, nprog := grid[0] * grid[1] * grid[2])
     if var.startswith("ring"):  # ring = ring2 (8 slots); ring4: 16 slots
         _bd_bwd_ring[grid](*args, M=M, MP=MP, BH=BH, R=int(var[4:] or 2), **kw)
     elif var == "g4":
         _bd_bwd_kernel_g4[grid](*args, M=M, MP=MP, BH=BH, **kw)
-    else:  # below 1024 programs a deep pipeline (_bwd_variant); TUNE['num_stages'] overrides
-        deep = grid[0] * grid[1] * grid[2] < 1024 and "num_stages" not in TUNE
+    else:  # few programs: a deep pipeline (_bwd_variant); TUNE['num_stages'] overrides
+        deep = nprog < _BWD_FEW and "num_stages" not in TUNE
         _bd_bwd_kernel[grid](*args, M=M, MP=MP, BH=BH, NS=TUNE.get("bwd_ns", 16) if deep else NS, **kw)
 
 

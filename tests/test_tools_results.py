@@ -139,26 +139,27 @@ def test_memcheck_kernels_runs_every_family_on_the_interpreter(capsys, monkeypat
 
 
 def test_memcheck_kernels_block_lookback_cases(monkeypatch):
-    """memcheck_kernels' forward-only block cases go through the block look-back (and are finite
-    under the interpreter with poisoned buffers), so compute-sanitizer sees that kernel too."""
+    """memcheck_kernels' forward-only block cases go through the block look-backs (lookback_dot.py,
+    and lookback2.py for m = 2) and are finite under the interpreter with poisoned buffers, so
+    compute-sanitizer sees those kernels too."""
     import os
 
     import torch
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter test (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA)")
-    from lrnn_scan.kernels.block_diagonal import lookback_dot, scan as S
+    from lrnn_scan.kernels.block_diagonal import lookback2, lookback_dot, scan as S
     mod = _tool("memcheck_kernels")
     monkeypatch.setenv("LRNN_SCAN_POISON", "1")
-    calls = []
-    real = lookback_dot.bd_lookback_forward
-    monkeypatch.setattr(S, "bd_lookback_forward", lambda *a: calls.append(1) or real(*a))
-    cases = [(n, r) for n, r in mod._cases("block_diagonal", torch.device("cpu"), True)
-             if n.endswith("_fwd_lookback")]
-    assert len(cases) == 4
-    for name, run in cases:
-        outs, _ = run()
-        assert all(torch.isfinite(o).all() for o in outs if o is not None), name
-    assert len(calls) == 4
+    for suffix, name, real, n in (("_fwd_lookback", "bd_lookback_forward", lookback_dot.bd_lookback_forward, 4),
+                                  ("_fwd_lookback2", "bd2_lookback_forward", lookback2.bd2_lookback_forward, 2)):
+        calls = []
+        monkeypatch.setattr(S, name, lambda *a, real=real: calls.append(1) or real(*a))
+        cases = [(c, r) for c, r in mod._cases("block_diagonal", torch.device("cpu"), True) if c.endswith(suffix)]
+        assert len(cases) == n
+        for case, run in cases:
+            outs, _ = run()
+            assert all(torch.isfinite(o).all() for o in outs if o is not None), case
+        assert len(calls) == n, (suffix, calls)
 
 
 def test_delta_throughput_agreement_names_the_worst_difference():
@@ -382,3 +383,18 @@ def test_fwdbwd_chunk_sweep_render_old_and_new_rows(tmp_path):
             '44.2 | 0.342 | 0.6755 | 1.6e-07 |') in text
     assert "| 1 | 16384 | 768 | 16 | fwd | dot256 | `_bd_summary_dot_kernel` | 1 | 301.5 |" in text
     assert text.count("| fwd | dot256 | `") == 2  # the old row has no kernels
+
+
+def test_lb2_compare_render(tmp_path):
+    """tools/lb2_compare.py --render: one row per shape, ms and % of the same-size copy, the note
+    and the failed-check count in the heading."""
+    mod = _tool("lb2_compare")
+    js = tmp_path / "lb2.json"
+    js.write_text(json.dumps(dict(
+        meta=dict(date="2026-11-27T00:49", device="GPU X", torch="2.11", triton="3.6", rounds=3, fails=0),
+        rows={"B8 T2048 N768": {"copy": 0.07, "default": 0.08, "ring": 0.1}})))
+    out = tmp_path / "R.md"
+    mod.render(js, out, "; a note")
+    text = out.read_text()
+    assert "GPU X" in text and "checks failed: 0; a note" in text
+    assert "| B8 T2048 N768 | 0.0700 (100) | 0.0800 (88) | 0.1000 (70) |" in text

@@ -2,24 +2,23 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-26, seventeenth session). Owed GPU checks of this session's
-#   changes (the v1 backward with 16 stages below 1024 programs at m = 3..16, the m = 1 forward's
-#   128 x 16 few-program tiles, the look-back backward rule counted on the backward's tiles): they
-#   ran in test_gpu_block_diagonal -k full_size (14 passed) and -k "diagonal_api or ..." (4) on an
-#   H100, and memcheck of the block-diagonal varlen T5003 cases gave 0 errors. Still to run: the
-#   rest of memcheck and the models on the new defaults, and the rest of test_gpu_block_diagonal
-#   (diag_tiles, backward_ring, forward_variants) in one stage of its own:
-#     tools/gpu_pair.sh "FAMILIES=block_diagonal,diagonal memcheck" "tests2"
-#   Leads for issue 3, each to be timed against the default in one call:
-#     the backward for m = 2 at few programs (43.4 % of the floor at B8 N768): v1 with deep
-#     pipelines lost (0.330 against ring4's 0.308 ms), and a 32-slot backward ring would not fit:
-#     ptxas gives the 16-slot ring4 194 registers at m = 2 (a slot holds A, g and h_{t-1}), so 32
-#     slots would spill. No cheap lead is left there;
+# Suggested order (written 2026-11-27, eighteenth session). The seventeenth session's owed checks
+#   all ran on H100s in the eighteenth (memcheck of all six families: 0 errors; test_gpu_models +
+#   test_gpu_fused_companion 99 passed; test_gpu_compile 10 passed; test_gpu_block_diagonal
+#   forward_variants / backward_ring / diag_tiles 35 passed). New and owed: compute-sanitizer
+#   memcheck of the m = 2 look-back forward (lookback2.py, the default for m = 2 forwards that would
+#   chunk or have fewer ring programs than SMs; its GPU tests and race tests passed):
+#     tools/gpu_pair.sh "FAMILIES=block_diagonal MEMCHECK_CASE=lookback2 memcheck" ""
+#   Leads for issue 3, each to be timed against the default in one call (tools/lb2_compare.py
+#   times lookback2 configurations; the lb2 stage below):
+#     the m = 2 backward as a look-back with the chunk in each thread (the adjoint is the same
+#     affine recurrence reversed; lookback_bwd.py does it for m = 1): fwd+bwd B8 N768 m = 2 is
+#     at 47.3 % of the floor, and B1 m = 2 with gradients keeps the chunked passes (41.0 %);
+#     the same in-thread chunk scan for m = 4 (20 scalars a block-step: 8-step chunks at most);
 #     the m = 1 look-back rule, repeated where it was chosen (B1/B2/B8 N768, B8 N4096):
 #     tools/gpu_pair.sh "LBR_SET=rule LBR_ROUNDS=3 lbrepeat" ""
-#   The forward's small-m passes at B8 N768 are bound by the program (the same time on an H100
-#   and an H200; README.md "Few programs"): the cp.async forward and tile2.py were slower and are
-#   in commit 498dacb only.
+#   The forward's m = 4, 8 passes at B8 N768 are bound by the program (README.md "Few programs"):
+#   the cp.async forward and tile2.py were slower and are in commit 498dacb only.
 #   The delta cache filter below matched 1013 entries (45 MiB) in the fourteenth session: not saved.
 #   Carry the Triton cache between calls
 #   (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp
@@ -48,6 +47,8 @@
 #        lookback — issue 3: m = 1 look-back forward and backward (both "auto" defaults) vs the
 #                   tiled/chunked paths (tools/lookback_repeat.py has CUDA-graph timings)
 #        lbrepeat — issue 3: tools/lookback_repeat.py (LBR_SET default|rule, LBR_ROUNDS)
+#        lb2      — issue 3: tools/lb2_compare.py (m = 2 look-back forward: GPU checks, then timings
+#                   against the ring / chunked forward and the default; LB2_ROUNDS)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py (41 rows: 41 passed in 176 s on an H100
@@ -106,6 +107,10 @@ case "$stage" in
   lookback)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/scan_throughput.py --lookback-compare --out "$OUT" \
       --results "$OUT/RESULTS_lookback.md" 2>&1 | tee "$OUT/lookback.log" | tail -40 ;;
+  lb2)
+    # issue 3: the m = 2 look-back forward (lookback2.py) against the default, GPU checks first
+    timeout ${STAGE_TIMEOUT:-560} python3 tools/lb2_compare.py --out "$OUT" --rounds ${LB2_ROUNDS:-3} \
+      2>&1 | tee "$OUT/lb2.log" | tail -40 ;;
   lbrepeat)
     # m = 1 look-back configurations in interleaved rounds (tools/lookback_repeat.py): LBR_SET
     # (default|rule), LBR_ROUNDS

@@ -70,7 +70,7 @@ def _cases(family, dev, small):
         def run(m, H, T, cu, lookback=False):
             """Forward+backward, or (``lookback``) a forward only through the block look-back
             (lookback_dot.py; the default for such forwards from m = 16 on where time would be
-            chunked)."""
+            chunked), or (``lookback="m2"``) through lookback2.py (m = 2)."""
             cast = _cast if lookback else _leaf
             nseq = 1 if cu is None else cu.numel() - 1
             # rows scaled by (0.5, 1): with m = 1 not one constant decay
@@ -78,7 +78,8 @@ def _cases(family, dev, small):
             A = cast(stable_blocks(1, T, H, m, m, scale=scale, device=dev), torch.float32)
             b = cast(torch.randn(1, T, H, m, device=dev), torch.float32)
             h0 = cast(torch.randn(nseq, H, m, device=dev), torch.float32)
-            tune = {"bd_lookback": True, **({"chunk": 8, "bdlb_chunk": 8} if small else {})} if lookback else {}
+            tune = ({"bd2_lookback": True, **({"lb2_chunk": 8} if small else {})} if lookback == "m2" else
+                    {"bd_lookback": True, **({"chunk": 8, "bdlb_chunk": 8} if small else {})} if lookback else {})
             with S.tuned(tune):
                 return block_diagonal_scan(A, b, h0, True, cu), (A, b, h0)
         for m in ((1, 2, 3, 5) if small else (1, 2, 3, 4, 8, 16, 32)):
@@ -91,6 +92,9 @@ def _cases(family, dev, small):
             for T, cu in ((T_var, _cu(T_var, dev, small)), (T_long, None)):
                 yield (f"m{m}_T{T}_{'varlen' if cu is not None else 'B1'}_fwd_lookback",
                        lambda m=m, H=H, T=T, cu=cu: run(m, H, T, cu, lookback=True))
+        for T, cu in ((T_var, _cu(T_var, dev, small)), (T_long, None)):
+            yield (f"m2_T{T}_{'varlen' if cu is not None else 'B1'}_fwd_lookback2",
+                   lambda T=T, cu=cu: run(2, 4 if small else 384, T, cu, lookback="m2"))
     elif family == "diagonal":
         for T, cu in ((T_var, _cu(T_var, dev, small)), (T_long, None), (4 * T_long + 3, None)):
             def run(T=T, cu=cu):

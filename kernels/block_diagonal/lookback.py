@@ -64,6 +64,21 @@ def _publish(Status, me, ptr, v, flag):
 
 
 @triton.jit
+def _window_flags(Status, base, hi, w, W: tl.constexpr):
+    """The look-back window ``hi-W .. hi-1`` (``w = tl.arange(0, W)``): its chunk ids ``j``, which
+    exist (``ok``), and from their flags (acquire; rows before chunk 0 read as 2) the newest row
+    with an inclusive state ``r2`` and the newest unpublished row ``rz`` (-1: none). The window is
+    usable when ``(rz < r2) | (rz < 0)``; else the caller spins (re-reads it)."""
+    j = hi - W + w
+    ok = j >= 0
+    fl = tl.atomic_add(Status + base + j, 0, mask=ok, sem="acquire", scope="gpu")
+    fl = tl.where(ok, fl, 2)
+    r2 = tl.max(tl.where(fl == 2, w, -1), axis=0)
+    rz = tl.max(tl.where(fl == 0, w, -1), axis=0)
+    return j, ok, r2, rz
+
+
+@triton.jit
 def _look_back(Status, VA, VB, VI, base, c, bn, BN: tl.constexpr, W: tl.constexpr):
     """Carry into chunk ``c`` (the state at its start) from the chunks ``0..c-1`` of one
     (sequence, channel tile), whose flags are ``Status[base + j]``. A window holds chunks
@@ -79,12 +94,7 @@ def _look_back(Status, VA, VB, VI, base, c, bn, BN: tl.constexpr, W: tl.constexp
     hi = c
     done = c * 0
     while done == 0:
-        j = hi - W + w
-        ok = j >= 0
-        fl = tl.atomic_add(Status + base + j, 0, mask=ok, sem="acquire", scope="gpu")
-        fl = tl.where(ok, fl, 2)
-        r2 = tl.max(tl.where(fl == 2, w, -1), axis=0)  # newest inclusive state (-1: none)
-        rz = tl.max(tl.where(fl == 0, w, -1), axis=0)  # newest unpublished chunk
+        j, ok, r2, rz = _window_flags(Status, base, hi, w, W)
         if (rz < r2) | (rz < 0):  # else spin: re-read the window
             offs = (base + j)[:, None] * BN + bn[None, :]
             agg = ((w > r2) & ok)[:, None]  # flag 1 there (nothing newer than r2 is 0 or 2)

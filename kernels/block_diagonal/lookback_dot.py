@@ -1,6 +1,6 @@
 """Single-pass decoupled look-back forward for blocks (m >= 2), chunk products on tensor cores.
 
-Where (``scan._bd_lookback``): by default forwards without gradients that the chunk rule would
+Where (``bd_lookback_use``): by default forwards without gradients that the chunk rule would
 time-chunk, from ``m = 16`` on (``TUNE["bd_lookback"] = "auto"``, ``bdlb_min_m``); ``True``:
 every such forward; ``"always"``: every forward without gradients (to time it where the default
 runs one pass, e.g. B8 T2048 N768). Below ``m = 16`` and with gradients the three-pass chunked
@@ -45,7 +45,7 @@ from .fwd import _seq_bounds
 from .lookback import _publish
 from .summary import _chunk_summary, _tile_dot, _tile_layout, summary_dot_cfg, summary_stages
 
-__all__ = ["bd_lookback_forward", "bd_lookback_cfg"]
+__all__ = ["bd_lookback_forward", "bd_lookback_cfg", "bd_lookback_use"]
 
 
 @triton.jit
@@ -134,6 +134,22 @@ def bd_lookback_cfg(m, tune):
     if ch < 1 or ch & (ch - 1):
         raise ValueError(f"TUNE['bdlb_chunk'] must be a power of two, got {ch}")
     return (ch,) + summary_dot_cfg(m, tune)
+
+
+def bd_lookback_use(tune: dict, m: int, chunk) -> bool:
+    """This look-back pass instead of the chunked forward? Forwards without
+    gradients only. ``TUNE['bd_lookback']``: ``"auto"`` (default) where the forward would chunk
+    and ``m >= TUNE['bdlb_min_m']`` (16), ``True`` wherever it would chunk, ``"always"`` also
+    where it would not (to time it at B8 T2048 N768), ``False`` never. H100, fp32, B1 T16384
+    N768, CUDA graphs (RESULTS.md, 2026-11-26 fifteenth session): m = 16 0.634 ms against 0.675
+    chunked, m = 32 1.483 against 1.778; with 3 stages m = 8 0.553 against 0.551 and m = 4 0.528
+    against 0.238 (its 16 x 16 tensor-core tiles are mostly zeros there)."""
+    mode = tune.get("bd_lookback", "auto")
+    if mode not in (False, True, "always", "auto"):
+        raise ValueError(f"TUNE['bd_lookback'] must be 'auto', False, True or 'always', got {mode!r}")
+    if mode == "auto":
+        return chunk is not None and m >= tune.get("bdlb_min_m", 16)
+    return mode == "always" or (mode is True and chunk is not None)
 
 
 def bd_lookback_forward(A, b, h0, cu, tune, empty):

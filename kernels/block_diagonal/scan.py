@@ -6,7 +6,9 @@ block kernels (default forward ``_bd_fwd_ring``, 16 steps in flight). When
 chunks: (1) per chunk the product of its transitions and its local end state, (2) a short scan of
 the chunk carries (the same forward kernel, with chunks as time steps), (3) each chunk re-run
 from its carry. The backward does the same with transposed products (``P^T``, saved by the
-forward).
+forward). Single-pass look-backs replace the chunked forward where measured faster: ``m = 1``
+(``lookback.py``), ``m = 2`` (``lookback2.py``; also one-pass forwards with few programs) and
+``m >= 16`` (``lookback_dot.py``); see README.md.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from .._host import cdiv, device_name, next_pow2, num_sms
 from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
 from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kernel
 from .lookback import lookback_cfg
-from .lookback_dot import bd_lookback_forward
+from .lookback2 import bd2_lookback_forward, bd2_lookback_use
+from .lookback_dot import bd_lookback_forward, bd_lookback_use
 from .summary import launch_summary
 
 __all__ = ["block_diagonal_scan", "diagonal_scan"]
@@ -426,9 +429,9 @@ class _ScanFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, b, h0, cu, chunk, diag, lookback=False, bwd_lookback=False):
         # the block look-back is forward-only: it returns no chunk products (P = None)
+        lb = bd2_lookback_forward if lookback == "m2" else bd_lookback_forward
         h, final, P = (_diag_forward(A, b, h0, cu, chunk, lookback) if diag else
-                       bd_lookback_forward(A, b, h0, cu, TUNE, _empty) if lookback else
-                       _bd_forward(A, b, h0, cu, chunk))
+                       lb(A, b, h0, cu, TUNE, _empty) if lookback else _bd_forward(A, b, h0, cu, chunk))
         ctx.save_for_backward(A, h, h0, cu, P)
         ctx.chunk, ctx.diag, ctx.bwd_lookback = chunk, diag, bwd_lookback
         ctx.h0_dtype = None if h0 is None else h0.dtype
@@ -491,24 +494,11 @@ def _bd_apply(A, b, h0, cu, nseq):
     mp, bh, _, _ = _bd_cfg(m)
     grad = _needs_grad(A, b, h0)
     chunk = _choose_chunk(nseq * cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m, grad)
-    lookback = not grad and _bd_lookback(m, chunk)
+    lookback = not grad and bd_lookback_use(TUNE, m, chunk)
+    few = nseq * cdiv(H, bh) < _num_sms(b.device)  # 192 ring programs on 132 SMs: ring (lookback2.py)
+    if m == 2 and not lookback and bd2_lookback_use(TUNE, chunk, few, grad):
+        lookback = "m2"  # lookback2.py: where it would chunk (no gradients) or has few programs
     return _ScanFn.apply(A, b, h0, cu, None if lookback else chunk, False, lookback)
-
-
-def _bd_lookback(m, chunk):
-    """One look-back pass (``lookback_dot.py``) instead of the chunked forward? Forwards without
-    gradients only. ``TUNE['bd_lookback']``: ``"auto"`` (default) where the forward would chunk
-    and ``m >= TUNE['bdlb_min_m']`` (16), ``True`` wherever it would chunk, ``"always"`` also
-    where it would not (to time it at B8 T2048 N768), ``False`` never. H100, fp32, B1 T16384
-    N768, CUDA graphs (RESULTS.md, 2026-11-26 fifteenth session): m = 16 0.634 ms against 0.675
-    chunked, m = 32 1.483 against 1.778; with 3 stages m = 8 0.553 against 0.551 and m = 4 0.528
-    against 0.238 (its 16 x 16 tensor-core tiles are mostly zeros there)."""
-    mode = TUNE.get("bd_lookback", "auto")
-    if mode not in (False, True, "always", "auto"):
-        raise ValueError(f"TUNE['bd_lookback'] must be 'auto', False, True or 'always', got {mode!r}")
-    if mode == "auto":
-        return chunk is not None and m >= TUNE.get("bdlb_min_m", 16)
-    return mode == "always" or (mode is True and chunk is not None)
 
 
 def _diag_apply(a, b, h0, cu, nseq):

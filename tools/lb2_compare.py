@@ -1,0 +1,169 @@
+"""The m = 2 look-back forward (``kernels/block_diagonal/lookback2.py``) on a GPU against the forward
+without it (``ring``: ring kernels, chunked where the rule chunks) and the default (``TUNE``
+empty). First correctness against a float64 loop on the GPU (outputs and final states,
+NaN-poisoned buffers, varlen, windows of 1, inclusive states withheld so that look-backs walk to
+chunk 0, each case 5 times to catch races), then CUDA-graph medians in interleaved rounds at the
+``SHAPES`` (fp32), with a copy of the same bytes in the same run.
+
+    python tools/lb2_compare.py [--rounds 3] [--out DIR] [--no-check]
+    python tools/lb2_compare.py --render OUT/lb2_compare.json --results benchmarks/RESULTS.md
+"""
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lrnn_scan.bench.measure import graph_time  # noqa: E402
+from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
+from lrnn_scan.kernels.block_diagonal.lookback2 import bd2_lookback_forward  # noqa: E402
+
+SHAPES = [(8, 2048, 768), (1, 16384, 768), (2, 8192, 768), (4, 4096, 768), (16, 1024, 768),
+          (8, 2048, 1536), (8, 2048, 4096)]
+CONFIGS = {f"lb2_c{c}_w{w}": dict(lb2_chunk=c, lb2_window=w) for c in (16, 32) for w in (2, 4)}
+
+
+def _inputs(B, T, H, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    A = torch.rand(B, T, H, 2, 2, device="cuda", generator=g) + 0.05
+    A = A / A.sum(-1, keepdim=True) * 0.99
+    b = torch.randn(B, T, H, 2, device="cuda", generator=g)
+    torch.cuda.synchronize()
+    return A.to(dtype), b.to(dtype)
+
+
+def _ref(A, b, h0, cu):
+    """float64 loop over time on the GPU, all blocks at once."""
+    A, b = A.double(), b.double()
+    B, T, H, m = b.shape
+    h = torch.empty_like(b)
+    bounds = [(i, 0, T) for i in range(B)] if cu is None else \
+        [(0, int(cu[i]), int(cu[i + 1])) for i in range(cu.numel() - 1)]
+    fin = []
+    for n, (bi, lo, hi) in enumerate(bounds):
+        x = h0[n].double() if h0 is not None else b.new_zeros(H, m)
+        for t in range(lo, hi):
+            x = torch.einsum("hij,hj->hi", A[bi, t], x) + b[bi, t]
+            h[bi, t] = x
+        fin.append(x)
+    return h, torch.stack(fin)
+
+
+def _empty(shape, dtype, dev):
+    if dtype.is_floating_point:
+        return torch.full(shape, float("nan"), dtype=dtype, device=dev)
+    return torch.empty(shape, dtype=dtype, device=dev)
+
+
+def _fast_empty(shape, dtype, dev):
+    return torch.empty(shape, dtype=dtype, device=dev)
+
+
+def _ring(A, b):
+    """The forward without lookback2 (ring kernels, chunked where the rule chunks)."""
+    with S.tuned(dict(bd2_lookback=False)):
+        return S.block_diagonal_scan(A, b)
+
+
+def _rel(x, y):
+    return ((x.double() - y).norm() / y.norm()).item()
+
+
+def check():
+    """Returns the number of failed cases; prints one line per case."""
+    fails = 0
+    cases = [((2, 1037, 100), None, dict()), ((1, 3001, 384), None, dict(lb2_window=1)),
+             ((1, 1000, 64), [0, 1, 1, 63, 65, 400, 1000], dict(lb2_chunk=16)),
+             ((1, 2000, 200), [0, 700, 701, 2000], dict(lb_publish_incl=False)),
+             ((1, 5003, 768 // 2), [0, 1000, 1001, 3333, 5003], dict(lb2_chunk=32, lb2_window=8)),
+             ((8, 2048, 384), None, dict(lb2_chunk=16, lb2_bh=64)), ((1, 2000, 200), [0, 700, 701, 2000], dict(lb_publish_incl=False, lb2_vals="block", lb2_window=2))]
+    for (B, T, H), cu, tune in cases:
+        A, b = _inputs(B, T, H, torch.float32, seed=T)
+        cut = None if cu is None else torch.tensor(cu, device="cuda")
+        nseq = B if cu is None else len(cu) - 1
+        h0 = torch.randn(nseq, H, 2, device="cuda")
+        hr, fr = _ref(A, b, h0, cut)
+        worst = 0.0
+        for rep in range(5):  # races show as run-to-run differences
+            h, fin, _ = bd2_lookback_forward(A, b, h0, cut, tune, _empty)
+            worst = max(worst, _rel(h, hr), _rel(fin, fr), float(torch.isnan(h).any()))
+        ok = worst < 1e-5
+        fails += not ok
+        print(f"check B{B} T{T} H{H} cu={cu} {tune}: worst rel {worst:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+    A, b = _inputs(2, 1037, 100, torch.bfloat16)
+    h, fin, _ = bd2_lookback_forward(A, b, None, None, {}, _empty)
+    hr, fr = _ref(A, b, None, None)
+    e = max(_rel(h, hr), _rel(fin, fr))
+    fails += not e < 5e-3
+    print(f"check bf16 B2 T1037 H100: rel {e:.2e} {'ok' if e < 5e-3 else 'FAIL'}", flush=True)
+    return fails
+
+
+def render(path, results, note=""):
+    """Append the JSON of a run as a Markdown table (ms and % of the same-size copy) to ``results``."""
+    d = json.loads(Path(path).read_text())
+    meta, rows = d["meta"], d["rows"]
+    cols = list(next(iter(rows.values())))
+    with open(results, "a") as fh:
+        fh.write(f"\n## lb2_compare.py — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
+                 f"Triton {meta['triton']}; m = 2 forward, fp32, CUDA-graph medians of {meta['rounds']} "
+                 f"interleaved rounds, ms (% of a copy of the same bytes); GPU checks failed: "
+                 f"{meta['fails']}{note}\n\n| shape | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n")
+        for key, r in rows.items():
+            fh.write(f"| {key} | " + " | ".join(f"{r[c]:.4f} ({r['copy'] / r[c] * 100:.0f})" for c in cols) + " |\n")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--render", default=None, help="a JSON of this tool to append to --results")
+    ap.add_argument("--results", default="benchmarks/RESULTS.md")
+    ap.add_argument("--note", default="", help="appended to the rendered section's heading")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--no-check", action="store_true")
+    args = ap.parse_args()
+    if args.render:
+        return render(args.render, args.results, args.note)
+    fails = 0 if args.no_check else check()
+    rows = {}
+    for B, T, N in SHAPES:
+        H = N // 2
+        A, b = _inputs(B, T, H, torch.float32)
+        nbytes = (A.numel() + 2 * b.numel()) * 4
+        src = torch.empty(nbytes // 8, device="cuda")
+        dst = torch.empty_like(src)
+        fns = {"copy": lambda: dst.copy_(src), "default": lambda: S.block_diagonal_scan(A, b)}
+        fns["ring"] = lambda: _ring(A, b)
+        for name, tune in CONFIGS.items():
+            fns[name] = (lambda tune=tune: bd2_lookback_forward(A, b, None, None, tune, _fast_empty))
+        ref = _ring(A, b)[0]
+        for name, fn in fns.items():
+            if name.startswith("lb2"):
+                e = _rel(fn()[0], ref.double())
+                if not e < 1e-5:
+                    print(f"B{B} T{T} N{N} {name}: rel to ring {e:.2e} FAIL", flush=True)
+                    fails += 1
+        times = {k: [] for k in fns}
+        for _ in range(args.rounds):
+            for k, fn in fns.items():
+                times[k].append(graph_time(fn))
+        key = f"B{B} T{T} N{N}"
+        rows[key] = {k: statistics.median(v) for k, v in times.items()}
+        cp = rows[key]["copy"]
+        line = " ".join(f"{k} {v:.4f} ({cp / v * 100:.0f}%)" for k, v in rows[key].items())
+        print(f"{key} m=2 fwd fp32, ms (% of same-size copy): {line}", flush=True)
+        del A, b, src, dst
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                triton=__import__("triton").__version__, date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
+                rounds=args.rounds, fails=fails)
+    Path(args.out, "lb2_compare.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    print(meta)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

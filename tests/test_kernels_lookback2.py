@@ -1,5 +1,6 @@
 """Tests of the ``m = 2`` look-back forward (``lookback2.py``; default where an ``m = 2`` forward
-would time-chunk without gradients or run one pass with few programs).
+would time-chunk without gradients or run one pass with few programs) and backward
+(``lookback2_bwd.py``; opt-in ``TUNE["bd2_bwd_lookback"]``).
 
 Triton interpreter, fp64 step-by-step reference, outputs and published values NaN-poisoned
 (``LRNN_SCAN_POISON=1``). The interpreter runs programs one at a time in grid order, so no program
@@ -17,7 +18,7 @@ import torch  # noqa: E402
 from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod  # noqa: E402
 from test_kernels_lookback_dot import make  # noqa: E402  (near-orthogonal blocks: products stay O(1))
 
-from lrnn_scan.kernels.block_diagonal import lookback2  # noqa: E402
+from lrnn_scan.kernels.block_diagonal import lookback2, lookback2_bwd  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                 reason="needs TRITON_INTERPRET=1 or CUDA")
@@ -166,6 +167,90 @@ def test_config_and_errors():
         lookback2.bd2_lookback_forward(A, b, None, None, {}, scanmod._empty)
 
 
+def grads(A, b, h0, cu, seed=0, final=True):
+    """fp64 reference gradients of ``<h, g> (+ <h_final, gT>)`` for random cotangents ``g``, ``gT``
+    (``gT`` None without ``final``): ``(h, g, gT, dA, db, dh0)``."""
+    Ar, br = A.double().requires_grad_(), b.double().requires_grad_()
+    h0r = None if h0 is None else h0.double().requires_grad_()
+    hr, hfr = ref.block_diagonal_scan_ref(Ar, br, h0r, True, cu)
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    g = torch.randn(hr.shape, generator=gen, device=DEV, dtype=torch.float64)
+    gT = torch.randn(hfr.shape, generator=gen, device=DEV, dtype=torch.float64) if final else None
+    loss = (hr * g).sum()
+    (loss + (hfr * gT).sum() if final else loss).backward()
+    return hr.detach(), g, gT, Ar.grad, br.grad, None if h0 is None else h0r.grad
+
+
+@pytest.mark.parametrize("T", [1, 8, 17, 64])
+@pytest.mark.parametrize("window", [1, 4])
+def test_backward_lengths_windows(T, window):
+    """The backward launcher against fp64 autograd: odd lengths, H = 40 (a partial block group),
+    h0 and dh_final on odd T; carries published by the last chunk only (every look-back composes
+    maps down to it)."""
+    scanmod.TUNE.update(lb2_window=window, lb_publish_incl=False)
+    A, b = make(2, T, 40, 2, seed=T + window)
+    h0 = torch.randn(2, 40, 2).to(DEV) if T % 2 else None
+    h, g, gT, dA, db, dh0 = grads(A, b, h0, None, seed=T, final=bool(T % 2))
+    out = lookback2_bwd.bd2_lookback_backward(A, h.float(), h0, g.float(), None if gT is None else gT.float(),
+                                              None, scanmod.TUNE, scanmod._empty)
+    assert out[2].dtype == torch.float32 and not any(torch.isnan(x).any() for x in out)
+    e = [rel(out[0], dA), rel(out[1], db)] + ([rel(out[2], dh0)] if h0 is not None else [])
+    assert max(e) < 1e-5, e
+
+
+@pytest.mark.parametrize("incl", [True, False])
+def test_backward_varlen(incl):
+    """Varlen with an empty and a one-step sequence and boundaries inside chunks: an empty
+    sequence's dh0 is its dh_final."""
+    scanmod.TUNE.update(lb_publish_incl=incl)
+    A, b = make(1, 61, 3, 2, seed=7)
+    cu = torch.tensor([0, 5, 30, 30, 31, 61], dtype=torch.int64, device=DEV)
+    h0 = torch.randn(5, 3, 2).to(DEV)
+    h, g, gT, dA, db, dh0 = grads(A, b, h0, cu, seed=1)
+    out = lookback2_bwd.bd2_lookback_backward(A, h.float(), h0, g.float(), gT.float(), cu,
+                                              scanmod.TUNE, scanmod._empty)
+    e = rel(out[0], dA), rel(out[1], db), rel(out[2], dh0)
+    assert max(e) < 1e-5 and torch.equal(out[2][2], gT[2].float()), e
+
+
+def test_backward_routing():
+    """``TUNE["bd2_bwd_lookback"] = True``: with gradients the forward and the backward are the
+    look-backs (also where the default would chunk), through ``block_diagonal_scan`` with h0,
+    dh_final and bf16; off by default."""
+    calls = []
+    real = lookback2_bwd.bd2_lookback_backward
+    scanmod.bd2_lookback_backward = lambda *a: calls.append(1) or real(*a)
+    try:
+        for tune, dtype, want in ((dict(bd2_bwd_lookback=True), torch.float32, 1),
+                                  (dict(bd2_bwd_lookback=True, chunk=8), torch.float32, 1),
+                                  (dict(bd2_bwd_lookback=True), torch.bfloat16, 1), (dict(), torch.float32, 0)):
+            scanmod.TUNE.clear()
+            scanmod.TUNE.update(tune)
+            A, b = make(2, 37, 3, 2, dtype, seed=2)
+            h0 = torch.randn(2, 3, 2).to(DEV)
+            _, g, gT, dA, db, dh0 = grads(A, b, h0, None, seed=3)
+            Ag, bg, h0g = (x.clone().requires_grad_() for x in (A, b, h0))
+            n = len(calls)
+            h, hf = bd.block_diagonal_scan(Ag, bg, h0g, True)
+            (h.double() * g).sum().add((hf.double() * gT).sum()).backward()
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            e = rel(Ag.grad, dA), rel(bg.grad, db), rel(h0g.grad, dh0)
+            assert len(calls) - n == want and max(e) < tol, (tune, e)
+    finally:
+        scanmod.bd2_lookback_backward = real
+    with pytest.raises(ValueError, match="2 x 2"):
+        A, b = make(1, 5, 2, 3, seed=0)
+        lookback2_bwd.bd2_lookback_backward(A, b, None, b, None, None, {}, scanmod._empty)
+
+
+def _many_tile_inputs():
+    """B8 T2048 N768, B1 T16384 N768 and varlen (an empty and a one-step sequence), with h0."""
+    for B, T, H, cu in ((8, 2048, 384, None), (1, 16384, 384, None),
+                        (1, 9000, 128, torch.tensor([0, 1, 4000, 4000, 9000], device=DEV))):
+        A, b = make(B, T, H, 2, seed=T, pool=4096)
+        yield B, T, cu, A, b, torch.randn(B if cu is None else cu.numel() - 1, H, 2, device=DEV)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(DEV == "cpu", reason="races only show on a GPU: many tiles running at once")
 @pytest.mark.parametrize("cfg", [dict(), dict(lb2_chunk=32), dict(lb2_window=1), dict(lb2_bh=64, lb2_window=4),
@@ -175,12 +260,26 @@ def test_gpu_many_tiles(cfg):
     against the fp64 loop every time."""
     scanmod.TUNE.clear()
     scanmod.TUNE.update(cfg)
-    for B, T, H, cu in ((8, 2048, 384, None), (1, 16384, 384, None),
-                        (1, 9000, 128, torch.tensor([0, 1, 4000, 4000, 9000], device=DEV))):
-        A, b = make(B, T, H, 2, seed=T, pool=4096)
-        h0 = torch.randn(B if cu is None else cu.numel() - 1, H, 2, device=DEV)
+    for B, T, cu, A, b, h0 in _many_tile_inputs():
         hr, hfr = ref.block_diagonal_scan_ref(A.double(), b.double(), h0.double(), True, cu)
         for _ in range(3):
             h, hf, _ = lookback2.bd2_lookback_forward(A, b, h0, cu, scanmod.TUNE, scanmod._empty)
             e = rel(h, hr), rel(hf, hfr)
             assert max(e) < 1e-5 and not torch.isnan(h).any(), (B, T, cfg, e)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEV == "cpu", reason="races only show on a GPU: many tiles running at once")
+@pytest.mark.parametrize("cfg", [dict(), dict(lb2_window=1), dict(lb_publish_incl=False)])
+def test_gpu_many_tiles_backward(cfg):
+    """The backward with thousands of tiles in flight, repeated 3 times: B8 T2048 N768, B1 T16384
+    N768 and varlen, against fp64 autograd every time."""
+    scanmod.TUNE.clear()
+    scanmod.TUNE.update(cfg)
+    for B, T, cu, A, b, h0 in _many_tile_inputs():
+        h, g, gT, dA, db, dh0 = grads(A, b, h0, cu, seed=T)
+        for _ in range(3):
+            out = lookback2_bwd.bd2_lookback_backward(A, h.float(), h0, g.float(), gT.float(), cu,
+                                                      scanmod.TUNE, scanmod._empty)
+            e = rel(out[0], dA), rel(out[1], db), rel(out[2], dh0)
+            assert max(e) < 1e-5, (B, T, cfg, e)

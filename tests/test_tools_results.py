@@ -147,18 +147,20 @@ def test_memcheck_kernels_block_lookback_cases(monkeypatch):
     import torch
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter test (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA)")
-    from lrnn_scan.kernels.block_diagonal import lookback2, lookback_dot, scan as S
+    from lrnn_scan.kernels.block_diagonal import lookback2, lookback2_bwd, lookback_dot, scan as S
     mod = _tool("memcheck_kernels")
     monkeypatch.setenv("LRNN_SCAN_POISON", "1")
     for suffix, name, real, n in (("_fwd_lookback", "bd_lookback_forward", lookback_dot.bd_lookback_forward, 4),
-                                  ("_fwd_lookback2", "bd2_lookback_forward", lookback2.bd2_lookback_forward, 2)):
+                                  ("_fwd_lookback2", "bd2_lookback_forward", lookback2.bd2_lookback_forward, 2),
+                                  ("_lookback2_bwd", "bd2_lookback_backward", lookback2_bwd.bd2_lookback_backward, 2)):
         calls = []
-        monkeypatch.setattr(S, name, lambda *a, real=real: calls.append(1) or real(*a))
+        monkeypatch.setattr(S, name, lambda *a, real=real, calls=calls: calls.append(1) or real(*a))
         cases = [(c, r) for c, r in mod._cases("block_diagonal", torch.device("cpu"), True) if c.endswith(suffix)]
         assert len(cases) == n
         for case, run in cases:
-            outs, _ = run()
+            outs, inputs = run()
             assert all(torch.isfinite(o).all() for o in outs if o is not None), case
+            assert not any(mod._grads(outs, inputs)), case  # the backward case: its gradients too
         assert len(calls) == n, (suffix, calls)
 
 

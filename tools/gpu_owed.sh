@@ -11,9 +11,11 @@
 #     tools/gpu_pair.sh "FAMILIES=block_diagonal MEMCHECK_CASE=lookback2 memcheck" ""
 #   Leads for issue 3, each to be timed against the default in one call (tools/lb2_compare.py
 #   times lookback2 configurations; the lb2 stage below):
-#     the m = 2 backward as a look-back with the chunk in each thread (the adjoint is the same
-#     affine recurrence reversed; lookback_bwd.py does it for m = 1): fwd+bwd B8 N768 m = 2 is
-#     at 47.3 % of the floor, and B1 m = 2 with gradients keeps the chunked passes (41.0 %);
+#     the m = 2 look-back backward (lookback2_bwd.py, opt-in TUNE['bd2_bwd_lookback']; written and
+#     interpreter-tested at the end of the eighteenth session, never run on a GPU): first its GPU
+#     tests (race tests included), then its fwd+bwd timings against the default (B8 N768 m = 2 is
+#     at 47.3 % of the floor; B1 m = 2 with gradients keeps the chunked passes, 41.0 %):
+#       tools/gpu_pair.sh "LB2_ARGS=--bwd,--no-check lb2" "PYTEST_FILES=tests/test_kernels_lookback2.py pytest"
 #     the same in-thread chunk scan for m = 4 (20 scalars a block-step: 8-step chunks at most);
 #     the m = 1 look-back rule, repeated where it was chosen (B1/B2/B8 N768, B8 N4096):
 #     tools/gpu_pair.sh "LBR_SET=rule LBR_ROUNDS=3 lbrepeat" ""
@@ -109,7 +111,8 @@ case "$stage" in
       --results "$OUT/RESULTS_lookback.md" 2>&1 | tee "$OUT/lookback.log" | tail -40 ;;
   lb2)
     # issue 3: the m = 2 look-back forward (lookback2.py) against the default, GPU checks first
-    timeout ${STAGE_TIMEOUT:-560} python3 tools/lb2_compare.py --out "$OUT" --rounds ${LB2_ROUNDS:-3} \
+    # LB2_ARGS: e.g. "--bwd --no-check" (fwd+bwd with the opt-in look-back backward)
+    timeout ${STAGE_TIMEOUT:-560} python3 tools/lb2_compare.py --out "$OUT" --rounds ${LB2_ROUNDS:-3} ${LB2_ARGS:-} \
       2>&1 | tee "$OUT/lb2.log" | tail -40 ;;
   lbrepeat)
     # m = 1 look-back configurations in interleaved rounds (tools/lookback_repeat.py): LBR_SET

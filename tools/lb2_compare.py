@@ -5,7 +5,7 @@ NaN-poisoned buffers, varlen, windows of 1, inclusive states withheld so that lo
 chunk 0, each case 5 times to catch races), then CUDA-graph medians in interleaved rounds at the
 ``SHAPES`` (fp32), with a copy of the same bytes in the same run.
 
-    python tools/lb2_compare.py [--rounds 3] [--out DIR] [--no-check]
+    python tools/lb2_compare.py [--rounds 3] [--out DIR] [--no-check] [--bwd]
     python tools/lb2_compare.py --render OUT/lb2_compare.json --results benchmarks/RESULTS.md
 """
 import argparse
@@ -103,6 +103,41 @@ def check():
     return fails
 
 
+def bwd_rows(rounds):
+    """fwd+bwd (``torch.autograd.grad`` of ``h`` against a random ``dh``) at ``SHAPES``: the
+    default, the look-back backward (``TUNE['bd2_bwd_lookback']``), the forward without lookback2,
+    and a copy of the byte floor (A, b, dh, h read; dA, db written). Returns ``(rows, failures)``:
+    the look-back's gradients against the default's (the fp64 checks are the GPU tests')."""
+    rows, fails = {}, 0
+    for B, T, N in SHAPES:
+        A, b = _inputs(B, T, N // 2, torch.float32)
+        A.requires_grad_()
+        b.requires_grad_()
+        dh = torch.randn_like(b)
+        src = torch.empty((2 * A.numel() + 4 * b.numel()) // 2, device="cuda")
+        dst = torch.empty_like(src)
+
+        def fb(tune):
+            with S.tuned(tune):
+                return torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), dh)
+        fns = {"copy": lambda: dst.copy_(src), "default": lambda: fb({}),
+               "lb2_bwd": lambda: fb(dict(bd2_bwd_lookback=True)), "ring": lambda: fb(dict(bd2_lookback=False))}
+        ref = fb({})
+        e = max(_rel(x, y.double()) for x, y in zip(fns["lb2_bwd"](), ref))
+        fails += not e < 1e-5
+        print(f"B{B} T{T} N{N} lb2_bwd gradients: rel to default {e:.2e} {'ok' if e < 1e-5 else 'FAIL'}",
+              flush=True)
+        times = {k: [] for k in fns}
+        for _ in range(rounds):
+            for k, fn in fns.items():
+                times[k].append(graph_time(fn))
+        key = f"B{B} T{T} N{N}"
+        rows[key] = {k: statistics.median(v) for k, v in times.items()}
+        line = " ".join(f"{k} {v:.4f}" for k, v in rows[key].items())
+        print(f"{key} m=2 fwd+bwd fp32, ms: {line}", flush=True)
+    return rows, fails
+
+
 def render(path, results, note=""):
     """Append the JSON of a run as a Markdown table (ms and % of the same-size copy) to ``results``."""
     d = json.loads(Path(path).read_text())
@@ -110,7 +145,7 @@ def render(path, results, note=""):
     cols = list(next(iter(rows.values())))
     with open(results, "a") as fh:
         fh.write(f"\n## lb2_compare.py — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
-                 f"Triton {meta['triton']}; m = 2 forward, fp32, CUDA-graph medians of {meta['rounds']} "
+                 f"Triton {meta['triton']}; m = 2 {meta.get('kind', 'fwd')}, fp32, CUDA-graph medians of {meta['rounds']} "
                  f"interleaved rounds, ms (% of a copy of the same bytes); GPU checks failed: "
                  f"{meta['fails']}{note}\n\n| shape | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n")
         for key, r in rows.items():
@@ -125,11 +160,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=".")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--bwd", action="store_true", help="forward+backward rows (lookback2_bwd.py)")
     args = ap.parse_args()
     if args.render:
         return render(args.render, args.results, args.note)
     fails = 0 if args.no_check else check()
     rows = {}
+    if args.bwd:
+        rows, nbad = bwd_rows(args.rounds)
+        return _finish(args, fails + nbad, rows)
     for B, T, N in SHAPES:
         H = N // 2
         A, b = _inputs(B, T, H, torch.float32)
@@ -157,10 +196,14 @@ def main():
         line = " ".join(f"{k} {v:.4f} ({cp / v * 100:.0f}%)" for k, v in rows[key].items())
         print(f"{key} m=2 fwd fp32, ms (% of same-size copy): {line}", flush=True)
         del A, b, src, dst
+    return _finish(args, fails, rows)
+
+
+def _finish(args, fails, rows):
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=__import__("triton").__version__, date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
-                rounds=args.rounds, fails=fails)
-    Path(args.out, "lb2_compare.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+                rounds=args.rounds, fails=fails, kind="fwd+bwd" if args.bwd else "fwd")
+    Path(args.out, "lb2_compare_bwd.json" if args.bwd else "lb2_compare.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(meta)
     return 1 if fails else 0
 

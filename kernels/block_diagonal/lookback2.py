@@ -3,21 +3,24 @@
 Why (README.md "Few programs"): the sequential ring forward gives B8 T2048 N768 at ``m = 2`` only
 96 one-warp programs, and its time is the same on an H100 and an H200 (the program, not DRAM, is
 the bound). Here time is cut into chunks of ``CHUNK`` steps that are programs of their own (6144
-at that shape with 32-step chunks), and chunk carries pass through a status buffer as in
+at that shape with 32-step chunks, 12288 with the default 16), and chunk carries pass through a status buffer as in
 ``lookback.py`` (``m = 1``), so ``A`` and ``b`` are read once and ``h`` written once.
 
 Per program (one tile = ``CHUNK`` steps x ``BH`` blocks of one sequence, ``BH = 32 num_warps``):
 
 1. tile id from an int32 counter (``tl.atomic_add``), chunk-major, so a tile only waits on tiles
    handed out before it (``lookback.py`` explains why this cannot deadlock);
-2. load the tile's ``A`` as ``(CHUNK, BH, 4)`` (one 16-byte row per block and step) and ``b``;
-   with one thread per block the time axis lies in each thread's registers, so
+2. load the tile's ``A`` as ``(BH, CHUNK, 4)`` (one 16-byte row per block and step; blocks first,
+   see README.md) and ``b``; with one thread per block the time axis lies in each thread's
+   registers, so
    ``tl.associative_scan`` over it (combine ``(P, e) then (Q, f) = (Q P, Q e + f)`` on the six
    scalars of a block) runs inside the thread: from a zero state ``h_t = P_t x + e_t``, ``x`` the
    state entering the chunk, and the chunk's map ``(P, e)`` is the last row;
 3. publish ``(P, e)`` with flag 1 (chunk 0 knows its end state at once and skips it), look back
    over the predecessors ``W`` at a time (flag 2 = inclusive end state: stop; 1 = aggregate:
    compose; 0 = spin), publish the end state ``P x + e`` with flag 2, then store ``h``.
+
+``lookback2_bwd.py`` is the backward on the same scheme (opt-in).
 
 Buffers per call: ``status`` int32 ``(ntile + 1,)`` zeroed (flags, then the tile counter),
 ``vals`` fp32 ``(ntile, 8, BH)``: rows ``P11 P12 P21 P22 e1 e2`` (aggregate), ``x1 x2`` (inclusive end
@@ -98,6 +101,28 @@ def _look_back2(Status, Vals, base, c, bh, VS, VC, BH: tl.constexpr, W: tl.const
     return f1, f2
 
 
+@triton.jit
+def _publish_map(Status, me, vrow, VC, p11, p12, p21, p22, e1, e2):
+    """A chunk's map ``x -> P x + e`` (rows 0-5 of its values), CTA barrier, flag 1 (release)."""
+    tl.store(vrow, p11)
+    tl.store(vrow + 1 * VC, p12)
+    tl.store(vrow + 2 * VC, p21)
+    tl.store(vrow + 3 * VC, p22)
+    tl.store(vrow + 4 * VC, e1)
+    tl.store(vrow + 5 * VC, e2)
+    tl.debug_barrier()
+    tl.atomic_xchg(Status + me, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _publish_state(Status, me, vrow, VC, y1, y2):
+    """A chunk's inclusive end state (rows 6-7), CTA barrier, flag 2 (release)."""
+    tl.store(vrow + 6 * VC, y1)
+    tl.store(vrow + 7 * VC, y2)
+    tl.debug_barrier()
+    tl.atomic_xchg(Status + me, 2, sem="release", scope="gpu")
+
+
 @triton.jit(do_not_specialize=["T", "NC", "NSEQ", "VS", "VC"])
 def _bd2_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ, VS, VC,
                       CHUNK: tl.constexpr, BH: tl.constexpr, W: tl.constexpr,
@@ -143,14 +168,8 @@ def _bd2_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ
             x1 = tl.load(Init + (s.to(tl.int64) * H + hb) * 2, mask=mh, other=0.0).to(tl.float32)
             x2 = tl.load(Init + (s.to(tl.int64) * H + hb) * 2 + 1, mask=mh, other=0.0).to(tl.float32)
     elif t0 < eos:
-        tl.store(vrow, _last(p11, CHUNK))
-        tl.store(vrow + 1 * VC, _last(p12, CHUNK))
-        tl.store(vrow + 2 * VC, _last(p21, CHUNK))
-        tl.store(vrow + 3 * VC, _last(p22, CHUNK))
-        tl.store(vrow + 4 * VC, _last(e1, CHUNK))
-        tl.store(vrow + 5 * VC, _last(e2, CHUNK))
-        tl.debug_barrier()
-        tl.atomic_xchg(Status + me, 1, sem="release", scope="gpu")
+        _publish_map(Status, me, vrow, VC, _last(p11, CHUNK), _last(p12, CHUNK), _last(p21, CHUNK),
+                     _last(p22, CHUNK), _last(e1, CHUNK), _last(e2, CHUNK))
         x1, x2 = _look_back2(Status, Vals, base, c, bh, VS, VC, BH, W)
     if (t0 < eos) | (c == 0):  # empty chunks past a sequence's end (varlen) do nothing more
         h1 = p11 * x1[:, None] + p12 * x2[:, None] + e1
@@ -158,10 +177,7 @@ def _bd2_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ
         y1 = _last(h1, CHUNK)
         y2 = _last(h2, CHUNK)
         if PUBLISH_INCL or c == 0:  # before h: the release fence then waits for few stores
-            tl.store(vrow + 6 * VC, y1)
-            tl.store(vrow + 7 * VC, y2)
-            tl.debug_barrier()
-            tl.atomic_xchg(Status + me, 2, sem="release", scope="gpu")
+            _publish_state(Status, me, vrow, VC, y1, y2)
         tl.store(Hout + offs_b, tl.join(h1, h2).to(Hout.dtype.element_ty), mask=ok[:, :, None])
         if STORE_FINAL:
             if t1 == eos:  # the sequence's last chunk (chunk 0 of an empty sequence: h0)

@@ -35,6 +35,19 @@ from .lookback import _last_row, _look_back, _publish, lookback_cfg
 __all__ = ["diag_lookback_backward"]
 
 
+@triton.jit
+def _reversed_chunk(CU, s, cr, T, CHUNK: tl.constexpr, VARLEN: tl.constexpr):
+    """Chunk ``cr`` of sequence ``s`` counted from its end: ``(bos, eos, c, t0, t1)`` with ``c`` its
+    index from the start, negative for tiles past a shorter sequence's chunks (varlen), and
+    ``[t0, t1)`` its steps."""
+    bos, eos, _, _ = _seq_bounds(CU, s, s * 0, T, CHUNK, VARLEN)  # chunk 0: only bos, eos
+    ncs = (eos - bos + CHUNK - 1) // CHUNK  # this sequence's chunks (0 if empty)
+    c = ncs - 1 - cr
+    t0 = bos + c * CHUNK
+    t1 = tl.minimum(t0 + CHUNK, eos)
+    return bos, eos, c, t0, t1
+
+
 @triton.jit(do_not_specialize=["T", "NC", "NSEQ"])
 def _diag_lookback_bwd(Aa, Hs, H0, G, DHT, DA, DB, DH0, Status, Vals, CU, T, N, NC, NSEQ,
                        CHUNK: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
@@ -48,12 +61,8 @@ def _diag_lookback_bwd(Aa, Hs, H0, G, DHT, DA, DB, DH0, Status, Vals, CU, T, N, 
     cr = tid // per  # reversed chunk index, chunk-major: successors in time got smaller ids
     s = (tid % per) // GN
     pn = tid % GN
-    bos, eos, _, _ = _seq_bounds(CU, s, s * 0, T, CHUNK, VARLEN)  # chunk 0: only bos, eos
-    ncs = (eos - bos + CHUNK - 1) // CHUNK  # this sequence's chunks (0 if empty)
-    c = ncs - 1 - cr
+    bos, eos, c, t0, t1 = _reversed_chunk(CU, s, cr, T, CHUNK, VARLEN)
     real = c >= 0
-    t0 = bos + c * CHUNK
-    t1 = tl.minimum(t0 + CHUNK, eos)
     bn = tl.arange(0, BN)
     n = pn * BN + bn
     mn = n < N

@@ -241,6 +241,8 @@ def test_backward_routing():
     with pytest.raises(ValueError, match="2 x 2"):
         A, b = make(1, 5, 2, 3, seed=0)
         lookback2_bwd.bd2_lookback_backward(A, b, None, b, None, None, {}, scanmod._empty)
+    with pytest.raises(ValueError, match="bd2_bwd_lookback"):
+        lookback2_bwd.bd2_bwd_lookback_use({"bd2_bwd_lookback": "yes"}, 2, True)
 
 
 def _many_tile_inputs():

@@ -7,7 +7,8 @@
 #   test_gpu_fused_companion 99 passed; test_gpu_compile 10 passed; test_gpu_block_diagonal
 #   forward_variants / backward_ring / diag_tiles 35 passed). New and owed: compute-sanitizer
 #   memcheck of the m = 2 look-back forward (lookback2.py, the default for m = 2 forwards that would
-#   chunk or have fewer ring programs than SMs; its GPU tests and race tests passed):
+#   chunk or have fewer ring programs than SMs; its GPU tests and race tests passed) and of the
+#   opt-in look-back backward (lookback2_bwd.py; cases *_lookback2_bwd):
 #     tools/gpu_pair.sh "FAMILIES=block_diagonal MEMCHECK_CASE=lookback2 memcheck" ""
 #   Leads for issue 3, each to be timed against the default in one call (tools/lb2_compare.py
 #   times lookback2 configurations; the lb2 stage below):

@@ -80,7 +80,8 @@ def check():
              ((1, 1000, 64), [0, 1, 1, 63, 65, 400, 1000], dict(lb2_chunk=16)),
              ((1, 2000, 200), [0, 700, 701, 2000], dict(lb_publish_incl=False)),
              ((1, 5003, 768 // 2), [0, 1000, 1001, 3333, 5003], dict(lb2_chunk=32, lb2_window=8)),
-             ((8, 2048, 384), None, dict(lb2_chunk=16, lb2_bh=64)), ((1, 2000, 200), [0, 700, 701, 2000], dict(lb_publish_incl=False, lb2_vals="block", lb2_window=2))]
+             ((8, 2048, 384), None, dict(lb2_chunk=16, lb2_bh=64)),
+             ((1, 2000, 200), [0, 700, 701, 2000], dict(lb_publish_incl=False, lb2_window=2))]
     for (B, T, H), cu, tune in cases:
         A, b = _inputs(B, T, H, torch.float32, seed=T)
         cut = None if cu is None else torch.tensor(cu, device="cuda")
@@ -145,11 +146,13 @@ def render(path, results, note=""):
     cols = list(next(iter(rows.values())))
     with open(results, "a") as fh:
         fh.write(f"\n## lb2_compare.py — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
-                 f"Triton {meta['triton']}; m = 2 {meta.get('kind', 'fwd')}, fp32, CUDA-graph medians of {meta['rounds']} "
-                 f"interleaved rounds, ms (% of a copy of the same bytes); GPU checks failed: "
-                 f"{meta['fails']}{note}\n\n| shape | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n")
+                 f"Triton {meta['triton']}; m = 2 {meta.get('kind', 'fwd')}, fp32, CUDA-graph medians "
+                 f"of {meta['rounds']} interleaved rounds, ms (% of a copy of the same bytes); GPU "
+                 f"checks failed: {meta['fails']}{note}\n\n")
+        fh.write("| shape | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n")
         for key, r in rows.items():
-            fh.write(f"| {key} | " + " | ".join(f"{r[c]:.4f} ({r['copy'] / r[c] * 100:.0f})" for c in cols) + " |\n")
+            cells = " | ".join(f"{r[c]:.4f} ({r['copy'] / r[c] * 100:.0f})" for c in cols)
+            fh.write(f"| {key} | {cells} |\n")
 
 
 def main():
@@ -201,9 +204,11 @@ def main():
 
 def _finish(args, fails, rows):
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=__import__("triton").__version__, date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
+                triton=__import__("triton").__version__,
+                date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
                 rounds=args.rounds, fails=fails, kind="fwd+bwd" if args.bwd else "fwd")
-    Path(args.out, "lb2_compare_bwd.json" if args.bwd else "lb2_compare.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    out = Path(args.out, "lb2_compare_bwd.json" if args.bwd else "lb2_compare.json")
+    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(meta)
     return 1 if fails else 0
 

@@ -2,9 +2,9 @@
 
 Why (README.md "Few programs"): the sequential ring forward gives B8 T2048 N768 at ``m = 2`` only
 96 one-warp programs, and its time is the same on an H100 and an H200 (the program, not DRAM, is
-the bound). Here time is cut into chunks of ``CHUNK`` steps that are programs of their own (6144
-at that shape with 32-step chunks, 12288 with the default 16), and chunk carries pass through a status buffer as in
-``lookback.py`` (``m = 1``), so ``A`` and ``b`` are read once and ``h`` written once.
+the bound). Here time is cut into chunks of ``CHUNK`` steps that are programs of their own
+(12288 at that shape with the default 16-step chunks), and chunk carries pass through a status
+buffer as in ``lookback.py`` (``m = 1``), so ``A`` and ``b`` are read once and ``h`` written once.
 
 Per program (one tile = ``CHUNK`` steps x ``BH`` blocks of one sequence, ``BH = 32 num_warps``):
 

@@ -25,7 +25,7 @@ from .lookback2 import (_affine2_combine, _last, _look_back2, _publish_map, _pub
                         bd2_lookback_cfg)
 from .lookback_bwd import _reversed_chunk
 
-__all__ = ["bd2_lookback_backward"]
+__all__ = ["bd2_lookback_backward", "bd2_bwd_lookback_use"]
 
 
 @triton.jit
@@ -115,6 +115,15 @@ def _bd2_lookback_bwd(A, Hs, H0, G, DHT, DA, DB, DH0, Status, Vals, CU, T, H, NC
         if c <= 0:  # chunk 0, or the one tile of an empty sequence
             tl.store(DH0 + so, y1, mask=mh)
             tl.store(DH0 + so + 1, y2, mask=mh)
+
+
+def bd2_bwd_lookback_use(tune: dict, m: int, grad: bool) -> bool:
+    """Whether an ``m = 2`` scan with gradients takes this backward (and the look-back forward):
+    ``TUNE["bd2_bwd_lookback"]``, ``False`` (default) or ``True``."""
+    mode = tune.get("bd2_bwd_lookback", False)
+    if mode not in (False, True):
+        raise ValueError(f"TUNE['bd2_bwd_lookback'] must be False or True, got {mode!r}")
+    return m == 2 and grad and mode
 
 
 def bd2_lookback_backward(A, h, h0, g, dhT, cu, tune, empty):

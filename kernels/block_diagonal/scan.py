@@ -22,7 +22,7 @@ from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kern
 from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kernel
 from .lookback import lookback_cfg
 from .lookback2 import bd2_lookback_forward, bd2_lookback_use
-from .lookback2_bwd import bd2_lookback_backward
+from .lookback2_bwd import bd2_bwd_lookback_use, bd2_lookback_backward
 from .lookback_dot import bd_lookback_forward, bd_lookback_use
 from .summary import launch_summary
 
@@ -499,7 +499,7 @@ def _bd_apply(A, b, h0, cu, nseq):
     chunk = _choose_chunk(nseq * cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m, grad)
     lookback = not grad and bd_lookback_use(TUNE, m, chunk)
     few = nseq * cdiv(H, bh) < _num_sms(b.device)  # 192 ring programs on 132 SMs: ring (lookback2.py)
-    bwd_lb = m == 2 and grad and TUNE.get("bd2_bwd_lookback", False)  # opt-in: not yet timed
+    bwd_lb = bd2_bwd_lookback_use(TUNE, m, grad)  # opt-in: not yet timed on a GPU
     if m == 2 and not lookback and (bwd_lb or bd2_lookback_use(TUNE, chunk, few, grad)):
         lookback = "m2"  # lookback2.py: where it would chunk (no gradients) or has few programs
     return _ScanFn.apply(A, b, h0, cu, None if lookback else chunk, False, lookback, bwd_lb)

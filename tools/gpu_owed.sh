@@ -17,7 +17,8 @@
 #     tests (race tests included), then its fwd+bwd timings against the default (B8 N768 m = 2 is
 #     at 47.3 % of the floor; B1 m = 2 with gradients keeps the chunked passes, 41.0 %):
 #       tools/gpu_pair.sh "LB2_ARGS=--bwd,--no-check lb2" "PYTEST_FILES=tests/test_kernels_lookback2.py pytest"
-#     the same in-thread chunk scan for m = 4 (20 scalars a block-step: 8-step chunks at most);
+#     the same in-thread chunk scan for m = 4 (20 scalars a block-step; a prototype without the
+#     look-back took 168 registers at 8-step chunks for sm_90a, no shuffles, and 16 spill: README);
 #     the m = 1 look-back rule, repeated where it was chosen (B1/B2/B8 N768, B8 N4096):
 #     tools/gpu_pair.sh "LBR_SET=rule LBR_ROUNDS=3 lbrepeat" ""
 #   The forward's m = 4, 8 passes at B8 N768 are bound by the program (README.md "Few programs"):

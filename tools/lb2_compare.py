@@ -9,6 +9,7 @@ chunk 0, each case 5 times to catch races), then CUDA-graph medians in interleav
     python tools/lb2_compare.py --render OUT/lb2_compare.json --results benchmarks/RESULTS.md
 """
 import argparse
+import os
 import datetime as dt
 import json
 import statistics
@@ -19,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lrnn_scan.bench.measure import graph_time  # noqa: E402
-from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
+from lrnn_scan.kernels.block_diagonal import ref, scan as S  # noqa: E402
 from lrnn_scan.kernels.block_diagonal.lookback2 import bd2_lookback_forward  # noqa: E402
 
 SHAPES = [(8, 2048, 768), (1, 16384, 768), (2, 8192, 768), (4, 4096, 768), (16, 1024, 768),
@@ -37,30 +38,8 @@ def _inputs(B, T, H, dtype, seed=0):
 
 
 def _ref(A, b, h0, cu):
-    """float64 loop over time on the GPU, all blocks at once."""
-    A, b = A.double(), b.double()
-    B, T, H, m = b.shape
-    h = torch.empty_like(b)
-    bounds = [(i, 0, T) for i in range(B)] if cu is None else \
-        [(0, int(cu[i]), int(cu[i + 1])) for i in range(cu.numel() - 1)]
-    fin = []
-    for n, (bi, lo, hi) in enumerate(bounds):
-        x = h0[n].double() if h0 is not None else b.new_zeros(H, m)
-        for t in range(lo, hi):
-            x = torch.einsum("hij,hj->hi", A[bi, t], x) + b[bi, t]
-            h[bi, t] = x
-        fin.append(x)
-    return h, torch.stack(fin)
-
-
-def _empty(shape, dtype, dev):
-    if dtype.is_floating_point:
-        return torch.full(shape, float("nan"), dtype=dtype, device=dev)
-    return torch.empty(shape, dtype=dtype, device=dev)
-
-
-def _fast_empty(shape, dtype, dev):
-    return torch.empty(shape, dtype=dtype, device=dev)
+    """The float64 reference (``ref.block_diagonal_scan_ref``, on the GPU): ``(h, h_final)``."""
+    return ref.block_diagonal_scan_ref(A.double(), b.double(), None if h0 is None else h0.double(), True, cu)
 
 
 def _ring(A, b):
@@ -74,7 +53,17 @@ def _rel(x, y):
 
 
 def check():
-    """Returns the number of failed cases; prints one line per case."""
+    """Returns the number of failed cases; prints one line per case. Every buffer the launcher
+    allocates starts as NaN (``LRNN_SCAN_POISON``, read by ``scan._empty``), so an unwritten
+    element fails."""
+    os.environ["LRNN_SCAN_POISON"] = "1"
+    try:
+        return _check()
+    finally:
+        os.environ.pop("LRNN_SCAN_POISON")
+
+
+def _check():
     fails = 0
     cases = [((2, 1037, 100), None, dict()), ((1, 3001, 384), None, dict(lb2_window=1)),
              ((1, 1000, 64), [0, 1, 1, 63, 65, 400, 1000], dict(lb2_chunk=16)),
@@ -90,13 +79,13 @@ def check():
         hr, fr = _ref(A, b, h0, cut)
         worst = 0.0
         for rep in range(5):  # races show as run-to-run differences
-            h, fin, _ = bd2_lookback_forward(A, b, h0, cut, tune, _empty)
+            h, fin, _ = bd2_lookback_forward(A, b, h0, cut, tune, S._empty)
             worst = max(worst, _rel(h, hr), _rel(fin, fr), float(torch.isnan(h).any()))
         ok = worst < 1e-5
         fails += not ok
         print(f"check B{B} T{T} H{H} cu={cu} {tune}: worst rel {worst:.2e} {'ok' if ok else 'FAIL'}", flush=True)
     A, b = _inputs(2, 1037, 100, torch.bfloat16)
-    h, fin, _ = bd2_lookback_forward(A, b, None, None, {}, _empty)
+    h, fin, _ = bd2_lookback_forward(A, b, None, None, {}, S._empty)
     hr, fr = _ref(A, b, None, None)
     e = max(_rel(h, hr), _rel(fin, fr))
     fails += not e < 5e-3
@@ -181,7 +170,7 @@ def main():
         fns = {"copy": lambda: dst.copy_(src), "default": lambda: S.block_diagonal_scan(A, b)}
         fns["ring"] = lambda: _ring(A, b)
         for name, tune in CONFIGS.items():
-            fns[name] = (lambda tune=tune: bd2_lookback_forward(A, b, None, None, tune, _fast_empty))
+            fns[name] = (lambda tune=tune: bd2_lookback_forward(A, b, None, None, tune, S._empty))
         ref = _ring(A, b)[0]
         for name, fn in fns.items():
             if name.startswith("lb2"):

@@ -64,6 +64,18 @@ def _publish(Status, me, ptr, v, flag):
 
 
 @triton.jit
+def _next_tile(Status, NSEQ, G, NC):
+    """This program's tile ``(chunk, sequence, group, ntile)`` from the int32 tile counter at
+    ``Status[ntile]`` (``G`` channel or block groups a sequence, ``NC`` chunks): ids are handed
+    out in the order programs start and decoded chunk-major, so a tile's predecessors in the
+    look-back got smaller ids (module docstring: no deadlock)."""
+    per = NSEQ * G
+    ntile = per * NC
+    tid = tl.atomic_add(Status + ntile, 1, sem="relaxed")
+    return tid // per, (tid % per) // G, tid % G, ntile
+
+
+@triton.jit
 def _window_flags(Status, base, hi, w, W: tl.constexpr):
     """The look-back window ``hi-W .. hi-1`` (``w = tl.arange(0, W)``): its chunk ids ``j``, which
     exist (``ok``), and from their flags (acquire; rows before chunk 0 read as 2) the newest row
@@ -124,12 +136,7 @@ def _diag_lookback_fwd(Aa, Bv, Hout, Init, Final, Status, Vals, CU, T, N, NC, NS
     int32 ``(ntile + 1,)`` zeroed, ``Vals`` fp32 ``(3, ntile, BN)``. ``PUBLISH_INCL = False``
     (tests only) publishes only aggregates beyond chunk 0, so every look-back walks to chunk 0."""
     GN = tl.cdiv(N, BN)
-    per = NSEQ * GN
-    ntile = per * NC
-    tid = tl.atomic_add(Status + ntile, 1, sem="relaxed")  # dynamic tile id (module docstring)
-    c = tid // per  # chunk-major: a tile's predecessors got smaller ids
-    s = (tid % per) // GN
-    pn = tid % GN
+    c, s, pn, ntile = _next_tile(Status, NSEQ, GN, NC)  # chunk-major dynamic tile id
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
     bn = tl.arange(0, BN)
     n = pn * BN + bn

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from .._host import cdiv
 from .fwd import _seq_bounds
-from .lookback import _window_flags
+from .lookback import _next_tile, _window_flags
 
 __all__ = ["bd2_lookback_forward", "bd2_lookback_cfg", "bd2_lookback_use"]
 
@@ -132,12 +132,7 @@ def _bd2_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ
     ``B*T``; ``B == 1`` with ``CU``), ``Init``/``Final (nseq, H, 2)``. ``PUBLISH_INCL = False``
     (tests only) publishes inclusive states at chunk 0 only, so every look-back walks to it."""
     GH = tl.cdiv(H, BH)
-    per = NSEQ * GH
-    ntile = per * NC
-    tid = tl.atomic_add(Status + ntile, 1, sem="relaxed")  # dynamic tile id (lookback.py)
-    c = tid // per
-    s = (tid % per) // GH
-    pg = tid % GH
+    c, s, pg, ntile = _next_tile(Status, NSEQ, GH, NC)  # chunk-major dynamic tile id (lookback.py)
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
     bh = tl.arange(0, BH)
     hb = pg * BH + bh

@@ -23,6 +23,7 @@ import triton.language as tl
 from .._host import cdiv
 from .lookback2 import (_affine2_combine, _last, _look_back2, _publish_map, _publish_state,
                         bd2_lookback_cfg)
+from .lookback import _next_tile
 from .lookback_bwd import _reversed_chunk
 
 __all__ = ["bd2_lookback_backward", "bd2_bwd_lookback_use"]
@@ -46,12 +47,7 @@ def _bd2_lookback_bwd(A, Hs, H0, G, DHT, DA, DB, DH0, Status, Vals, CU, T, H, NC
     ``Vals`` fp32 ``(ntile, 8, BH)``. ``PUBLISH_INCL = False`` (tests only): carries published by
     the last chunk only, so every look-back composes maps down to it."""
     GH = tl.cdiv(H, BH)
-    per = NSEQ * GH
-    ntile = per * NC
-    tid = tl.atomic_add(Status + ntile, 1, sem="relaxed")  # dynamic tile id (lookback.py)
-    cr = tid // per  # reversed chunk index, chunk-major: later chunks got smaller ids
-    s = (tid % per) // GH
-    pg = tid % GH
+    cr, s, pg, ntile = _next_tile(Status, NSEQ, GH, NC)  # cr: reversed chunk index (later: smaller)
     bos, eos, c, t0, t1 = _reversed_chunk(CU, s, cr, T, CHUNK, VARLEN)
     bh = tl.arange(0, BH)
     hb = pg * BH + bh

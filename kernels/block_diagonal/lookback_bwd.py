@@ -30,7 +30,7 @@ import triton.language as tl
 
 from .._host import cdiv
 from .fwd import _affine_combine, _seq_bounds
-from .lookback import _last_row, _look_back, _publish, lookback_cfg
+from .lookback import _last_row, _look_back, _next_tile, _publish, lookback_cfg
 
 __all__ = ["diag_lookback_backward"]
 
@@ -55,12 +55,7 @@ def _diag_lookback_bwd(Aa, Hs, H0, G, DHT, DA, DB, DH0, Status, Vals, CU, T, N, 
     """a, h, dh, da, db ``(B*T, N)`` rows (``B == 1`` with ``CU``); ``H0``, ``DHT``, ``DH0``
     ``(nseq, N)``; ``Status`` int32 ``(ntile + 1,)`` zeroed; ``Vals`` fp32 ``(3, ntile, BN)``."""
     GN = tl.cdiv(N, BN)
-    per = NSEQ * GN
-    ntile = per * NC
-    tid = tl.atomic_add(Status + ntile, 1, sem="relaxed")  # dynamic tile id (lookback.py)
-    cr = tid // per  # reversed chunk index, chunk-major: successors in time got smaller ids
-    s = (tid % per) // GN
-    pn = tid % GN
+    cr, s, pn, ntile = _next_tile(Status, NSEQ, GN, NC)  # cr: reversed chunk index (later: smaller)
     bos, eos, c, t0, t1 = _reversed_chunk(CU, s, cr, T, CHUNK, VARLEN)
     real = c >= 0
     bn = tl.arange(0, BN)

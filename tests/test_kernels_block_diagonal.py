@@ -113,6 +113,15 @@ def test_block_fwd_bwd(m, T):
     run_check(A, b, h0 if T % 2 else None, None, 1e-5)
 
 
+@pytest.mark.parametrize("T", [17, 129])
+def test_block_fwd_bwd_ring_m2(T):
+    """m = 2 through the ring kernels: with the interpreter's few programs the default is the
+    look-back pair (lookback2.py, lookback2_bwd.py; test_kernels_lookback2.py)."""
+    scanmod.TUNE.update(bd2_lookback=False, bd2_bwd_lookback=False)
+    A, b = make(2, T, 2, 2, seed=20 + T)
+    run_check(A, b, torch.randn(2, 2, 2).to(DEV), None, 1e-5)
+
+
 @pytest.mark.parametrize("m,chunk", [(1, 16), (2, 16), (3, 16), (4, 16), (8, 16), (3, 48)])
 def test_block_chunked_varlen(m, chunk):
     """Chunked path with sequence boundaries inside chunks and an empty sequence."""

@@ -1,6 +1,7 @@
 """Tests of the ``m = 2`` look-back forward (``lookback2.py``; default where an ``m = 2`` forward
 would time-chunk without gradients or run one pass with few programs) and backward
-(``lookback2_bwd.py``; opt-in ``TUNE["bd2_bwd_lookback"]``).
+(``lookback2_bwd.py``; default with gradients where there are fewer (sequence, 32-block group)
+pairs than 1.5 times the SMs, ``TUNE["bd2_bwd_lookback"]``).
 
 Triton interpreter, fp64 step-by-step reference, outputs and published values NaN-poisoned
 (``LRNN_SCAN_POISON=1``). The interpreter runs programs one at a time in grid order, so no program
@@ -214,16 +215,19 @@ def test_backward_varlen(incl):
 
 
 def test_backward_routing():
-    """``TUNE["bd2_bwd_lookback"] = True``: with gradients the forward and the backward are the
-    look-backs (also where the default would chunk), through ``block_diagonal_scan`` with h0,
-    dh_final and bf16; off by default."""
+    """With gradients the forward and the backward are the look-backs by default (few pairs: the
+    interpreter's device counts 4 SMs) and with ``TUNE["bd2_bwd_lookback"] = True`` (also where
+    a forced chunk would chunk), through ``block_diagonal_scan`` with h0, dh_final and bf16; not
+    with it False nor with a forced chunk, forward kernel or ``bd2_lookback = False``."""
     calls = []
     real = lookback2_bwd.bd2_lookback_backward
     scanmod.bd2_lookback_backward = lambda *a: calls.append(1) or real(*a)
     try:
         for tune, dtype, want in ((dict(bd2_bwd_lookback=True), torch.float32, 1),
                                   (dict(bd2_bwd_lookback=True, chunk=8), torch.float32, 1),
-                                  (dict(bd2_bwd_lookback=True), torch.bfloat16, 1), (dict(), torch.float32, 0)):
+                                  (dict(bd2_bwd_lookback=True), torch.bfloat16, 1), (dict(), torch.float32, 1),
+                                  (dict(bd2_bwd_lookback=False), torch.float32, 0), (dict(chunk=8), torch.float32, 0),
+                                  (dict(bd2_lookback=False), torch.float32, 0)):
             scanmod.TUNE.clear()
             scanmod.TUNE.update(tune)
             A, b = make(2, 37, 3, 2, dtype, seed=2)
@@ -241,8 +245,20 @@ def test_backward_routing():
     with pytest.raises(ValueError, match="2 x 2"):
         A, b = make(1, 5, 2, 3, seed=0)
         lookback2_bwd.bd2_lookback_backward(A, b, None, b, None, None, {}, scanmod._empty)
+
+
+def test_backward_rule():
+    """``bd2_bwd_lookback_use(tune, m, grad, pairs, nsm)``: m = 2 with gradients and fewer pairs
+    than 1.5 times the SMs, unless a key asks for the other passes; True / False override."""
+    use = lookback2_bwd.bd2_bwd_lookback_use
+    assert use({}, 2, True, 197, 132) and not use({}, 2, True, 198, 132)
+    assert not use({}, 2, False, 12, 132) and not use({}, 3, True, 12, 132)
+    for key, val in (("chunk", 256), ("variant", "ring4"), ("bwd_variant", "ring"), ("bd2_lookback", False)):
+        assert not use({key: val}, 2, True, 12, 132), key
+    assert use({"bd2_bwd_lookback": True, "chunk": 256}, 2, True, 4096, 132)
+    assert not use({"bd2_bwd_lookback": False}, 2, True, 12, 132) and not use({"bd2_bwd_lookback": True}, 4, True, 1, 132)
     with pytest.raises(ValueError, match="bd2_bwd_lookback"):
-        lookback2_bwd.bd2_bwd_lookback_use({"bd2_bwd_lookback": "yes"}, 2, True)
+        use({"bd2_bwd_lookback": "yes"}, 2, True, 12, 132)
 
 
 def _many_tile_inputs():

@@ -400,3 +400,5 @@ def test_lb2_compare_render(tmp_path):
     text = out.read_text()
     assert "GPU X" in text and "checks failed: 0; a note" in text
     assert "| B8 T2048 N768 | 0.0700 (100) | 0.0800 (88) | 0.1000 (70) |" in text
+    mod.render(js, out, "another note")  # without the leading "; " the tool adds it
+    assert "checks failed: 0; another note" in out.read_text()

@@ -2,21 +2,12 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-27, eighteenth session). The seventeenth session's owed checks
-#   all ran on H100s in the eighteenth (memcheck of all six families: 0 errors; test_gpu_models +
-#   test_gpu_fused_companion 99 passed; test_gpu_compile 10 passed; test_gpu_block_diagonal
-#   forward_variants / backward_ring / diag_tiles 35 passed). New and owed: compute-sanitizer
-#   memcheck of the m = 2 look-back forward (lookback2.py, the default for m = 2 forwards that would
-#   chunk or have fewer ring programs than SMs; its GPU tests and race tests passed) and of the
-#   opt-in look-back backward (lookback2_bwd.py; cases *_lookback2_bwd):
-#     tools/gpu_pair.sh "FAMILIES=block_diagonal MEMCHECK_CASE=lookback2 memcheck" ""
+# Suggested order (written 2026-11-27, nineteenth session). Everything the eighteenth owed ran on
+#   H100s in the nineteenth: compute-sanitizer memcheck of lookback2 / lookback2_bwd 0 errors;
+#   tests/test_kernels_lookback2.py 45 passed (race tests included); the m = 2 look-back backward
+#   is now the default below 1.5 pairs per SM (fwd+bwd B8 N768 61.7 %, B1 54.7 % of the floor).
 #   Leads for issue 3, each to be timed against the default in one call (tools/lb2_compare.py
-#   times lookback2 configurations; the lb2 stage below):
-#     the m = 2 look-back backward (lookback2_bwd.py, opt-in TUNE['bd2_bwd_lookback']; written and
-#     interpreter-tested at the end of the eighteenth session, never run on a GPU): first its GPU
-#     tests (race tests included), then its fwd+bwd timings against the default (B8 N768 m = 2 is
-#     at 47.3 % of the floor; B1 m = 2 with gradients keeps the chunked passes, 41.0 %):
-#       tools/gpu_pair.sh "LB2_ARGS=--bwd,--no-check lb2" "PYTEST_FILES=tests/test_kernels_lookback2.py pytest"
+#   times the m = 2 look-backs; the lb2 stage below):
 #     the same in-thread chunk scan for m = 4 (20 scalars a block-step; a prototype without the
 #     look-back took 168 registers at 8-step chunks for sm_90a, no shuffles, and 16 spill: README);
 #     the m = 1 look-back rule, repeated where it was chosen (B1/B2/B8 N768, B8 N4096):
@@ -113,7 +104,7 @@ case "$stage" in
       --results "$OUT/RESULTS_lookback.md" 2>&1 | tee "$OUT/lookback.log" | tail -40 ;;
   lb2)
     # issue 3: the m = 2 look-back forward (lookback2.py) against the default, GPU checks first
-    # LB2_ARGS: e.g. "--bwd --no-check" (fwd+bwd with the opt-in look-back backward)
+    # LB2_ARGS: e.g. "--bwd --no-check" (fwd+bwd: the look-back backward forced, off and by the rule)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/lb2_compare.py --out "$OUT" --rounds ${LB2_ROUNDS:-3} ${LB2_ARGS:-} \
       2>&1 | tee "$OUT/lb2.log" | tail -40 ;;
   lbrepeat)

@@ -5,7 +5,7 @@ NaN-poisoned buffers, varlen, windows of 1, inclusive states withheld so that lo
 chunk 0, each case 5 times to catch races), then CUDA-graph medians in interleaved rounds at the
 ``SHAPES`` (fp32), with a copy of the same bytes in the same run.
 
-    python tools/lb2_compare.py [--rounds 3] [--out DIR] [--no-check] [--bwd]
+    python tools/lb2_compare.py [--rounds 3] [--out DIR] [--no-check] [--bwd] [--shapes 8x2048x768 ...]
     python tools/lb2_compare.py --render OUT/lb2_compare.json --results benchmarks/RESULTS.md
 """
 import argparse
@@ -93,13 +93,15 @@ def _check():
     return fails
 
 
-def bwd_rows(rounds):
-    """fwd+bwd (``torch.autograd.grad`` of ``h`` against a random ``dh``) at ``SHAPES``: the
-    default, the look-back backward (``TUNE['bd2_bwd_lookback']``), the forward without lookback2,
-    and a copy of the byte floor (A, b, dh, h read; dA, db written). Returns ``(rows, failures)``:
-    the look-back's gradients against the default's (the fp64 checks are the GPU tests')."""
+def bwd_rows(rounds, shapes):
+    """fwd+bwd (``torch.autograd.grad`` of ``h`` against a random ``dh``) at ``shapes``: the
+    default, the look-back backward forced (``lb2_bwd``: ``TUNE['bd2_bwd_lookback'] = True``) and
+    off (``no_lb2_bwd``: the ring or chunked backward, the forward as without gradients), the
+    passes without either look-back (``ring``), and a copy of the byte floor (A, b, dh, h read;
+    dA, db written). Returns ``(rows, failures)``: the look-back's gradients against
+    ``no_lb2_bwd``'s (the fp64 checks are the GPU tests')."""
     rows, fails = {}, 0
-    for B, T, N in SHAPES:
+    for B, T, N in shapes:
         A, b = _inputs(B, T, N // 2, torch.float32)
         A.requires_grad_()
         b.requires_grad_()
@@ -111,11 +113,12 @@ def bwd_rows(rounds):
             with S.tuned(tune):
                 return torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), dh)
         fns = {"copy": lambda: dst.copy_(src), "default": lambda: fb({}),
-               "lb2_bwd": lambda: fb(dict(bd2_bwd_lookback=True)), "ring": lambda: fb(dict(bd2_lookback=False))}
-        ref = fb({})
+               "lb2_bwd": lambda: fb(dict(bd2_bwd_lookback=True)),
+               "no_lb2_bwd": lambda: fb(dict(bd2_bwd_lookback=False)), "ring": lambda: fb(dict(bd2_lookback=False))}
+        ref = fns["no_lb2_bwd"]()
         e = max(_rel(x, y.double()) for x, y in zip(fns["lb2_bwd"](), ref))
         fails += not e < 1e-5
-        print(f"B{B} T{T} N{N} lb2_bwd gradients: rel to default {e:.2e} {'ok' if e < 1e-5 else 'FAIL'}",
+        print(f"B{B} T{T} N{N} lb2_bwd gradients: rel to no_lb2_bwd {e:.2e} {'ok' if e < 1e-5 else 'FAIL'}",
               flush=True)
         times = {k: [] for k in fns}
         for _ in range(rounds):
@@ -133,11 +136,12 @@ def render(path, results, note=""):
     d = json.loads(Path(path).read_text())
     meta, rows = d["meta"], d["rows"]
     cols = list(next(iter(rows.values())))
+    sep = "; " if note and not note.startswith(";") else ""
     with open(results, "a") as fh:
         fh.write(f"\n## lb2_compare.py — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
                  f"Triton {meta['triton']}; m = 2 {meta.get('kind', 'fwd')}, fp32, CUDA-graph medians "
                  f"of {meta['rounds']} interleaved rounds, ms (% of a copy of the same bytes); GPU "
-                 f"checks failed: {meta['fails']}{note}\n\n")
+                 f"checks failed: {meta['fails']}{sep}{note}\n\n")
         fh.write("| shape | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n")
         for key, r in rows.items():
             cells = " | ".join(f"{r[c]:.4f} ({r['copy'] / r[c] * 100:.0f})" for c in cols)
@@ -153,15 +157,18 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--bwd", action="store_true", help="forward+backward rows (lookback2_bwd.py)")
+    ap.add_argument("--shapes", nargs="+", default=[f"{B}x{T}x{N}" for B, T, N in SHAPES],
+                    help="BxTxN (N = 2 x blocks)")
     args = ap.parse_args()
     if args.render:
         return render(args.render, args.results, args.note)
+    shapes = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes]
     fails = 0 if args.no_check else check()
     rows = {}
     if args.bwd:
-        rows, nbad = bwd_rows(args.rounds)
+        rows, nbad = bwd_rows(args.rounds, shapes)
         return _finish(args, fails + nbad, rows)
-    for B, T, N in SHAPES:
+    for B, T, N in shapes:
         H = N // 2
         A, b = _inputs(B, T, H, torch.float32)
         nbytes = (A.numel() + 2 * b.numel()) * 4

@@ -20,7 +20,7 @@ Per program (one tile = ``CHUNK`` steps x ``BH`` blocks of one sequence, ``BH = 
    over the predecessors ``W`` at a time (flag 2 = inclusive end state: stop; 1 = aggregate:
    compose; 0 = spin), publish the end state ``P x + e`` with flag 2, then store ``h``.
 
-``lookback2_bwd.py`` is the backward on the same scheme (opt-in).
+``lookback2_bwd.py`` is the backward on the same scheme (default with few pairs).
 
 Buffers per call: ``status`` int32 ``(ntile + 1,)`` zeroed (flags, then the tile counter),
 ``vals`` fp32 ``(ntile, 8, BH)``: rows ``P11 P12 P21 P22 e1 e2`` (aggregate), ``x1 x2`` (inclusive end

@@ -1,5 +1,5 @@
-"""Single-pass decoupled look-back backward for 2 x 2 blocks (opt-in, ``scan.TUNE
-["bd2_bwd_lookback"] = True``; not yet timed on a GPU, so not a default).
+"""Single-pass decoupled look-back backward for 2 x 2 blocks: the default ``m = 2`` backward where
+there are fewer (sequence, 32-block group) pairs than 1.5 times the SMs (``bd2_bwd_lookback_use``).
 
 The adjoint of ``h_t = A_t h_{t-1} + b_t`` runs backwards in time:
 ``lam_t = dh_t + A_{t+1}^T lam_{t+1}`` (``dh_final`` joins at a sequence's last step), then
@@ -113,13 +113,37 @@ def _bd2_lookback_bwd(A, Hs, H0, G, DHT, DA, DB, DH0, Status, Vals, CU, T, H, NC
             tl.store(DH0 + so + 1, y2, mask=mh)
 
 
-def bd2_bwd_lookback_use(tune: dict, m: int, grad: bool) -> bool:
-    """Whether an ``m = 2`` scan with gradients takes this backward (and the look-back forward):
-    ``TUNE["bd2_bwd_lookback"]``, ``False`` (default) or ``True``."""
-    mode = tune.get("bd2_bwd_lookback", False)
-    if mode not in (False, True):
-        raise ValueError(f"TUNE['bd2_bwd_lookback'] must be False or True, got {mode!r}")
-    return m == 2 and grad and mode
+def bd2_bwd_lookback_use(tune: dict, m: int, grad: bool, pairs: int, nsm: int) -> bool:
+    """Whether an ``m = 2`` scan with gradients takes this backward (and the look-back forward,
+    ``lookback2.py``: the one-pass backward needs only ``h``). ``pairs``: (sequence, 32-block
+    group) pairs; ``nsm``: the device's SMs. ``TUNE["bd2_bwd_lookback"]``: ``"auto"`` (default)
+    where ``pairs < 1.5 nsm`` (198 on an H100), and not with ``TUNE`` keys ``chunk``, ``variant``
+    or ``bwd_variant`` set or ``bd2_lookback = False`` (those ask for the ring / chunked passes);
+    ``True`` always; ``False`` never. H100, fp32, CUDA graphs, fwd+bwd medians of 3 rounds, ms,
+    the ring or chunked backward against this one (RESULTS.md, nineteenth session, two runs):
+
+    ==========================  =================  =================
+    shape (pairs)               ring / chunked     look-back
+    ==========================  =================  =================
+    B8 T2048 N768 (96)          0.2854, 0.2840     0.2201, 0.2193
+    B4 T4096 N768 (48)          0.3259             0.2248
+    B1 T16384 N768 (12)         0.3261, 0.3255     0.2460, 0.2459
+    B16 T1024 N768 (192)        0.2205, 0.2199     0.2189, 0.2188
+    B8 T2048 N1536 (192)        0.4332             0.4244
+    B8 T2048 N2048 (256)        0.5154             0.5585
+    B4 T2048 N4096 (256)        0.5115             0.5497
+    B8 T2048 N3072 (384)        0.7566             0.8289
+    B8 T2048 N4096 (512)        1.0141, 1.0111     1.1002, 1.0960
+    ==========================  =================  ================="""
+    mode = tune.get("bd2_bwd_lookback", "auto")
+    if mode not in (False, True, "auto"):
+        raise ValueError(f"TUNE['bd2_bwd_lookback'] must be 'auto', False or True, got {mode!r}")
+    if m != 2 or not grad:
+        return False
+    if mode == "auto":
+        forced = any(k in tune for k in ("chunk", "variant", "bwd_variant")) or tune.get("bd2_lookback") is False
+        return not forced and 2 * pairs < 3 * nsm
+    return mode
 
 
 def bd2_lookback_backward(A, h, h0, g, dhT, cu, tune, empty):

@@ -8,7 +8,8 @@ the chunk carries (the same forward kernel, with chunks as time steps), (3) each
 from its carry. The backward does the same with transposed products (``P^T``, saved by the
 forward). Single-pass look-backs replace the chunked forward where measured faster: ``m = 1``
 (``lookback.py``), ``m = 2`` (``lookback2.py``; also one-pass forwards with few programs) and
-``m >= 16`` (``lookback_dot.py``); see README.md.
+``m >= 16`` (``lookback_dot.py``); with gradients the backward too for ``m = 1``
+(``lookback_bwd.py``) and ``m = 2`` with few pairs (``lookback2_bwd.py``); see README.md.
 """
 from __future__ import annotations
 
@@ -445,7 +446,7 @@ class _ScanFn(torch.autograd.Function):
         dhT = None if dfinal is None else dfinal.float().contiguous()
         if ctx.diag:
             dA, db, dh0 = _diag_backward(A, h, h0, g, dhT, cu, ctx.chunk, P, ctx.bwd_lookback)
-        elif ctx.bwd_lookback:  # m = 2, opt-in (lookback2_bwd.py)
+        elif ctx.bwd_lookback:  # m = 2 with few pairs (lookback2_bwd.py)
             dA, db, dh0 = bd2_lookback_backward(A, h, h0, g, dhT, cu, TUNE, _empty)
         else:
             dA, db, dh0 = _bd_backward(A, h, h0, g, dhT, cu, ctx.chunk, P)
@@ -499,7 +500,7 @@ def _bd_apply(A, b, h0, cu, nseq):
     chunk = _choose_chunk(nseq * cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m, grad)
     lookback = not grad and bd_lookback_use(TUNE, m, chunk)
     few = nseq * cdiv(H, bh) < _num_sms(b.device)  # 192 ring programs on 132 SMs: ring (lookback2.py)
-    bwd_lb = bd2_bwd_lookback_use(TUNE, m, grad)  # opt-in: not yet timed on a GPU
+    bwd_lb = bd2_bwd_lookback_use(TUNE, m, grad, nseq * cdiv(H, 32), _num_sms(b.device))
     if m == 2 and not lookback and (bwd_lb or bd2_lookback_use(TUNE, chunk, few, grad)):
         lookback = "m2"  # lookback2.py: where it would chunk (no gradients) or has few programs
     return _ScanFn.apply(A, b, h0, cu, None if lookback else chunk, False, lookback, bwd_lb)

@@ -140,19 +140,20 @@ def test_memcheck_kernels_runs_every_family_on_the_interpreter(capsys, monkeypat
 
 def test_memcheck_kernels_block_lookback_cases(monkeypatch):
     """memcheck_kernels' forward-only block cases go through the block look-backs (lookback_dot.py,
-    and lookback2.py for m = 2) and are finite under the interpreter with poisoned buffers, so
+    lookback2.py for m = 2, lookback4.py for m = 4) and are finite under the interpreter with poisoned buffers, so
     compute-sanitizer sees those kernels too."""
     import os
 
     import torch
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter test (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA)")
-    from lrnn_scan.kernels.block_diagonal import lookback2, lookback2_bwd, lookback_dot, scan as S
+    from lrnn_scan.kernels.block_diagonal import lookback2, lookback2_bwd, lookback4, lookback_dot, scan as S
     mod = _tool("memcheck_kernels")
     monkeypatch.setenv("LRNN_SCAN_POISON", "1")
     for suffix, name, real, n in (("_fwd_lookback", "bd_lookback_forward", lookback_dot.bd_lookback_forward, 4),
                                   ("_fwd_lookback2", "bd2_lookback_forward", lookback2.bd2_lookback_forward, 2),
-                                  ("_lookback2_bwd", "bd2_lookback_backward", lookback2_bwd.bd2_lookback_backward, 2)):
+                                  ("_lookback2_bwd", "bd2_lookback_backward", lookback2_bwd.bd2_lookback_backward, 2),
+                                  ("_fwd_lookback4", "bd4_lookback_forward", lookback4.bd4_lookback_forward, 2)):
         calls = []
         monkeypatch.setattr(S, name, lambda *a, real=real, calls=calls: calls.append(1) or real(*a))
         cases = [(c, r) for c, r in mod._cases("block_diagonal", torch.device("cpu"), True) if c.endswith(suffix)]

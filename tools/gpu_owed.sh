@@ -107,6 +107,11 @@ case "$stage" in
     # LB2_ARGS: e.g. "--bwd --no-check" (fwd+bwd: the look-back backward forced, off and by the rule)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/lb2_compare.py --out "$OUT" --rounds ${LB2_ROUNDS:-3} ${LB2_ARGS:-} \
       2>&1 | tee "$OUT/lb2.log" | tail -40 ;;
+  lb4)
+    # issue 3: the m = 4 look-back forward (lookback4.py, opt-in) against the default, GPU checks
+    # first; LB4_ARGS: e.g. "--bwd --no-check", "--shapes 8x2048x768"
+    timeout ${STAGE_TIMEOUT:-560} python3 tools/lb4_compare.py --out "$OUT" --rounds ${LB4_ROUNDS:-3} ${LB4_ARGS:-} \
+      2>&1 | tee -a "$OUT/lb4.log" | tail -40 ;;
   lbrepeat)
     # m = 1 look-back configurations in interleaved rounds (tools/lookback_repeat.py): LBR_SET
     # (default|rule), LBR_ROUNDS

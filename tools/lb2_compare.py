@@ -139,7 +139,7 @@ def render(path, results, note=""):
     sep = "; " if note and not note.startswith(";") else ""
     with open(results, "a") as fh:
         fh.write(f"\n## lb2_compare.py — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
-                 f"Triton {meta['triton']}; m = 2 {meta.get('kind', 'fwd')}, fp32, CUDA-graph medians "
+                 f"Triton {meta['triton']}; m = {meta.get('m', 2)} {meta.get('kind', 'fwd')}, fp32, CUDA-graph medians "
                  f"of {meta['rounds']} interleaved rounds, ms (% of a copy of the same bytes); GPU "
                  f"checks failed: {meta['fails']}{sep}{note}\n\n")
         fh.write("| shape | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n")

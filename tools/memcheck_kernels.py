@@ -71,7 +71,8 @@ def _cases(family, dev, small):
             """Forward+backward, or (``lookback``) a forward only through the block look-back
             (lookback_dot.py; the default for such forwards from m = 16 on where time would be
             chunked), or (``lookback="m2"``) through lookback2.py (m = 2), or (``"m2bwd"``)
-            forward+backward through lookback2.py and lookback2_bwd.py."""
+            forward+backward through lookback2.py and lookback2_bwd.py, or (``"m4"``) a forward
+            through lookback4.py."""
             cast = _leaf if lookback in (False, "m2bwd") else _cast
             nseq = 1 if cu is None else cu.numel() - 1
             # rows scaled by (0.5, 1): with m = 1 not one constant decay
@@ -80,6 +81,7 @@ def _cases(family, dev, small):
             b = cast(torch.randn(1, T, H, m, device=dev), torch.float32)
             h0 = cast(torch.randn(nseq, H, m, device=dev), torch.float32)
             tune = ({"bd2_bwd_lookback": True, **({"lb2_chunk": 8} if small else {})} if lookback == "m2bwd" else
+                    {"bd4_lookback": True, **({"lb4_chunk": 4} if small else {})} if lookback == "m4" else
                     {"bd2_lookback": True, **({"lb2_chunk": 8} if small else {})} if lookback == "m2" else
                     {"bd_lookback": True, **({"chunk": 8, "bdlb_chunk": 8} if small else {})} if lookback else {})
             with S.tuned(tune):
@@ -99,6 +101,8 @@ def _cases(family, dev, small):
                    lambda T=T, cu=cu: run(2, 4 if small else 384, T, cu, lookback="m2"))
             yield (f"m2_T{T}_{'varlen' if cu is not None else 'B1'}_lookback2_bwd",
                    lambda T=T, cu=cu: run(2, 4 if small else 384, T, cu, lookback="m2bwd"))
+            yield (f"m4_T{T}_{'varlen' if cu is not None else 'B1'}_fwd_lookback4",
+                   lambda T=T, cu=cu: run(4, 4 if small else 192, T, cu, lookback="m4"))
     elif family == "diagonal":
         for T, cu in ((T_var, _cu(T_var, dev, small)), (T_long, None), (4 * T_long + 3, None)):
             def run(T=T, cu=cu):

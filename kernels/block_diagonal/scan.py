@@ -24,6 +24,7 @@ from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kern
 from .lookback import lookback_cfg
 from .lookback2 import bd2_lookback_forward, bd2_lookback_use
 from .lookback2_bwd import bd2_bwd_lookback_use, bd2_lookback_backward
+from .lookback4 import bd4_lookback_forward, bd4_lookback_use
 from .lookback_dot import bd_lookback_forward, bd_lookback_use
 from .summary import launch_summary
 
@@ -431,7 +432,7 @@ class _ScanFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, b, h0, cu, chunk, diag, lookback=False, bwd_lookback=False):
         # the block look-back is forward-only: it returns no chunk products (P = None)
-        lb = bd2_lookback_forward if lookback == "m2" else bd_lookback_forward
+        lb = {"m2": bd2_lookback_forward, "m4": bd4_lookback_forward}.get(lookback, bd_lookback_forward)
         h, final, P = (_diag_forward(A, b, h0, cu, chunk, lookback) if diag else
                        lb(A, b, h0, cu, TUNE, _empty) if lookback else _bd_forward(A, b, h0, cu, chunk))
         ctx.save_for_backward(A, h, h0, cu, P)
@@ -503,6 +504,8 @@ def _bd_apply(A, b, h0, cu, nseq):
     bwd_lb = bd2_bwd_lookback_use(TUNE, m, grad, nseq * cdiv(H, 32), _num_sms(b.device))
     if m == 2 and not lookback and (bwd_lb or bd2_lookback_use(TUNE, chunk, few, grad)):
         lookback = "m2"  # lookback2.py: where it would chunk (no gradients) or has few programs
+    elif m == 4 and not lookback and bd4_lookback_use(TUNE, m, grad):
+        lookback = "m4"  # lookback4.py (opt-in); with gradients the backward runs one pass
     return _ScanFn.apply(A, b, h0, cu, None if lookback else chunk, False, lookback, bwd_lb)
 
 

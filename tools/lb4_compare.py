@@ -1,0 +1,142 @@
+"""The m = 4 look-back forward (``kernels/block_diagonal/lookback4.py``, opt-in
+``TUNE['bd4_lookback']``) on a GPU against the default (ring kernels, chunked where the rule
+chunks). First correctness against the float64 reference on the GPU (outputs and final states,
+NaN-poisoned buffers, varlen, windows of 1, inclusive states withheld so that look-backs walk to
+chunk 0, bf16, each case 5 times to catch races), then CUDA-graph medians in interleaved rounds
+(fp32) with a copy of the same bytes in the same run: forward rows for several chunk / window
+configurations, or (``--bwd``) forward+backward rows (the look-back forward, then the one-pass
+backward) against the default.
+
+    python tools/lb4_compare.py [--rounds 3] [--out DIR] [--no-check] [--bwd] [--shapes 8x2048x768 ...]
+    python tools/lb2_compare.py --render OUT/lb4_compare.json --results benchmarks/RESULTS.md
+"""
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lrnn_scan.bench.measure import graph_time  # noqa: E402
+from lrnn_scan.kernels.block_diagonal import ref, scan as S  # noqa: E402
+from lrnn_scan.kernels.block_diagonal.lookback4 import bd4_lookback_forward  # noqa: E402
+
+SHAPES = ["8x2048x768", "4x4096x768", "1x16384x768", "16x1024x768", "8x2048x1536", "8x2048x4096"]
+CONFIGS = {f"lb4_c{c}_w{w}": dict(lb4_chunk=c, lb4_window=w) for c, w in ((4, 2), (8, 1), (8, 2), (8, 4), (16, 2))}
+
+
+def _inputs(B, T, H, dtype, seed=0):
+    """Row-stochastic 4 x 4 blocks times 0.99 (products stay bounded), Gaussian ``b``."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    A = torch.rand(B, T, H, 4, 4, device="cuda", generator=g) + 0.05
+    A = A / A.sum(-1, keepdim=True) * 0.99
+    b = torch.randn(B, T, H, 4, device="cuda", generator=g)
+    torch.cuda.synchronize()
+    return A.to(dtype), b.to(dtype)
+
+
+def _rel(x, y):
+    return ((x.double() - y).norm() / y.norm()).item()
+
+
+def check():
+    """The number of failed cases; one line per case. Buffers the launcher allocates start as NaN
+    (``LRNN_SCAN_POISON``, read by ``scan._empty``), so an unwritten element fails."""
+    os.environ["LRNN_SCAN_POISON"] = "1"
+    fails = 0
+    cases = [((2, 1037, 100), None, dict()), ((1, 3001, 192), None, dict(lb4_window=1)),
+             ((1, 1000, 64), [0, 1, 1, 63, 65, 400, 1000], dict(lb4_chunk=4)),
+             ((1, 2000, 200), [0, 700, 701, 2000], dict(lb_publish_incl=False)),
+             ((1, 5003, 192), [0, 1000, 1001, 3333, 5003], dict(lb4_chunk=16, lb4_window=4)),
+             ((8, 2048, 192), None, dict(lb4_bh=64))]
+    try:
+        for (B, T, H), cu, tune in cases:
+            A, b = _inputs(B, T, H, torch.float32, seed=T)
+            cut = None if cu is None else torch.tensor(cu, device="cuda")
+            h0 = torch.randn(B if cu is None else len(cu) - 1, H, 4, device="cuda")
+            hr, fr = ref.block_diagonal_scan_ref(A.double(), b.double(), h0.double(), True, cut)
+            worst = 0.0
+            for _ in range(5):  # races show as run-to-run differences
+                h, fin, _ = bd4_lookback_forward(A, b, h0, cut, tune, S._empty)
+                worst = max(worst, _rel(h, hr), _rel(fin, fr), float(torch.isnan(h).any()))
+            fails += not worst < 1e-5
+            print(f"check B{B} T{T} H{H} cu={cu} {tune}: worst rel {worst:.2e} "
+                  f"{'ok' if worst < 1e-5 else 'FAIL'}", flush=True)
+        A, b = _inputs(2, 1037, 100, torch.bfloat16)
+        h, fin, _ = bd4_lookback_forward(A, b, None, None, {}, S._empty)
+        hr, fr = ref.block_diagonal_scan_ref(A.double(), b.double(), None, True)
+        e = max(_rel(h, hr), _rel(fin, fr))
+        fails += not e < 5e-3
+        print(f"check bf16 B2 T1037 H100: rel {e:.2e} {'ok' if e < 5e-3 else 'FAIL'}", flush=True)
+    finally:
+        os.environ.pop("LRNN_SCAN_POISON")
+    return fails
+
+
+def rows_for(shape, bwd, rounds):
+    """One shape's medians (ms) by column, and whether the look-back's outputs (gradients with
+    ``bwd``) matched the default's within 1e-5."""
+    B, T, N = shape
+    A, b = _inputs(B, T, N // 4, torch.float32)
+    if bwd:
+        A.requires_grad_()
+        b.requires_grad_()
+        dh = torch.randn_like(b)
+        nbytes = (2 * A.numel() + 4 * b.numel()) * 4  # A, b, dh, h read; dA, db written
+
+        def run(tune):
+            with S.tuned(tune):
+                return torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), dh)
+        fns = {"default": lambda: run({}), "lb4": lambda: run(dict(bd4_lookback=True))}
+    else:
+        nbytes = (A.numel() + 2 * b.numel()) * 4
+        fns = {"default": lambda: S.block_diagonal_scan(A, b)}
+        for name, tune in CONFIGS.items():
+            fns[name] = lambda tune=tune: bd4_lookback_forward(A, b, None, None, tune, S._empty)[:1]
+    src = torch.empty(nbytes // 8, device="cuda")
+    dst = torch.empty_like(src)
+    ref_out = [x.double() for x in fns["default"]() if x is not None]
+    ok = all(max(_rel(x, y) for x, y in zip(fn(), ref_out)) < 1e-5 for k, fn in fns.items() if k != "default")
+    fns = {"copy": lambda: dst.copy_(src), **fns}
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            times[k].append(graph_time(fn))
+    return {k: statistics.median(v) for k, v in times.items()}, ok
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--bwd", action="store_true", help="forward+backward rows")
+    ap.add_argument("--shapes", nargs="+", default=SHAPES, help="BxTxN (N = 4 x blocks)")
+    args = ap.parse_args(argv)
+    fails = 0 if args.no_check else check()
+    rows = {}
+    for sh in args.shapes:
+        B, T, N = (int(x) for x in sh.split("x"))
+        key = f"B{B} T{T} N{N}"
+        rows[key], ok = rows_for((B, T, N), args.bwd, args.rounds)
+        fails += not ok
+        cp = rows[key]["copy"]
+        line = " ".join(f"{k} {v:.4f} ({cp / v * 100:.0f}%)" for k, v in rows[key].items())
+        print(f"{key} m=4 {'fwd+bwd' if args.bwd else 'fwd'} fp32, ms (% of same-size copy): {line}"
+              f"{'' if ok else ' MISMATCH'}", flush=True)
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                triton=__import__("triton").__version__,
+                date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
+                rounds=args.rounds, fails=fails, kind="fwd+bwd" if args.bwd else "fwd", m=4)
+    out = Path(args.out, "lb4_compare_bwd.json" if args.bwd else "lb4_compare.json")
+    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    print(meta)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -51,12 +51,13 @@ def test_lengths_windows(T, window):
     assert max(e) < 1e-5, e
 
 
+@pytest.mark.parametrize("keep", [False, True])
 @pytest.mark.parametrize("incl", [True, False])
 @pytest.mark.parametrize("chunk", [4, 8])
-def test_varlen(incl, chunk):
+def test_varlen(incl, chunk, keep):
     """Varlen with an empty and a one-step sequence, boundaries inside chunks, h0 (an empty
-    sequence's final state is its h0)."""
-    scanmod.TUNE.update(lb_publish_incl=incl, lb4_chunk=chunk)
+    sequence's final state is its h0); ``lb4_keep``: ``h`` from the first scan's rows."""
+    scanmod.TUNE.update(lb_publish_incl=incl, lb4_chunk=chunk, lb4_keep=keep)
     A, b = make(1, 37, 3, 4, seed=chunk)
     cu = torch.tensor([0, 5, 20, 20, 21, 37], dtype=torch.int64, device=DEV)
     e = launch(A, b, torch.randn(5, 3, 4).to(DEV), cu)
@@ -115,7 +116,7 @@ def test_config_and_errors():
 @pytest.mark.gpu
 @pytest.mark.skipif(DEV == "cpu", reason="races only show on a GPU: many tiles running at once")
 @pytest.mark.parametrize("cfg", [dict(), dict(lb4_chunk=16), dict(lb4_window=1), dict(lb4_chunk=4, lb4_window=4),
-                                 dict(lb4_bh=64), dict(lb_publish_incl=False)])
+                                 dict(lb4_bh=64), dict(lb_publish_incl=False), dict(lb4_chunk=4, lb4_keep=True)])
 def test_gpu_many_tiles(cfg):
     """B8 T2048 N768, B1 T16384 N768 and varlen (an empty and a one-step sequence), with h0, three
     times each against the fp64 reference: a race shows as a wrong or run-to-run different h."""

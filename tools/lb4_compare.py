@@ -14,6 +14,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -26,7 +27,16 @@ from lrnn_scan.kernels.block_diagonal import ref, scan as S  # noqa: E402
 from lrnn_scan.kernels.block_diagonal.lookback4 import bd4_lookback_forward  # noqa: E402
 
 SHAPES = ["8x2048x768", "4x4096x768", "1x16384x768", "16x1024x768", "8x2048x1536", "8x2048x4096"]
-CONFIGS = {f"lb4_c{c}_w{w}": dict(lb4_chunk=c, lb4_window=w) for c, w in ((4, 2), (8, 1), (8, 2), (8, 4), (16, 2))}
+CONFIGS = ["c4w2", "c8w1", "c8w2", "c8w4", "c16w2"]
+
+
+def _config(name):
+    """``c<CHUNK>w<W>`` with optional suffixes ``k`` (``lb4_keep``: no second load and scan) and
+    ``b64`` (two warps a tile) -> the ``TUNE`` keys."""
+    m = re.fullmatch(r"c(\d+)w(\d+)(k?)(b64)?", name)
+    if not m:
+        raise ValueError(f"config {name!r}: expected c<CHUNK>w<W>[k][b64]")
+    return dict(lb4_chunk=int(m[1]), lb4_window=int(m[2]), lb4_keep=bool(m[3]), lb4_bh=64 if m[4] else 32)
 
 
 def _inputs(B, T, H, dtype, seed=0):
@@ -77,7 +87,7 @@ def check():
     return fails
 
 
-def rows_for(shape, bwd, rounds):
+def rows_for(shape, bwd, rounds, configs):
     """One shape's medians (ms) by column, and whether the look-back's outputs (gradients with
     ``bwd``) matched the default's within 1e-5."""
     B, T, N = shape
@@ -95,8 +105,8 @@ def rows_for(shape, bwd, rounds):
     else:
         nbytes = (A.numel() + 2 * b.numel()) * 4
         fns = {"default": lambda: S.block_diagonal_scan(A, b)}
-        for name, tune in CONFIGS.items():
-            fns[name] = lambda tune=tune: bd4_lookback_forward(A, b, None, None, tune, S._empty)[:1]
+        for name in configs:
+            fns["lb4_" + name] = lambda tune=_config(name): bd4_lookback_forward(A, b, None, None, tune, S._empty)[:1]
     src = torch.empty(nbytes // 8, device="cuda")
     dst = torch.empty_like(src)
     ref_out = [x.double() for x in fns["default"]() if x is not None]
@@ -116,13 +126,14 @@ def main(argv=None):
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--bwd", action="store_true", help="forward+backward rows")
     ap.add_argument("--shapes", nargs="+", default=SHAPES, help="BxTxN (N = 4 x blocks)")
+    ap.add_argument("--configs", nargs="+", default=CONFIGS, help="forward rows: c<CHUNK>w<W>[k][b64]")
     args = ap.parse_args(argv)
     fails = 0 if args.no_check else check()
     rows = {}
     for sh in args.shapes:
         B, T, N = (int(x) for x in sh.split("x"))
         key = f"B{B} T{T} N{N}"
-        rows[key], ok = rows_for((B, T, N), args.bwd, args.rounds)
+        rows[key], ok = rows_for((B, T, N), args.bwd, args.rounds, args.configs)
         fails += not ok
         cp = rows[key]["copy"]
         line = " ".join(f"{k} {v:.4f} ({cp / v * 100:.0f}%)" for k, v in rows[key].items())

@@ -141,7 +141,7 @@ def _look_back4(Status, Vals, base, c, bh, VS, VC, BH: tl.constexpr, W: tl.const
 def _bd4_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ, VS, VC,
                       CHUNK: tl.constexpr, BH: tl.constexpr, W: tl.constexpr,
                       HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, VARLEN: tl.constexpr,
-                      PUBLISH_INCL: tl.constexpr):
+                      PUBLISH_INCL: tl.constexpr, KEEP: tl.constexpr):
     """``h_t = A_t h_{t-1} + b_t`` with ``A (rows, H, 4, 4)``, ``b``/``h (rows, H, 4)`` (rows =
     ``B*T``; ``B == 1`` with ``CU``), ``Init``/``Final (nseq, H, 4)``. ``PUBLISH_INCL = False``
     (tests only) publishes inclusive states at chunk 0 only, so every look-back walks to it."""
@@ -165,6 +165,8 @@ def _bd4_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ
     x1 = tl.zeros([BH], dtype=tl.float32)
     x2 = tl.zeros([BH], dtype=tl.float32)
     x3 = tl.zeros([BH], dtype=tl.float32)
+    if KEEP:  # the first scan's rows stay live across the look-back (no second load and scan)
+        sc = tl.associative_scan(_load_maps4(A, Bv, offs_a, offs_b, ok), 1, _affine4_combine)
     if c == 0:
         if HAS_INIT:
             x0 = tl.load(Init + so, mask=mh, other=0.0).to(tl.float32)
@@ -172,20 +174,27 @@ def _bd4_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ
             x2 = tl.load(Init + so + 2, mask=mh, other=0.0).to(tl.float32)
             x3 = tl.load(Init + so + 3, mask=mh, other=0.0).to(tl.float32)
     elif t0 < eos:
-        mp = _load_maps4(A, Bv, offs_a, offs_b, ok)
-        _publish4(Status, me, vrow, VC, _lasts(tl.associative_scan(mp, 1, _affine4_combine), 20, CHUNK),
-                  0, 20, 1)
+        if not KEEP:
+            sc = tl.associative_scan(_load_maps4(A, Bv, offs_a, offs_b, ok), 1, _affine4_combine)
+        _publish4(Status, me, vrow, VC, _lasts(sc, 20, CHUNK), 0, 20, 1)
         x0, x1, x2, x3 = _look_back4(Status, Vals, base, c, bh, VS, VC, BH, W)
     if (t0 < eos) | (c == 0):  # empty chunks past a sequence's end (varlen) do nothing more
-        mp = _load_maps4(A, Bv, offs_a, offs_b, ok)  # again: the first scan's rows are gone
-        first = (r == 0)[None, :]
-        y = ()
-        for i in tl.static_range(4):  # b_{t0} + A_{t0} x on the first step
-            ax = (mp[4 * i] * x0[:, None] + mp[4 * i + 1] * x1[:, None] + mp[4 * i + 2] * x2[:, None]
-                  + mp[4 * i + 3] * x3[:, None])
-            y = y + (mp[16 + i] + tl.where(first, ax, 0.0),)
-        sc = tl.associative_scan(mp[:16] + y, 1, _affine4_combine)
-        h0, h1, h2, h3 = sc[16], sc[17], sc[18], sc[19]
+        if KEEP:
+            hs = ()
+            for i in tl.static_range(4):
+                hs = hs + (sc[4 * i] * x0[:, None] + sc[4 * i + 1] * x1[:, None] + sc[4 * i + 2] * x2[:, None]
+                           + sc[4 * i + 3] * x3[:, None] + sc[16 + i],)
+            h0, h1, h2, h3 = hs
+        else:
+            mp = _load_maps4(A, Bv, offs_a, offs_b, ok)  # again: the first scan's rows are gone
+            first = (r == 0)[None, :]
+            y = ()
+            for i in tl.static_range(4):  # b_{t0} + A_{t0} x on the first step
+                ax = (mp[4 * i] * x0[:, None] + mp[4 * i + 1] * x1[:, None] + mp[4 * i + 2] * x2[:, None]
+                      + mp[4 * i + 3] * x3[:, None])
+                y = y + (mp[16 + i] + tl.where(first, ax, 0.0),)
+            sc2 = tl.associative_scan(mp[:16] + y, 1, _affine4_combine)
+            h0, h1, h2, h3 = sc2[16], sc2[17], sc2[18], sc2[19]
         last = _lasts((h0, h1, h2, h3), 4, CHUNK)
         if PUBLISH_INCL or c == 0:  # before h: the release fence then waits for few stores
             _publish4(Status, me, vrow, VC, last, 20, 4, 2)
@@ -244,5 +253,5 @@ def bd4_lookback_forward(A, b, h0, cu, tune, empty):
             A, b, h, h0 if h0 is not None else b, final, status, vals, cu if cu is not None else b,
             T, H, nc, nseq, 1, bh, CHUNK=ch, BH=bh, W=w, HAS_INIT=h0 is not None, STORE_FINAL=True,
             VARLEN=cu is not None, PUBLISH_INCL=bool(tune.get("lb_publish_incl", True)),
-            num_warps=nw)
+            KEEP=bool(tune.get("lb4_keep", False)), num_warps=nw)
     return h, final, None

@@ -54,8 +54,8 @@ DEV = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 @pytest.fixture(autouse=True)
 def _reset_tune():
     scanmod.TUNE.clear()
-    if DEV == "cpu":  # small tiles keep the interpreter quick
-        scanmod.TUNE.update(bt=8, bn=16, d=4)
+    if DEV == "cpu":  # small tiles keep the interpreter quick; few m = 4 look-back tiles too
+        scanmod.TUNE.update(bt=8, bn=16, d=4, lb4_chunk=32)
     yield
     scanmod.TUNE.clear()
 
@@ -113,13 +113,14 @@ def test_block_fwd_bwd(m, T):
     run_check(A, b, h0 if T % 2 else None, None, 1e-5)
 
 
+@pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("T", [17, 129])
-def test_block_fwd_bwd_ring_m2(T):
-    """m = 2 through the ring kernels: with the interpreter's few programs the default is the
-    look-back pair (lookback2.py, lookback2_bwd.py; test_kernels_lookback2.py)."""
-    scanmod.TUNE.update(bd2_lookback=False, bd2_bwd_lookback=False)
-    A, b = make(2, T, 2, 2, seed=20 + T)
-    run_check(A, b, torch.randn(2, 2, 2).to(DEV), None, 1e-5)
+def test_block_fwd_bwd_ring_m2_m4(T, m):
+    """m = 2, 4 through the ring kernels: with the interpreter's few programs the default is the
+    look-back pair (lookback2.py / lookback4.py and their _bwd; test_kernels_lookback2/4.py)."""
+    scanmod.TUNE.update(bd2_lookback=False, bd2_bwd_lookback=False, bd4_lookback=False, bd4_bwd_lookback=False)
+    A, b = make(2, T, 2, m, seed=20 + T + m)
+    run_check(A, b, torch.randn(2, 2, m).to(DEV), None, 1e-5)
 
 
 @pytest.mark.parametrize("m,chunk", [(1, 16), (2, 16), (3, 16), (4, 16), (8, 16), (3, 48)])
@@ -258,6 +259,7 @@ def test_bwd_v1_stages(monkeypatch):
                 return real[grid](*args, **kw)
             return launch
     monkeypatch.setattr(scanmod, "_bd_bwd_kernel", Spy())
+    scanmod.TUNE.update(bd4_bwd_lookback=False)  # else few programs take lookback4_bwd.py
     A, b = make(2, 9, 3, 4, seed=2)
     run_check(A, b, None, None, 1e-5)                        # 2 programs: v1, 16 stages
     assert seen and all(ns == 16 for _, ns in seen), seen

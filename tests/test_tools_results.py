@@ -140,20 +140,22 @@ def test_memcheck_kernels_runs_every_family_on_the_interpreter(capsys, monkeypat
 
 def test_memcheck_kernels_block_lookback_cases(monkeypatch):
     """memcheck_kernels' forward-only block cases go through the block look-backs (lookback_dot.py,
-    lookback2.py for m = 2, lookback4.py for m = 4) and are finite under the interpreter with poisoned buffers, so
+    lookback2.py for m = 2, lookback4.py for m = 4, their backwards) and are finite under the interpreter with poisoned buffers, so
     compute-sanitizer sees those kernels too."""
     import os
 
     import torch
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter test (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA)")
-    from lrnn_scan.kernels.block_diagonal import lookback2, lookback2_bwd, lookback4, lookback_dot, scan as S
+    from lrnn_scan.kernels.block_diagonal import (lookback2, lookback2_bwd, lookback4, lookback4_bwd, lookback_dot,
+                                                  scan as S)
     mod = _tool("memcheck_kernels")
     monkeypatch.setenv("LRNN_SCAN_POISON", "1")
     for suffix, name, real, n in (("_fwd_lookback", "bd_lookback_forward", lookback_dot.bd_lookback_forward, 4),
                                   ("_fwd_lookback2", "bd2_lookback_forward", lookback2.bd2_lookback_forward, 2),
                                   ("_lookback2_bwd", "bd2_lookback_backward", lookback2_bwd.bd2_lookback_backward, 2),
-                                  ("_fwd_lookback4", "bd4_lookback_forward", lookback4.bd4_lookback_forward, 2)):
+                                  ("_fwd_lookback4", "bd4_lookback_forward", lookback4.bd4_lookback_forward, 2),
+                                  ("_lookback4_bwd", "bd4_lookback_backward", lookback4_bwd.bd4_lookback_backward, 2)):
         calls = []
         monkeypatch.setattr(S, name, lambda *a, real=real, calls=calls: calls.append(1) or real(*a))
         cases = [(c, r) for c, r in mod._cases("block_diagonal", torch.device("cpu"), True) if c.endswith(suffix)]
@@ -403,3 +405,8 @@ def test_lb2_compare_render(tmp_path):
     assert "| B8 T2048 N768 | 0.0700 (100) | 0.0800 (88) | 0.1000 (70) |" in text
     mod.render(js, out, "another note")  # without the leading "; " the tool adds it
     assert "checks failed: 0; another note" in out.read_text()
+    d = json.loads(js.read_text())
+    d["meta"].update(m=4, kind="fwd")  # tools/lb4_compare.py's JSON
+    js.write_text(json.dumps(d))
+    mod.render(js, out)
+    assert "## lb4_compare.py — 2026-11-27T00:49 — GPU X" in out.read_text() and "; m = 4 fwd," in out.read_text()

@@ -6,13 +6,18 @@
 #   H100s in the nineteenth: compute-sanitizer memcheck of lookback2 / lookback2_bwd 0 errors;
 #   tests/test_kernels_lookback2.py 45 passed (race tests included); the m = 2 look-back backward
 #   is now the default below 1.5 pairs per SM (fwd+bwd B8 N768 61.7 %, B1 54.7 % of the floor).
+#   Owed: compute-sanitizer memcheck of the m = 4 look-back backward (lookback4_bwd.py, default for
+#     one-pass m = 4 scans with gradients below one ring program per SM; its GPU race tests passed):
+#     tools/gpu_pair.sh "FAMILIES=block_diagonal MEMCHECK_CASE=lookback4_bwd memcheck" ""
+#   and its rule timed at more shapes of its band (one point so far, B4 T4096 N768 0.738 -> 0.438 ms):
+#     tools/gpu_pair.sh "LB4_ARGS=--bwd,--no-check,--shapes,3x4096x768,5x4096x768,8x4096x384,2x8192x1536 lb4" ""
+#   The m = 4 forward (lookback4.py) at B8 N768 is 71 % of copy, B1 44 %; m = 8 has no look-back
+#   (72 scalars a map: not in registers).
 #   Leads for issue 3, each to be timed against the default in one call (tools/lb2_compare.py
-#   times the m = 2 look-backs; the lb2 stage below):
-#     the same in-thread chunk scan for m = 4 (20 scalars a block-step; a prototype without the
-#     look-back took 168 registers at 8-step chunks for sm_90a, no shuffles, and 16 spill: README);
+#   times the m = 2 look-backs, tools/lb4_compare.py the m = 4 ones; stages lb2, lb4 below):
 #     the m = 1 look-back rule, repeated where it was chosen (B1/B2/B8 N768, B8 N4096):
 #     tools/gpu_pair.sh "LBR_SET=rule LBR_ROUNDS=3 lbrepeat" ""
-#   The forward's m = 4, 8 passes at B8 N768 are bound by the program (README.md "Few programs"):
+#   The forward's m = 8 pass at B8 N768 is bound by the program (README.md "Few programs"):
 #   the cp.async forward and tile2.py were slower and are in commit 498dacb only.
 #   The delta cache filter below matched 1013 entries (45 MiB) in the fourteenth session: not saved.
 #   Carry the Triton cache between calls

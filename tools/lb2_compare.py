@@ -132,13 +132,14 @@ def bwd_rows(rounds, shapes):
 
 
 def render(path, results, note=""):
-    """Append the JSON of a run as a Markdown table (ms and % of the same-size copy) to ``results``."""
+    """Append the JSON of a run (this tool's or ``lb4_compare.py``'s) as a Markdown table (ms and
+    % of the same-size copy) to ``results``."""
     d = json.loads(Path(path).read_text())
     meta, rows = d["meta"], d["rows"]
     cols = list(next(iter(rows.values())))
     sep = "; " if note and not note.startswith(";") else ""
     with open(results, "a") as fh:
-        fh.write(f"\n## lb2_compare.py — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
+        fh.write(f"\n## lb{meta.get('m', 2)}_compare.py — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
                  f"Triton {meta['triton']}; m = {meta.get('m', 2)} {meta.get('kind', 'fwd')}, fp32, CUDA-graph medians "
                  f"of {meta['rounds']} interleaved rounds, ms (% of a copy of the same bytes); GPU "
                  f"checks failed: {meta['fails']}{sep}{note}\n\n")

@@ -1,11 +1,11 @@
-"""The m = 4 look-back forward (``kernels/block_diagonal/lookback4.py``, opt-in
-``TUNE['bd4_lookback']``) on a GPU against the default (ring kernels, chunked where the rule
-chunks). First correctness against the float64 reference on the GPU (outputs and final states,
+"""The m = 4 look-back forward (``kernels/block_diagonal/lookback4.py``) on a GPU against the
+default (``TUNE`` empty: the look-back below two ring programs per SM) and the forward without it
+(``ring``: ring kernels, chunked where the rule chunks). First correctness against the float64 reference on the GPU (outputs and final states,
 NaN-poisoned buffers, varlen, windows of 1, inclusive states withheld so that look-backs walk to
 chunk 0, bf16, each case 5 times to catch races), then CUDA-graph medians in interleaved rounds
 (fp32) with a copy of the same bytes in the same run: forward rows for several chunk / window
-configurations, or (``--bwd``) forward+backward rows (the look-back forward, then the one-pass
-backward) against the default.
+configurations, or (``--bwd``) forward+backward rows against the default: ``lb4`` the look-back
+forward forced, then the one-pass ring backward; ``lb4_bwd`` both look-backs (``lookback4_bwd.py``).
 
     python tools/lb4_compare.py [--rounds 3] [--out DIR] [--no-check] [--bwd] [--shapes 8x2048x768 ...]
     python tools/lb2_compare.py --render OUT/lb4_compare.json --results benchmarks/RESULTS.md
@@ -27,16 +27,15 @@ from lrnn_scan.kernels.block_diagonal import ref, scan as S  # noqa: E402
 from lrnn_scan.kernels.block_diagonal.lookback4 import bd4_lookback_forward  # noqa: E402
 
 SHAPES = ["8x2048x768", "4x4096x768", "1x16384x768", "16x1024x768", "8x2048x1536", "8x2048x4096"]
-CONFIGS = ["c4w2", "c8w1", "c8w2", "c8w4", "c16w2"]
+CONFIGS = ["c8w1", "c8w2", "c4w1", "c16w1"]
 
 
 def _config(name):
-    """``c<CHUNK>w<W>`` with optional suffixes ``k`` (``lb4_keep``: no second load and scan) and
-    ``b64`` (two warps a tile) -> the ``TUNE`` keys."""
-    m = re.fullmatch(r"c(\d+)w(\d+)(k?)(b64)?", name)
+    """``c<CHUNK>w<W>`` with an optional suffix ``b64`` (two warps a tile) -> the ``TUNE`` keys."""
+    m = re.fullmatch(r"c(\d+)w(\d+)(b64)?", name)
     if not m:
-        raise ValueError(f"config {name!r}: expected c<CHUNK>w<W>[k][b64]")
-    return dict(lb4_chunk=int(m[1]), lb4_window=int(m[2]), lb4_keep=bool(m[3]), lb4_bh=64 if m[4] else 32)
+        raise ValueError(f"config {name!r}: expected c<CHUNK>w<W>[b64]")
+    return dict(lb4_chunk=int(m[1]), lb4_window=int(m[2]), lb4_bh=64 if m[3] else 32)
 
 
 def _inputs(B, T, H, dtype, seed=0):
@@ -87,6 +86,11 @@ def check():
     return fails
 
 
+def _ring(A, b):
+    with S.tuned(dict(bd4_lookback=False)):
+        return S.block_diagonal_scan(A, b)
+
+
 def rows_for(shape, bwd, rounds, configs):
     """One shape's medians (ms) by column, and whether the look-back's outputs (gradients with
     ``bwd``) matched the default's within 1e-5."""
@@ -101,10 +105,12 @@ def rows_for(shape, bwd, rounds, configs):
         def run(tune):
             with S.tuned(tune):
                 return torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), dh)
-        fns = {"default": lambda: run({}), "lb4": lambda: run(dict(bd4_lookback=True))}
+        fns = {"default": lambda: run({}), "lb4": lambda: run(dict(bd4_lookback=True)),
+               "lb4_bwd": lambda: run(dict(bd4_bwd_lookback=True))}
     else:
         nbytes = (A.numel() + 2 * b.numel()) * 4
         fns = {"default": lambda: S.block_diagonal_scan(A, b)}
+        fns["ring"] = lambda: _ring(A, b)
         for name in configs:
             fns["lb4_" + name] = lambda tune=_config(name): bd4_lookback_forward(A, b, None, None, tune, S._empty)[:1]
     src = torch.empty(nbytes // 8, device="cuda")
@@ -126,7 +132,7 @@ def main(argv=None):
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--bwd", action="store_true", help="forward+backward rows")
     ap.add_argument("--shapes", nargs="+", default=SHAPES, help="BxTxN (N = 4 x blocks)")
-    ap.add_argument("--configs", nargs="+", default=CONFIGS, help="forward rows: c<CHUNK>w<W>[k][b64]")
+    ap.add_argument("--configs", nargs="+", default=CONFIGS, help="forward rows: c<CHUNK>w<W>[b64]")
     args = ap.parse_args(argv)
     fails = 0 if args.no_check else check()
     rows = {}

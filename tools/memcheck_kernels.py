@@ -72,8 +72,8 @@ def _cases(family, dev, small):
             (lookback_dot.py; the default for such forwards from m = 16 on where time would be
             chunked), or (``lookback="m2"``) through lookback2.py (m = 2), or (``"m2bwd"``)
             forward+backward through lookback2.py and lookback2_bwd.py, or (``"m4"``) a forward
-            through lookback4.py."""
-            cast = _leaf if lookback in (False, "m2bwd") else _cast
+            through lookback4.py, or (``"m4bwd"``) forward+backward through lookback4*.py."""
+            cast = _leaf if lookback in (False, "m2bwd", "m4bwd") else _cast
             nseq = 1 if cu is None else cu.numel() - 1
             # rows scaled by (0.5, 1): with m = 1 not one constant decay
             scale = 0.5 + 0.49 * torch.rand(1, T, H, m, 1, device=dev)
@@ -82,6 +82,7 @@ def _cases(family, dev, small):
             h0 = cast(torch.randn(nseq, H, m, device=dev), torch.float32)
             tune = ({"bd2_bwd_lookback": True, **({"lb2_chunk": 8} if small else {})} if lookback == "m2bwd" else
                     {"bd4_lookback": True, **({"lb4_chunk": 4} if small else {})} if lookback == "m4" else
+                    {"bd4_bwd_lookback": True, **({"lb4_chunk": 4} if small else {})} if lookback == "m4bwd" else
                     {"bd2_lookback": True, **({"lb2_chunk": 8} if small else {})} if lookback == "m2" else
                     {"bd_lookback": True, **({"chunk": 8, "bdlb_chunk": 8} if small else {})} if lookback else {})
             with S.tuned(tune):
@@ -103,6 +104,8 @@ def _cases(family, dev, small):
                    lambda T=T, cu=cu: run(2, 4 if small else 384, T, cu, lookback="m2bwd"))
             yield (f"m4_T{T}_{'varlen' if cu is not None else 'B1'}_fwd_lookback4",
                    lambda T=T, cu=cu: run(4, 4 if small else 192, T, cu, lookback="m4"))
+            yield (f"m4_T{T}_{'varlen' if cu is not None else 'B1'}_lookback4_bwd",
+                   lambda T=T, cu=cu: run(4, 4 if small else 192, T, cu, lookback="m4bwd"))
     elif family == "diagonal":
         for T, cu in ((T_var, _cu(T_var, dev, small)), (T_long, None), (4 * T_long + 3, None)):
             def run(T=T, cu=cu):

@@ -219,14 +219,21 @@ def bd2_lookback_cfg(tune: dict, ngroups: int):
 
     64-step chunks spill (255 registers; 0.237 ms at B8)."""
     many = ngroups >= 16
-    ch = tune.get("lb2_chunk", 16 if many else 32)
-    bh = tune.get("lb2_bh", 32)
-    w = tune.get("lb2_window", 4 if many else 2)
-    for k, v in (("lb2_chunk", ch), ("lb2_bh", bh), ("lb2_window", w)):
+    return tile_cfg(tune, "lb2", 16 if many else 32, 4 if many else 2)
+
+
+def tile_cfg(tune: dict, prefix: str, chunk: int, window: int):
+    """``(CHUNK, BH, W, num_warps)`` of an in-thread look-back (``lookback2.py``,
+    ``lookback4.py``): ``TUNE`` keys ``<prefix>_chunk``, ``_window`` (defaults ``chunk``,
+    ``window``) and ``_bh`` (32: one warp per 32 blocks, each thread one block), powers of two."""
+    ch = tune.get(f"{prefix}_chunk", chunk)
+    bh = tune.get(f"{prefix}_bh", 32)
+    w = tune.get(f"{prefix}_window", window)
+    for k, v in ((f"{prefix}_chunk", ch), (f"{prefix}_bh", bh), (f"{prefix}_window", w)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"TUNE[{k!r}] must be a power of two, got {v}")
     if bh < 32:  # fewer blocks than threads: Triton would spread the time axis over the lanes
-        raise ValueError(f"TUNE['lb2_bh'] must be at least 32, got {bh}")
+        raise ValueError(f"TUNE['{prefix}_bh'] must be at least 32, got {bh}")
     return ch, bh, w, bh // 32
 
 

@@ -1,4 +1,5 @@
-"""Single-pass decoupled look-back forward for 4 x 4 blocks: ``lookback2.py``'s scheme at ``m = 4``.
+"""Single-pass decoupled look-back forward for 4 x 4 blocks: ``lookback2.py``'s scheme at ``m = 4``,
+the default ``m = 4`` forward without gradients below two ring programs per SM (``bd4_lookback_use``).
 
 Why: the ring forward at ``m = 4`` has 8 blocks a program, so B8 T2048 N768 gives 192 programs
 that run the whole sequence each, bound by the program rather than DRAM (README.md "Few programs").
@@ -8,19 +9,19 @@ block with the chunk's time axis in its registers, and chunk carries pass throug
 
 A 4 x 4 affine map is 20 scalars (``P`` row-major, then ``e``), held as a tuple of 20 tensors so
 that the helpers below loop over them with ``tl.static_range``; only the scan's combine spells its
-40 arguments out. Per tile:
+40 arguments out. Per tile: load ``A`` (four ``(BH, CHUNK, 4)`` row loads, 16 bytes a thread
+each) and ``b``, scan the maps in the thread (``tl.associative_scan``, combine ``(P, e) then
+(Q, f) = (Q P, Q e + f)``), so that from a zero state ``h_t = P_t x + e_t`` with ``x`` the state
+entering the chunk; chunk 0 knows ``x`` (``h0`` or 0), every other tile publishes its map (the
+last row) with flag 1 and looks back ``W`` chunks at a time as ``lookback2._look_back2`` does with
+2 x 2 maps; then it publishes its end state with flag 2 and stores ``h``.
 
-1. chunk 0 knows its entering state (``h0`` or 0). Every other tile loads its ``A`` (four
-   ``(BH, CHUNK, 4)`` row loads, 16 bytes a thread each) and ``b``, scans the maps in the thread
-   (``tl.associative_scan``, combine ``(P, e) then (Q, f) = (Q P, Q e + f)``), publishes the
-   chunk's map (the last row) with flag 1 and looks back ``W`` chunks at a time for its entering
-   state ``x``, as ``lookback2._look_back2`` does with 2 x 2 maps.
-2. then it loads ``A`` and ``b`` again (an L2 hit, normally: the tile read them just before) and
-   scans once more with ``A_{t0} x`` added to the first step's ``b``, which gives ``h`` itself.
-   Keeping the first scan's 20 x ``CHUNK`` values alive across the look-back instead would need
-   160 registers at 8-step chunks before the look-back's own; the second scan's matrix half is dead
-   code (only ``h`` is used) and the compiler drops it.
-3. publishes its end state with flag 2 and stores ``h``.
+The scan's 20 x ``CHUNK`` values stay in registers across the look-back: with 8-step chunks and
+windows of 1 ptxas (sm_90a) reports 255 registers and 48 bytes of spills. Reloading ``A`` and
+``b`` after the look-back and scanning again with ``A_{t0} x`` added to the first ``b`` needs
+fewer registers (212, no spills) but was slower on an H100 everywhere (B8 T2048 N768 0.1832 ms
+against 0.1536 with 8-step chunks and windows of 2; B4 T4096 N768 0.2124 against 0.1705;
+RESULTS.md, nineteenth session; commit dfbe48a has it as ``TUNE['lb4_keep'] = False``).
 
 Buffers per call: ``status`` int32 ``(ntile + 1,)`` zeroed (flags, then the tile counter),
 ``vals`` fp32 ``(ntile, 24, BH)``: rows 0-15 ``P``, 16-19 ``e`` (aggregate), 20-23 ``x``
@@ -36,7 +37,7 @@ import triton.language as tl
 from .._host import cdiv
 from .fwd import _seq_bounds
 from .lookback import _next_tile, _window_flags
-from .lookback2 import _last
+from .lookback2 import _last, tile_cfg
 from .lookback2_bwd import _split4
 
 __all__ = ["bd4_lookback_forward", "bd4_lookback_cfg", "bd4_lookback_use"]
@@ -71,18 +72,33 @@ def _compose4(q, p):
 
 
 @triton.jit
-def _load_maps4(A, Bv, offs_a, offs_b, ok):
-    """The tile's ``A`` and ``b`` as a 20-tuple of ``(BH, CHUNK)`` fp32 tensors, the identity map
-    where ``ok`` is false (past a sequence's end, blocks past ``H``)."""
+def _load_blocks4(A, offs_a, ok):
+    """``A``'s 4 x 4 blocks at ``offs_a`` (``(R, C, 4)``: the first row's 4 entries) as a 16-tuple
+    of ``(R, C)`` fp32 tensors, row-major, the identity where ``ok`` is false."""
     out = ()
     for i in tl.static_range(4):
         a0, a1, a2, a3 = _split4(tl.load(A + offs_a + 4 * i, mask=ok[:, :, None], other=0.0).to(tl.float32),
                                  ok.shape[0], ok.shape[1])
         out = out + (tl.where(ok, a0, 1.0) if i == 0 else a0, tl.where(ok, a1, 1.0) if i == 1 else a1,
                      tl.where(ok, a2, 1.0) if i == 2 else a2, tl.where(ok, a3, 1.0) if i == 3 else a3)
+    return out
+
+
+@triton.jit
+def _load_maps4(A, Bv, offs_a, offs_b, ok):
+    """The tile's ``A`` and ``b`` as a 20-tuple of ``(BH, CHUNK)`` fp32 tensors, the identity map
+    where ``ok`` is false (past a sequence's end, blocks past ``H``)."""
     b0, b1, b2, b3 = _split4(tl.load(Bv + offs_b, mask=ok[:, :, None], other=0.0).to(tl.float32),
                              ok.shape[0], ok.shape[1])
-    return out + (b0, b1, b2, b3)
+    return _load_blocks4(A, offs_a, ok) + (b0, b1, b2, b3)
+
+
+@triton.jit
+def _load_state4(X, so, mask):
+    """The four entries of per-block states at ``X + so`` (``(BH,)`` offsets), fp32, 0 where
+    ``mask`` is false."""
+    return (tl.load(X + so, mask=mask, other=0.0).to(tl.float32), tl.load(X + so + 1, mask=mask, other=0.0).to(tl.float32),
+            tl.load(X + so + 2, mask=mask, other=0.0).to(tl.float32), tl.load(X + so + 3, mask=mask, other=0.0).to(tl.float32))
 
 
 @triton.jit
@@ -141,7 +157,7 @@ def _look_back4(Status, Vals, base, c, bh, VS, VC, BH: tl.constexpr, W: tl.const
 def _bd4_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ, VS, VC,
                       CHUNK: tl.constexpr, BH: tl.constexpr, W: tl.constexpr,
                       HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, VARLEN: tl.constexpr,
-                      PUBLISH_INCL: tl.constexpr, KEEP: tl.constexpr):
+                      PUBLISH_INCL: tl.constexpr):
     """``h_t = A_t h_{t-1} + b_t`` with ``A (rows, H, 4, 4)``, ``b``/``h (rows, H, 4)`` (rows =
     ``B*T``; ``B == 1`` with ``CU``), ``Init``/``Final (nseq, H, 4)``. ``PUBLISH_INCL = False``
     (tests only) publishes inclusive states at chunk 0 only, so every look-back walks to it."""
@@ -151,8 +167,7 @@ def _bd4_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ
     bh = tl.arange(0, BH)
     hb = pg * BH + bh
     mh = hb < H
-    r = tl.arange(0, CHUNK)
-    t = t0 + r
+    t = t0 + tl.arange(0, CHUNK)
     ok = mh[:, None] & (t < t1)[None, :]  # (BH, CHUNK), blocks first (lookback2.py says why)
     k4 = tl.arange(0, 4)
     offs_a = (t[None, :, None] * H + hb[:, None, None]) * 16 + k4[None, None, :]
@@ -165,36 +180,20 @@ def _bd4_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ
     x1 = tl.zeros([BH], dtype=tl.float32)
     x2 = tl.zeros([BH], dtype=tl.float32)
     x3 = tl.zeros([BH], dtype=tl.float32)
-    if KEEP:  # the first scan's rows stay live across the look-back (no second load and scan)
-        sc = tl.associative_scan(_load_maps4(A, Bv, offs_a, offs_b, ok), 1, _affine4_combine)
+    # from a zero state h_t = P_t x + e_t: the scan's rows stay live across the look-back
+    sc = tl.associative_scan(_load_maps4(A, Bv, offs_a, offs_b, ok), 1, _affine4_combine)
     if c == 0:
         if HAS_INIT:
-            x0 = tl.load(Init + so, mask=mh, other=0.0).to(tl.float32)
-            x1 = tl.load(Init + so + 1, mask=mh, other=0.0).to(tl.float32)
-            x2 = tl.load(Init + so + 2, mask=mh, other=0.0).to(tl.float32)
-            x3 = tl.load(Init + so + 3, mask=mh, other=0.0).to(tl.float32)
+            x0, x1, x2, x3 = _load_state4(Init, so, mh)
     elif t0 < eos:
-        if not KEEP:
-            sc = tl.associative_scan(_load_maps4(A, Bv, offs_a, offs_b, ok), 1, _affine4_combine)
         _publish4(Status, me, vrow, VC, _lasts(sc, 20, CHUNK), 0, 20, 1)
         x0, x1, x2, x3 = _look_back4(Status, Vals, base, c, bh, VS, VC, BH, W)
     if (t0 < eos) | (c == 0):  # empty chunks past a sequence's end (varlen) do nothing more
-        if KEEP:
-            hs = ()
-            for i in tl.static_range(4):
-                hs = hs + (sc[4 * i] * x0[:, None] + sc[4 * i + 1] * x1[:, None] + sc[4 * i + 2] * x2[:, None]
-                           + sc[4 * i + 3] * x3[:, None] + sc[16 + i],)
-            h0, h1, h2, h3 = hs
-        else:
-            mp = _load_maps4(A, Bv, offs_a, offs_b, ok)  # again: the first scan's rows are gone
-            first = (r == 0)[None, :]
-            y = ()
-            for i in tl.static_range(4):  # b_{t0} + A_{t0} x on the first step
-                ax = (mp[4 * i] * x0[:, None] + mp[4 * i + 1] * x1[:, None] + mp[4 * i + 2] * x2[:, None]
-                      + mp[4 * i + 3] * x3[:, None])
-                y = y + (mp[16 + i] + tl.where(first, ax, 0.0),)
-            sc2 = tl.associative_scan(mp[:16] + y, 1, _affine4_combine)
-            h0, h1, h2, h3 = sc2[16], sc2[17], sc2[18], sc2[19]
+        hs = ()
+        for i in tl.static_range(4):
+            hs = hs + (sc[4 * i] * x0[:, None] + sc[4 * i + 1] * x1[:, None] + sc[4 * i + 2] * x2[:, None]
+                       + sc[4 * i + 3] * x3[:, None] + sc[16 + i],)
+        h0, h1, h2, h3 = hs
         last = _lasts((h0, h1, h2, h3), 4, CHUNK)
         if PUBLISH_INCL or c == 0:  # before h: the release fence then waits for few stores
             _publish4(Status, me, vrow, VC, last, 20, 4, 2)
@@ -206,29 +205,44 @@ def _bd4_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ
                     tl.store(Final + so + k, last[k], mask=mh)
 
 
-def bd4_lookback_use(tune: dict, m: int, grad: bool) -> bool:
-    """Whether an ``m = 4`` forward is this look-back pass (``scan._bd_apply``):
-    ``TUNE["bd4_lookback"]``, ``False`` (default until timed on a GPU) or ``True`` (forwards
-    without gradients, or with a one-pass backward: that needs only ``h``)."""
-    mode = tune.get("bd4_lookback", False)
-    if mode not in (False, True):
-        raise ValueError(f"TUNE['bd4_lookback'] must be False or True, got {mode!r}")
-    return m == 4 and mode
+def bd4_lookback_use(tune: dict, m: int, grad: bool, programs: int, nsm: int) -> bool:
+    """Whether an ``m = 4`` forward is this look-back pass (``scan._bd_apply``). ``programs``: the
+    ring forward's programs (8 blocks each); ``nsm``: the device's SMs. ``TUNE["bd4_lookback"]``:
+    ``"auto"`` (default) for forwards without gradients with fewer ring programs than twice the SMs,
+    and not with ``TUNE`` keys ``chunk`` or ``variant`` set; ``True`` always (with gradients the
+    backward then runs one pass: slower where the default chunks it); ``False`` never.
+    H100, fp32, CUDA graphs, medians of 3 rounds, ms, the default forward (ring, chunked below one
+    program per SM) against this one (RESULTS.md, nineteenth session):
+
+    ===========================  ==========  ==========
+    shape (ring programs)        default     look-back
+    ===========================  ==========  ==========
+    B1 T16384 N768 (24)          0.2308      0.2306
+    B2 T8192 N768 (48)           0.2299      0.1832
+    B4 T4096 N768 (96)           0.2289      0.1573
+    B1 T32768 N1536 (48)         0.8590      0.6796
+    B8 T2048 N768 (192)          0.1481      0.1426
+    B16 T1024 N768 (384)         0.1090      0.1350
+    B8 T2048 N1536 (384)         0.2127      0.2563
+    ===========================  ==========  =========="""
+    mode = tune.get("bd4_lookback", "auto")
+    if mode not in (False, True, "auto"):
+        raise ValueError(f"TUNE['bd4_lookback'] must be 'auto', False or True, got {mode!r}")
+    if m != 4:
+        return False
+    if mode == "auto":
+        forced = "chunk" in tune or "variant" in tune
+        return not grad and not forced and programs < 2 * nsm
+    return mode
 
 
 def bd4_lookback_cfg(tune: dict):
-    """(CHUNK, BH, W, num_warps) from ``TUNE`` keys ``lb4_chunk`` (8), ``lb4_window`` (2) and
-    ``lb4_bh`` (32: one warp per 32 blocks, each thread one block). ptxas (sm_90a, Triton 3.6):
-    see README.md for the registers of each chunk length."""
-    ch = tune.get("lb4_chunk", 8)
-    bh = tune.get("lb4_bh", 32)
-    w = tune.get("lb4_window", 2)
-    for k, v in (("lb4_chunk", ch), ("lb4_bh", bh), ("lb4_window", w)):
-        if v < 1 or v & (v - 1):
-            raise ValueError(f"TUNE[{k!r}] must be a power of two, got {v}")
-    if bh < 32:  # fewer blocks than threads: Triton would spread the time axis over the lanes
-        raise ValueError(f"TUNE['lb4_bh'] must be at least 32, got {bh}")
-    return ch, bh, w, bh // 32
+    """(CHUNK, BH, W, num_warps) from ``TUNE`` keys ``lb4_chunk`` (8), ``lb4_window`` (1) and
+    ``lb4_bh`` (32: one warp per 32 blocks, each thread one block). H100 (RESULTS.md, nineteenth
+    session), ms at B8 T2048 N768 / B4 T4096 / B1 T16384: 8 x 1 0.1426 / 0.1573 / 0.2294, 8 x 2
+    0.1536 / 0.1705 / 0.2559, 8 x 4 0.1776 at B4, 4 x 1 0.1940 / - / 0.3863; 16-step chunks spill
+    1 KB (255 registers)."""
+    return tile_cfg(tune, "lb4", 8, 1)
 
 
 def bd4_lookback_forward(A, b, h0, cu, tune, empty):
@@ -253,5 +267,5 @@ def bd4_lookback_forward(A, b, h0, cu, tune, empty):
             A, b, h, h0 if h0 is not None else b, final, status, vals, cu if cu is not None else b,
             T, H, nc, nseq, 1, bh, CHUNK=ch, BH=bh, W=w, HAS_INIT=h0 is not None, STORE_FINAL=True,
             VARLEN=cu is not None, PUBLISH_INCL=bool(tune.get("lb_publish_incl", True)),
-            KEEP=bool(tune.get("lb4_keep", False)), num_warps=nw)
+            num_warps=nw)
     return h, final, None

@@ -7,9 +7,9 @@ chunks: (1) per chunk the product of its transitions and its local end state, (2
 the chunk carries (the same forward kernel, with chunks as time steps), (3) each chunk re-run
 from its carry. The backward does the same with transposed products (``P^T``, saved by the
 forward). Single-pass look-backs replace the chunked forward where measured faster: ``m = 1``
-(``lookback.py``), ``m = 2`` (``lookback2.py``; also one-pass forwards with few programs) and
-``m >= 16`` (``lookback_dot.py``); with gradients the backward too for ``m = 1``
-(``lookback_bwd.py``) and ``m = 2`` with few pairs (``lookback2_bwd.py``); see README.md.
+(``lookback.py``), ``m = 2`` and ``4`` (``lookback2.py``, ``lookback4.py``; also one-pass forwards
+with few programs) and ``m >= 16`` (``lookback_dot.py``); with gradients the backward for ``m = 1``
+(``lookback_bwd.py``) and ``m = 2, 4`` with few programs (``lookback2_bwd.py``, ``lookback4_bwd.py``).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from .lookback import lookback_cfg
 from .lookback2 import bd2_lookback_forward, bd2_lookback_use
 from .lookback2_bwd import bd2_bwd_lookback_use, bd2_lookback_backward
 from .lookback4 import bd4_lookback_forward, bd4_lookback_use
+from .lookback4_bwd import bd4_bwd_lookback_use, bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward, bd_lookback_use
 from .summary import launch_summary
 
@@ -447,8 +448,9 @@ class _ScanFn(torch.autograd.Function):
         dhT = None if dfinal is None else dfinal.float().contiguous()
         if ctx.diag:
             dA, db, dh0 = _diag_backward(A, h, h0, g, dhT, cu, ctx.chunk, P, ctx.bwd_lookback)
-        elif ctx.bwd_lookback:  # m = 2 with few pairs (lookback2_bwd.py)
-            dA, db, dh0 = bd2_lookback_backward(A, h, h0, g, dhT, cu, TUNE, _empty)
+        elif ctx.bwd_lookback:  # m = 2, 4 with few programs (lookback2_bwd.py, lookback4_bwd.py)
+            lbb = bd4_lookback_backward if h.shape[-1] == 4 else bd2_lookback_backward
+            dA, db, dh0 = lbb(A, h, h0, g, dhT, cu, TUNE, _empty)
         else:
             dA, db, dh0 = _bd_backward(A, h, h0, g, dhT, cu, ctx.chunk, P)
         return dA, db, (dh0.to(ctx.h0_dtype) if h0 is not None else None), None, None, None, None, None
@@ -498,14 +500,15 @@ def _bd_apply(A, b, h0, cu, nseq):
     B, T, H, m = b.shape
     mp, bh, _, _ = _bd_cfg(m)
     grad = _needs_grad(A, b, h0)
-    chunk = _choose_chunk(nseq * cdiv(H, bh), _max_len(T, nseq, cu), b.device, 1, m, grad)
+    nprog, nsm = nseq * cdiv(H, bh), _num_sms(b.device)  # the ring kernels' programs
+    chunk = _choose_chunk(nprog, _max_len(T, nseq, cu), b.device, 1, m, grad)
     lookback = not grad and bd_lookback_use(TUNE, m, chunk)
-    few = nseq * cdiv(H, bh) < _num_sms(b.device)  # 192 ring programs on 132 SMs: ring (lookback2.py)
-    bwd_lb = bd2_bwd_lookback_use(TUNE, m, grad, nseq * cdiv(H, 32), _num_sms(b.device))
-    if m == 2 and not lookback and (bwd_lb or bd2_lookback_use(TUNE, chunk, few, grad)):
-        lookback = "m2"  # lookback2.py: where it would chunk (no gradients) or has few programs
-    elif m == 4 and not lookback and bd4_lookback_use(TUNE, m, grad):
-        lookback = "m4"  # lookback4.py (opt-in); with gradients the backward runs one pass
+    bwd_lb = (bd2_bwd_lookback_use(TUNE, m, grad, nseq * cdiv(H, 32), nsm)
+              or bd4_bwd_lookback_use(TUNE, m, grad, chunk, nprog, nsm))
+    if m == 2 and not lookback and (bwd_lb or bd2_lookback_use(TUNE, chunk, nprog < nsm, grad)):
+        lookback = "m2"  # lookback2.py (and lookback2_bwd.py) where measured faster
+    elif m == 4 and not lookback and (bwd_lb or bd4_lookback_use(TUNE, m, grad, nprog, nsm)):
+        lookback = "m4"  # lookback4.py (and lookback4_bwd.py) likewise
     return _ScanFn.apply(A, b, h0, cu, None if lookback else chunk, False, lookback, bwd_lb)
 
 
@@ -520,8 +523,7 @@ def _diag_apply(a, b, h0, cu, nseq):
     grad = _needs_grad(a, b, h0)
     bwd_prog = nseq * cdiv(N, _diag_cfg(N, nseq, b.device, bwd=True)[1])  # its own tiles
     bwd_lb = grad and _diag_bwd_lookback(nprog, max_len, b.device, bt, bwd_prog)
-    # with the look-back backward the forward need not leave chunk products behind, so it is
-    # chosen as for inference
+    # with the look-back backward the forward needs no chunk products: chosen as for inference
     grad = grad and not bwd_lb
     if _diag_lookback(nprog, max_len, b.device, bt, grad):
         if not grad:  # one pass whatever the programs

@@ -199,12 +199,14 @@ def main():
     return _finish(args, fails, rows)
 
 
-def _finish(args, fails, rows):
+def _finish(args, fails, rows, m=2):
+    """Write ``lb<m>_compare[_bwd].json`` (rows and the run's device, versions, date, failed
+    checks) to ``args.out`` (also ``lb4_compare.py``'s); exit status 1 if any check failed."""
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=__import__("triton").__version__,
                 date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
-                rounds=args.rounds, fails=fails, kind="fwd+bwd" if args.bwd else "fwd")
-    out = Path(args.out, "lb2_compare_bwd.json" if args.bwd else "lb2_compare.json")
+                rounds=args.rounds, fails=fails, kind="fwd+bwd" if args.bwd else "fwd", m=m)
+    out = Path(args.out, f"lb{m}_compare_bwd.json" if args.bwd else f"lb{m}_compare.json")
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(meta)
     return 1 if fails else 0

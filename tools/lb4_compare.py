@@ -11,8 +11,6 @@ forward forced, then the one-pass ring backward; ``lb4_bwd`` both look-backs (``
     python tools/lb2_compare.py --render OUT/lb4_compare.json --results benchmarks/RESULTS.md
 """
 import argparse
-import datetime as dt
-import json
 import os
 import re
 import statistics
@@ -25,6 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lrnn_scan.bench.measure import graph_time  # noqa: E402
 from lrnn_scan.kernels.block_diagonal import ref, scan as S  # noqa: E402
 from lrnn_scan.kernels.block_diagonal.lookback4 import bd4_lookback_forward  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lb2_compare import _finish, _rel  # noqa: E402  (the m = 2 tool: JSON writer, relative error)
 
 SHAPES = ["8x2048x768", "4x4096x768", "1x16384x768", "16x1024x768", "8x2048x1536", "8x2048x4096"]
 CONFIGS = ["c8w1", "c8w2", "c4w1", "c16w1"]
@@ -46,10 +47,6 @@ def _inputs(B, T, H, dtype, seed=0):
     b = torch.randn(B, T, H, 4, device="cuda", generator=g)
     torch.cuda.synchronize()
     return A.to(dtype), b.to(dtype)
-
-
-def _rel(x, y):
-    return ((x.double() - y).norm() / y.norm()).item()
 
 
 def check():
@@ -145,14 +142,7 @@ def main(argv=None):
         line = " ".join(f"{k} {v:.4f} ({cp / v * 100:.0f}%)" for k, v in rows[key].items())
         print(f"{key} m=4 {'fwd+bwd' if args.bwd else 'fwd'} fp32, ms (% of same-size copy): {line}"
               f"{'' if ok else ' MISMATCH'}", flush=True)
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=__import__("triton").__version__,
-                date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
-                rounds=args.rounds, fails=fails, kind="fwd+bwd" if args.bwd else "fwd", m=4)
-    out = Path(args.out, "lb4_compare_bwd.json" if args.bwd else "lb4_compare.json")
-    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    print(meta)
-    return 1 if fails else 0
+    return _finish(args, fails, rows, m=4)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Tests of the ``m = 4`` look-back forward (``lookback4.py``; default for forwards without
 gradients below two ring programs per SM, ``TUNE["bd4_lookback"]``) and backward
-(``lookback4_bwd.py``; default for one-pass scans with gradients below one ring program per SM,
+(``lookback4_bwd.py``; default for one-pass scans with gradients below 1.4 ring programs per SM,
 ``TUNE["bd4_bwd_lookback"]``).
 
 Triton interpreter, fp64 step-by-step reference, outputs and published values NaN-poisoned
@@ -206,9 +206,13 @@ def test_backward_routing(monkeypatch):
 
 def test_backward_rule():
     """``bd4_bwd_lookback_use(tune, m, grad, chunk, programs, nsm)``: m = 4 with gradients, one
-    pass and fewer ring programs than SMs, unless a key asks for the ring / chunked passes."""
+    pass and fewer than 1.4 ring programs per SM (``TUNE['bd4_bwd_lb_below']``), unless a key asks
+    for the ring / chunked passes."""
     use = lookback4_bwd.bd4_bwd_lookback_use
-    assert use({}, 4, True, None, 131, 132) and not use({}, 4, True, None, 132, 132)
+    assert use({}, 4, True, None, 184, 132) and not use({}, 4, True, None, 185, 132)
+    assert use({}, 4, True, None, 176, 132) and not use({}, 4, True, None, 192, 132)  # measured sides
+    assert use({"bd4_bwd_lb_below": 1.0}, 4, True, None, 131, 132)
+    assert not use({"bd4_bwd_lb_below": 1.0}, 4, True, None, 132, 132)
     assert not use({}, 4, True, 256, 24, 132) and not use({}, 4, False, None, 24, 132)
     assert not use({}, 2, True, None, 24, 132)
     for key, val in (("chunk", 0), ("variant", "ring4"), ("bwd_variant", "v1"), ("bd4_lookback", False)):

@@ -410,3 +410,28 @@ def test_lb2_compare_render(tmp_path):
     js.write_text(json.dumps(d))
     mod.render(js, out)
     assert "## lb4_compare.py — 2026-11-27T00:49 — GPU X" in out.read_text() and "; m = 4 fwd," in out.read_text()
+
+
+def test_tune_compare_parse_and_render(tmp_path):
+    """tools/tune_compare.py: ``--tune`` words in JSON or the compact ``key:value+key:value`` form
+    (no commas, so they pass through gpu_pair.sh), clear errors for malformed words, and its JSON
+    rendered under its own name by lb2_compare.render."""
+    mod = _tool("tune_compare")
+    got = mod.parse_tune(['a={"bh": 4, "num_warps": 1}', "b=bh:4+variant:ring8+bd4_lookback:false+x:0.5"])
+    assert got == {"a": {"bh": 4, "num_warps": 1},
+                   "b": {"bh": 4, "variant": "ring8", "bd4_lookback": False, "x": 0.5}}
+    for bad, msg in (("bh4", "expected NAME=JSON"), ("x=", "expected NAME=JSON"), ("x={", "not JSON"),
+                     ("x=bh:4+y", "key:value pairs"), ('x=["bh"]', "key:value pairs"),
+                     ("x=[1]", "key:value pairs")):
+        with pytest.raises(SystemExit, match=msg):
+            mod.parse_tune([bad])
+    js = tmp_path / "tune_compare_m8_bwd.json"
+    js.write_text(json.dumps(dict(
+        meta=dict(date="2026-11-27T05:31", device="GPU X", torch="2.11", triton="3.6", rounds=3, fails=0,
+                  kind="fwd+bwd", m=8, tool="tune_compare"),
+        rows={"B8 T2048 N768": {"copy": 0.3334, "default": 0.5677, "bh1": 0.6387}})))
+    out = tmp_path / "R.md"
+    _tool("lb2_compare").render(js, out)
+    text = out.read_text()
+    assert "## tune_compare.py — 2026-11-27T05:31 — GPU X" in text and "; m = 8 fwd+bwd," in text
+    assert "| B8 T2048 N768 | 0.3334 (100) | 0.5677 (59) | 0.6387 (52) |" in text

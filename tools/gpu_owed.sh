@@ -49,6 +49,8 @@
 #        lbrepeat — issue 3: tools/lookback_repeat.py (LBR_SET default|rule, LBR_ROUNDS)
 #        lb2      — issue 3: tools/lb2_compare.py (m = 2 look-back forward: GPU checks, then timings
 #                   against the ring / chunked forward and the default; LB2_ROUNDS)
+#        tune     — issue 3: tools/tune_compare.py, any TUNE settings against the default for one m
+#                   (TUNE_ARGS, TUNE_ROUNDS)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py (41 rows: 41 passed in 176 s on an H100
@@ -117,6 +119,12 @@ case "$stage" in
     # first; LB4_ARGS: e.g. "--bwd --no-check", "--shapes 8x2048x768"
     timeout ${STAGE_TIMEOUT:-560} python3 tools/lb4_compare.py --out "$OUT" --rounds ${LB4_ROUNDS:-3} ${LB4_ARGS:-} \
       2>&1 | tee -a "$OUT/lb4.log" | tail -40 ;;
+  tune)
+    # issue 3: any scan.TUNE settings against the default for one m (tools/tune_compare.py);
+    # TUNE_ARGS e.g. "--m 4 --bwd --shapes 8x2048x768 --tune bh4=bh:4+num_warps:1" (through
+    # gpu_pair.sh: commas for spaces); appends to tune.log, JSONs tune_compare_m<m>[_bwd].json
+    timeout ${STAGE_TIMEOUT:-560} python3 tools/tune_compare.py --out "$OUT" --rounds ${TUNE_ROUNDS:-3} ${TUNE_ARGS:?TUNE_ARGS} \
+      2>&1 | tee -a "$OUT/tune.log" | tail -20 ;;
   lbrepeat)
     # m = 1 look-back configurations in interleaved rounds (tools/lookback_repeat.py): LBR_SET
     # (default|rule), LBR_ROUNDS

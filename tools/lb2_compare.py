@@ -132,14 +132,14 @@ def bwd_rows(rounds, shapes):
 
 
 def render(path, results, note=""):
-    """Append the JSON of a run (this tool's or ``lb4_compare.py``'s) as a Markdown table (ms and
-    % of the same-size copy) to ``results``."""
+    """Append the JSON of a run (this tool's, ``lb4_compare.py``'s or ``tune_compare.py``'s) as a
+    Markdown table (ms and % of the same-size copy) to ``results``."""
     d = json.loads(Path(path).read_text())
     meta, rows = d["meta"], d["rows"]
     cols = list(next(iter(rows.values())))
     sep = "; " if note and not note.startswith(";") else ""
     with open(results, "a") as fh:
-        fh.write(f"\n## lb{meta.get('m', 2)}_compare.py — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
+        fh.write(f"\n## {meta.get('tool', 'lb%d_compare' % meta.get('m', 2))}.py — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
                  f"Triton {meta['triton']}; m = {meta.get('m', 2)} {meta.get('kind', 'fwd')}, fp32, CUDA-graph medians "
                  f"of {meta['rounds']} interleaved rounds, ms (% of a copy of the same bytes); GPU "
                  f"checks failed: {meta['fails']}{sep}{note}\n\n")
@@ -199,14 +199,18 @@ def main():
     return _finish(args, fails, rows)
 
 
-def _finish(args, fails, rows, m=2):
-    """Write ``lb<m>_compare[_bwd].json`` (rows and the run's device, versions, date, failed
-    checks) to ``args.out`` (also ``lb4_compare.py``'s); exit status 1 if any check failed."""
+def _finish(args, fails, rows, m=2, tool=None, stem=None):
+    """Write ``<stem>[_bwd].json`` (rows and the run's device, versions, date, failed checks) to
+    ``args.out``; ``tool`` (the script's name in the rendered heading) defaults to ``lb<m>_compare``,
+    ``stem`` to ``tool`` (also ``lb4_compare.py``'s and ``tune_compare.py``'s writer); exit status 1
+    if any check failed."""
+    tool = tool or f"lb{m}_compare"
+    stem = stem or tool
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=__import__("triton").__version__,
                 date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
-                rounds=args.rounds, fails=fails, kind="fwd+bwd" if args.bwd else "fwd", m=m)
-    out = Path(args.out, f"lb{m}_compare_bwd.json" if args.bwd else f"lb{m}_compare.json")
+                rounds=args.rounds, fails=fails, kind="fwd+bwd" if args.bwd else "fwd", m=m, tool=tool)
+    out = Path(args.out, f"{stem}_bwd.json" if args.bwd else f"{stem}.json")
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(meta)
     return 1 if fails else 0

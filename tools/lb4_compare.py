@@ -4,8 +4,9 @@ default (``TUNE`` empty: the look-back below two ring programs per SM) and the f
 NaN-poisoned buffers, varlen, windows of 1, inclusive states withheld so that look-backs walk to
 chunk 0, bf16, each case 5 times to catch races), then CUDA-graph medians in interleaved rounds
 (fp32) with a copy of the same bytes in the same run: forward rows for several chunk / window
-configurations, or (``--bwd``) forward+backward rows against the default: ``lb4`` the look-back
-forward forced, then the one-pass ring backward; ``lb4_bwd`` both look-backs (``lookback4_bwd.py``).
+configurations, or (``--bwd``) forward+backward rows against the default: ``ring`` neither
+look-back (ring / chunked passes), ``lb4`` the look-back forward forced, then the one-pass ring
+backward; ``lb4_bwd`` both look-backs (``lookback4_bwd.py``) forced.
 
     python tools/lb4_compare.py [--rounds 3] [--out DIR] [--no-check] [--bwd] [--shapes 8x2048x768 ...]
     python tools/lb2_compare.py --render OUT/lb4_compare.json --results benchmarks/RESULTS.md
@@ -102,7 +103,10 @@ def rows_for(shape, bwd, rounds, configs):
         def run(tune):
             with S.tuned(tune):
                 return torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), dh)
-        fns = {"default": lambda: run({}), "lb4": lambda: run(dict(bd4_lookback=True)),
+        # since the nineteenth session the default takes lookback4_bwd.py with few ring programs
+        # (bd4_bwd_lookback_use), so each column names its passes instead of leaning on the rule
+        fns = {"default": lambda: run({}), "ring": lambda: run(dict(bd4_lookback=False)),
+               "lb4": lambda: run(dict(bd4_lookback=True, bd4_bwd_lookback=False)),
                "lb4_bwd": lambda: run(dict(bd4_bwd_lookback=True))}
     else:
         nbytes = (A.numel() + 2 * b.numel()) * 4

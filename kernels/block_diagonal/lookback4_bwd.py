@@ -1,6 +1,6 @@
 """Single-pass decoupled look-back backward for 4 x 4 blocks: ``lookback2_bwd.py``'s scheme with
-``lookback4.py``'s maps; the default ``m = 4`` backward for one-pass scans with fewer ring programs
-than SMs (``bd4_bwd_lookback_use``).
+``lookback4.py``'s maps; the default ``m = 4`` backward for one-pass scans with fewer than 1.4 ring
+programs per SM (``bd4_bwd_lookback_use``).
 
 The adjoint ``lam_t = dh_t + A_{t+1}^T lam_{t+1}`` (``dh_final`` joins at a sequence's last step)
 gives ``db_t = lam_t``, ``dA_t = lam_t h_{t-1}^T`` (``h_{bos-1} = h0``), ``dh0 = A_bos^T lam_bos``.
@@ -115,13 +115,22 @@ def bd4_bwd_lookback_use(tune: dict, m: int, grad: bool, chunk, programs: int, n
     """Whether an ``m = 4`` scan with gradients takes this backward (and ``lookback4.py``'s
     forward). ``chunk``: the gradient rule's chunk length (None: one pass); ``programs``: the ring
     kernels' programs; ``nsm``: the device's SMs. ``TUNE["bd4_bwd_lookback"]``: ``"auto"``
-    (default) for one-pass scans with fewer ring programs than SMs (long sequences, few blocks: the
-    ring is bound by its programs there), not with ``TUNE`` keys ``chunk``, ``variant`` or
-    ``bwd_variant`` set or ``bd4_lookback = False``; ``True`` always; ``False`` never. H100, fp32,
-    CUDA graphs, fwd+bwd medians of 3 rounds, ms, the default passes against this (RESULTS.md,
-    nineteenth session, one run): B4 T4096 N768 (96 ring programs, one pass) 0.7380 / 0.4381;
-    outside the rule B8 T2048 N768 (192) 0.4176 / 0.4212, B1 T16384 N768 (24, chunked) 0.5422 /
-    0.5798, B16 T1024 N768 (384) 0.3118 / 0.4081, B8 T2048 N4096 (2048) 1.6242 / 2.0454."""
+    (default) for one-pass scans with fewer than ``TUNE["bd4_bwd_lb_below"]`` (1.4) ring programs
+    per SM, not with ``TUNE`` keys ``chunk``, ``variant`` or ``bwd_variant`` set or
+    ``bd4_lookback = False``; ``True`` always; ``False`` never.
+
+    Why a line in programs: with few programs the ring passes are bound by their chain of
+    dependent steps (about 0.18 us a step forward and backward, whatever the batch: B3, B4 and B5
+    at T4096 N768 all took 0.74 ms), the look-back by bytes (47-49 % of a copy of the floor's
+    bytes), so the look-back wins until the ring's programs carry enough bytes. H100, fp32, CUDA
+    graphs, fwd+bwd medians of 3 rounds, ms, ring passes / this (RESULTS.md, nineteenth and
+    twentieth sessions), by ring programs: B3 T4096 N768 (72) 0.7363 / 0.3492; B4 T4096 N768 (96)
+    0.7404 / 0.4403; B5 T4096 N768 (120) 0.7454 / 0.5308; B6 T4096 N768 (144) 0.7904 / 0.6259;
+    B5 T4096 N1024 (160) 0.7983 / 0.6908; B8 T2048 N640 (160) 0.4074 / 0.3587; B7 T2048 N768
+    (168) 0.4091 / 0.3737; B11 T2048 N512 (176) 0.4111 / 0.3888; then B8 T2048 N768 (192)
+    0.4182 / 0.4204, B6 T2048 N1024 (192) 0.4166 / 0.4200, B4 T1024 N1536 (192) 0.2128 /
+    0.2236, B16 T1024 N768 (384) 0.3118 / 0.4081, B8 T2048 N4096 (2048) 1.6242 / 2.0454; chunked
+    (not taken): B1 T16384 N768 0.5409 / 0.5809, B1 T65536 N768 2.0674 / 2.1871."""
     mode = tune.get("bd4_bwd_lookback", "auto")
     if mode not in (False, True, "auto"):
         raise ValueError(f"TUNE['bd4_bwd_lookback'] must be 'auto', False or True, got {mode!r}")
@@ -129,7 +138,7 @@ def bd4_bwd_lookback_use(tune: dict, m: int, grad: bool, chunk, programs: int, n
         return False
     if mode == "auto":
         forced = any(k in tune for k in ("chunk", "variant", "bwd_variant")) or tune.get("bd4_lookback") is False
-        return not forced and chunk is None and programs < nsm
+        return not forced and chunk is None and programs < tune.get("bd4_bwd_lb_below", 1.4) * nsm
     return mode
 
 

@@ -1,0 +1,125 @@
+"""Any ``scan.TUNE`` settings of the block-diagonal scan against the default, for any m, on a GPU:
+CUDA-graph medians in interleaved rounds (fp32) with a copy of the same bytes in the same run,
+forward (``A``, ``b`` read, ``h`` written) or, with ``--bwd``, forward+backward (``A``, ``b``,
+``dh``, ``h`` read; ``dA``, ``db`` written). Each column's outputs (gradients with ``--bwd``) are
+compared with the default's (relative RMS < 1e-5; the arithmetic per block is the same, only the
+kernels' tiling differs): a mismatch counts as a failed check. The float64 checks of the kernels
+themselves are the GPU tests'.
+
+    python tools/tune_compare.py --m 4 --shapes 8x2048x768 16x1024x768 \\
+        --tune bh4=bh:4+num_warps:1 'v1ns24={"bwd_ns": 24}' [--bwd] [--rounds 3] [--out DIR]
+    python tools/lb2_compare.py --render OUT/tune_compare_m4.json --results benchmarks/RESULTS.md
+"""
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lrnn_scan.bench.inputs import stable_blocks  # noqa: E402
+from lrnn_scan.bench.measure import graph_time  # noqa: E402
+from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lb2_compare import _finish, _rel  # noqa: E402  (JSON writer, relative error)
+
+
+def _value(text):
+    """A compact value: JSON scalars (``4``, ``0.5``, ``true``), anything else a string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_tune(items):
+    """``NAME=JSON`` or ``NAME=key:value+key:value`` words (the compact form has no commas or
+    spaces, so it passes through ``tools/gpu_pair.sh``) -> ``{NAME: dict}``; a clear error for a
+    malformed word."""
+    out = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name or not text:
+            raise SystemExit(f"--tune {item!r}: expected NAME=JSON or NAME=key:value+key:value, "
+                             "e.g. 'bh4=bh:4+num_warps:1'")
+        if text.startswith("{"):
+            try:
+                tune = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"--tune {item!r}: the part after '=' is not JSON ({e})") from None
+        else:
+            pairs = [p.partition(":") for p in text.split("+")]
+            if any(not k or not s or not v for k, s, v in pairs):
+                raise SystemExit(f"--tune {item!r}: expected key:value pairs joined by '+'")
+            tune = {k: _value(v) for k, _, v in pairs}
+        if not isinstance(tune, dict):
+            raise SystemExit(f"--tune {item!r}: expected a JSON object of TUNE keys, got {type(tune).__name__}")
+        out[name] = tune
+    return out
+
+
+def rows_for(m, shape, tunes, bwd, rounds):
+    """One shape's medians (ms) by column and the worst relative difference to the default."""
+    B, T, N = shape
+    if N % m:
+        raise SystemExit(f"--shapes {B}x{T}x{N}: N must be a multiple of m = {m}")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    A = stable_blocks(B, T, N // m, m, m, generator=g, device="cuda")
+    b = torch.randn(B, T, N // m, m, device="cuda", generator=g)
+    if bwd:
+        A.requires_grad_()
+        b.requires_grad_()
+        dh = torch.randn_like(b)
+        nbytes = (2 * A.numel() + 4 * b.numel()) * 4
+
+        def run(tune):
+            with S.tuned(tune):
+                return torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), dh)
+    else:
+        nbytes = (A.numel() + 2 * b.numel()) * 4
+
+        def run(tune):
+            with S.tuned(tune):
+                return S.block_diagonal_scan(A, b)[:1]
+    fns = {"default": lambda: run({}), **{k: (lambda t=t: run(t)) for k, t in tunes.items()}}
+    ref = [x.double() for x in fns["default"]()]
+    worst = max([0.0] + [_rel(x, y) for k, fn in fns.items() if k != "default" for x, y in zip(fn(), ref)])
+    src = torch.empty(nbytes // 8, device="cuda")
+    dst = torch.empty_like(src)
+    fns = {"copy": lambda: dst.copy_(src), **fns}
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            times[k].append(graph_time(fn))
+    return {k: statistics.median(v) for k, v in times.items()}, worst
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--m", type=int, required=True, help="block size")
+    ap.add_argument("--shapes", nargs="+", default=["8x2048x768"], help="BxTxN (N = m x blocks)")
+    ap.add_argument("--tune", nargs="*", default=[], help="columns NAME=JSON of TUNE overrides")
+    ap.add_argument("--bwd", action="store_true", help="forward+backward rows")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args(argv)
+    tunes = parse_tune(args.tune)
+    fails, rows = 0, {}
+    for sh in args.shapes:
+        B, T, N = (int(x) for x in sh.split("x"))
+        key = f"B{B} T{T} N{N}"
+        rows[key], worst = rows_for(args.m, (B, T, N), tunes, args.bwd, args.rounds)
+        fails += not worst < 1e-5
+        cp = rows[key]["copy"]
+        line = " ".join(f"{k} {v:.4f} ({cp / v * 100:.0f}%)" for k, v in rows[key].items())
+        print(f"{key} m={args.m} {'fwd+bwd' if args.bwd else 'fwd'} fp32, ms (% of same-size copy): {line}; "
+              f"worst rel. diff to default {worst:.1e}{'' if worst < 1e-5 else ' MISMATCH'}", flush=True)
+    print("tunes:", json.dumps(tunes))
+    return _finish(args, fails, rows, m=args.m, tool="tune_compare", stem=f"tune_compare_m{args.m}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

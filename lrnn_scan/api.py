@@ -46,6 +46,10 @@ def scan(op: TransitionOperator, b: Tensor, *, initial_state: Tensor | None = No
         inputs and ``b``'s dtype otherwise. Differentiable w.r.t. ``b``, ``initial_state`` and
         every tensor of ``op``, through the adjoint scan with transposed operators.
 
+    Values are not checked (that would synchronise the device): NaN or inf in ``op`` or ``b``
+    propagate to the states after them, as in any torch op. The operators' constructors check
+    what their structure needs (e.g. ``HouseholderProduct(check_values=True)``).
+
     Example:
         >>> import torch, lrnn_scan as ls
         >>> A = torch.randn(2, 100, 4, 3, 3) / 3             # (B, T, H, m, m)
@@ -77,8 +81,8 @@ def scan(op: TransitionOperator, b: Tensor, *, initial_state: Tensor | None = No
                          f"{' (or batch_shape alone for Companion)' if isinstance(op, Companion) else ''}"
                          f"; got {tuple(b.shape)}")
     if not newest_only and b.shape[nb] != op.state_size:
-        raise ValueError(f"b: state dim {nb} must be d={op.state_size} (op.state_size); got "
-                         f"shape {tuple(b.shape)}")
+        raise ValueError(f"b: dim {nb} (the state) must have size d={op.state_size} (op.state_size); "
+                         f"got shape {tuple(b.shape)}")
 
     if method in ("auto", "kernel"):
         out = dispatch.try_kernel_scan(op, b, initial_state, output_final_state, reverse,

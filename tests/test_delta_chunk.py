@@ -191,6 +191,8 @@ def test_reflections_finite_correlated_keys():
     (dict(backend="cuda"), ValueError, "backend"),
     (dict(cu_seqlens=torch.tensor([0, 5])), ValueError, "batch size must be 1"),
     (dict(q=[1.0]), TypeError, "q must be a torch.Tensor"),
+    (dict(scale=float("nan")), ValueError, "scale must be finite"),
+    (dict(scale=True), TypeError, "scale must be a Python float"),
 ])
 def test_bad_inputs(bad, err, match):
     args = dict(q=torch.zeros(2, 5, 2, 4), k=torch.zeros(2, 5, 1, 2, 4), v=torch.zeros(2, 5, 1, 2, 3),
@@ -205,3 +207,22 @@ def test_bad_cu_seqlens():
     q, k, v, beta, g, _ = make_inputs(1, 10, 1, 1, 4, 4, False, 1.0)
     with pytest.raises(ValueError, match="cu_seqlens"):
         chunk_delta_product(q, k, v, beta, cu_seqlens=torch.tensor([0, 4, 9]))
+
+
+def test_check_values():
+    """``check_values=True`` rejects what the recurrence's domain excludes, naming the argument;
+    off (the default) the same inputs run."""
+    q, k, v, beta, g, _ = make_inputs(1, 10, 2, 2, 4, 4, True, 2.0)
+    chunk_delta_product(q, k, v, beta, g, check_values=True, backend="torch")   # valid inputs pass
+    nan_v = v.clone()
+    nan_v[0, 3, 1, 0, 2] = float("nan")
+    cases = [(dict(v=nan_v), "v has 1 non-finite"), (dict(beta=beta + 2.5), r"beta must lie in \[0, 2\]"),
+             (dict(beta=-beta), r"beta must lie in \[0, 2\]"), (dict(g=g.abs() + 0.1), "g is a log-gate"),
+             (dict(k=2 * k), "k must have unit L2 norm"),
+             (dict(initial_state=torch.full((1, 2, 4, 4), float("inf"), dtype=q.dtype)), "initial_state has 32")]
+    for bad, match in cases:
+        args = dict(q=q, k=k, v=v, beta=beta, g=g, initial_state=None) | bad
+        with pytest.raises(ValueError, match=match):
+            chunk_delta_product(**args, check_values=True, backend="torch")
+        chunk_delta_product(**args, backend="torch")                             # unchecked: runs
+    chunk_delta_product(q, 2 * k, v, beta, g, use_qk_l2norm=True, check_values=True, backend="torch")

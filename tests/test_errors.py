@@ -37,7 +37,7 @@ def test_scan_shape_errors():
     op = ls.BlockDiagonal(torch.randn(2, 5, 3, 4, 4))
     with pytest.raises(ValueError, match=r"b must have shape .*batch_shape=\(2, 5, 3\) and d=4"):
         ls.scan(op, torch.randn(2, 6, 3, 4))
-    with pytest.raises(ValueError, match="b: state dim 3 must be d=4"):
+    with pytest.raises(ValueError, match=r"b: dim 3 \(the state\) must have size d=4"):
         ls.scan(op, torch.randn(2, 5, 3, 5))
     with pytest.raises(ValueError, match=r"initial_state must have shape \(2, 3, 4\)"):
         ls.scan(op, torch.randn(2, 5, 3, 4), initial_state=torch.randn(2, 4))

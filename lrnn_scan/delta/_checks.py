@@ -1,6 +1,8 @@
 """Argument validation for the delta-product API (clear errors naming the argument)."""
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -46,8 +48,10 @@ def check_inputs(q, k, v, beta, g, scale, initial_state, cu_seqlens, chunk_size,
             raise ValueError(f"g must have shape [B, T, H] = {[B, T, H]}; got {tuple(g.shape)}")
         if g.device != q.device:
             raise ValueError(f"g is on {g.device} but q is on {q.device}")
-    if scale is not None and not isinstance(scale, (int, float)):
+    if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)):
         raise TypeError(f"scale must be a Python float or None, got {type(scale).__name__}")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if backend not in ("auto", "torch", "triton"):
@@ -74,3 +78,25 @@ def check_inputs(q, k, v, beta, g, scale, initial_state, cu_seqlens, chunk_size,
         if initial_state.device != q.device:
             raise ValueError(f"initial_state is on {initial_state.device} but q is on {q.device}")
     return B, T, n_h, H, K, V, num_seqs
+
+
+def check_values(q, k, v, beta, g, initial_state, keys_normalized: bool) -> None:
+    """The value checks of ``chunk_delta_product(check_values=True)`` (one device sync): finite
+    inputs, ``beta`` in ``[0, 2]``, ``g <= 0``, unit keys (unless the call normalises them)."""
+    named = [("q", q), ("k", k), ("v", v), ("beta", beta), ("g", g), ("initial_state", initial_state)]
+    for name, t in named:
+        if t is not None and t.numel() and not bool(torch.isfinite(t.detach()).all()):
+            bad = int((~torch.isfinite(t.detach())).sum())
+            raise ValueError(f"{name} has {bad} non-finite value(s) (NaN or inf)")
+    if beta.numel():
+        lo, hi = beta.detach().min().item(), beta.detach().max().item()
+        if not (lo >= 0 and hi <= 2):
+            raise ValueError(f"beta must lie in [0, 2]; got values in [{lo:.4g}, {hi:.4g}]")
+    if g is not None and g.numel() and g.detach().max().item() > 0:
+        raise ValueError(f"g is a log-gate and must be <= 0; got a maximum of {g.detach().max().item():.4g}")
+    if not keys_normalized and k.numel():
+        tol = 1e-2 if k.dtype in (torch.float16, torch.bfloat16) else 1e-4
+        err = (k.detach().float().norm(dim=-1) - 1).abs().max().item()
+        if not err <= tol:
+            raise ValueError(f"k must have unit L2 norm along the head dim (max |‖k‖−1| = {err:.3g}); "
+                             "pass use_qk_l2norm=True to normalise q and k")

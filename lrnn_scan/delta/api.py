@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from .. import _kernel_modules as _km
-from ._checks import check_inputs
+from ._checks import check_inputs, check_values as _check_values
 from ._kernels import load_kernels
 from .chunk_torch import chunk_delta_product_torch
 
@@ -31,7 +31,8 @@ def l2_normalize(x: Tensor, eps: float = 1e-12) -> Tensor:
 def chunk_delta_product(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None, *,
                         scale: float | None = None, initial_state: Tensor | None = None,
                         output_final_state: bool = False, cu_seqlens: Tensor | None = None,
-                        use_qk_l2norm: bool = False, chunk_size: int = 64, backend: str = "auto"):
+                        use_qk_l2norm: bool = False, chunk_size: int = 64, backend: str = "auto",
+                        check_values: bool = False):
     """DeltaProduct / (gated) DeltaNet with ``n_h`` Householder steps per token, chunkwise.
 
     ``H_t = exp(g_t) (I − β_{t,n} k_{t,n} k_{t,n}^T) ⋯ (I − β_{t,1} k_{t,1} k_{t,1}^T) H_{t−1} + B_t``,
@@ -52,12 +53,18 @@ def chunk_delta_product(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
         backend: ``"torch"``, ``"triton"`` (CUDA, or ``TRITON_INTERPRET=1``) or ``"auto"``
             (Triton on CUDA for 16-bit/32-bit inputs when ``chunk_size`` is a power of two
             >= 16, torch otherwise).
+        check_values: also check the values (one device sync, so off by default, as in fla): finite
+            inputs, ``beta`` in ``[0, 2]``, ``g <= 0`` and unit keys unless ``use_qk_l2norm``;
+            ``ValueError`` naming the argument. Unchecked, values outside these ranges run the
+            same recurrence (with expanding transitions) and non-finite values propagate.
 
     Returns:
         ``(o, final_state)`` with ``o`` ``[B, T, H, V]`` in ``q``'s dtype and ``final_state`` or None.
     """
     B, T, n_h, H, K, V, N = check_inputs(q, k, v, beta, g, scale, initial_state, cu_seqlens,
                                          chunk_size, backend)
+    if check_values:
+        _check_values(q, k, v, beta, g, initial_state, keys_normalized=use_qk_l2norm)
     scale = float(K ** -0.5 if scale is None else scale)
     if use_qk_l2norm:
         q, k = l2_normalize(q), l2_normalize(k)

@@ -27,7 +27,6 @@ from .lookback2_bwd import bd2_bwd_lookback_use, bd2_lookback_backward
 from .lookback4 import bd4_lookback_forward, bd4_lookback_use
 from .lookback4_bwd import bd4_bwd_lookback_use, bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward, bd_lookback_use
-from .rows4 import rows4_launch
 from .summary import launch_summary
 
 __all__ = ["block_diagonal_scan", "diagonal_scan"]
@@ -224,11 +223,9 @@ def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
 
 def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, NS, few=False, **kw):
     var = _fwd_variant(few and M <= 16)
-    if var == "rows" and M == 4:  # rows4.py: whole blocks in one thread (other m: ring8)
-        return rows4_launch(grid[1:], A, b, h, init, final, cu, T, H, CHUNK, NC, TUNE, **kw)
-    if var.startswith("ring") or var == "rows":
+    if var.startswith("ring"):
         _bd_fwd_ring[grid](A, b, h, init, final, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH,
-                           R=8 if var == "rows" else int(var[4:]), SUMMARY=False, **kw)
+                           R=int(var[4:]), SUMMARY=False, **kw)
     elif var == "g4":
         _bd_fwd_kernel_g4[grid](A, b, h, init, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH, **kw)
     else:

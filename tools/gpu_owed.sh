@@ -2,17 +2,15 @@
 # The GPU checks and timings still owed to the open issues, in priority order, one stage per
 # device call (each fits the 10-minute limit). On the lent GPU machine, from the repo root:
 #   source tools/device_setup.sh && bash tools/gpu_owed.sh STAGE
-# Suggested order (written 2026-11-27, nineteenth session). Everything the eighteenth owed ran on
-#   H100s in the nineteenth: compute-sanitizer memcheck of lookback2 / lookback2_bwd 0 errors;
-#   tests/test_kernels_lookback2.py 45 passed (race tests included); the m = 2 look-back backward
-#   is now the default below 1.5 pairs per SM (fwd+bwd B8 N768 61.7 %, B1 54.7 % of the floor).
-#   Owed: compute-sanitizer memcheck of the m = 4 look-back backward (lookback4_bwd.py, default for
-#     one-pass m = 4 scans with gradients below one ring program per SM; its GPU race tests passed):
-#     tools/gpu_pair.sh "FAMILIES=block_diagonal MEMCHECK_CASE=lookback4_bwd memcheck" ""
-#   and its rule timed at more shapes of its band (one point so far, B4 T4096 N768 0.738 -> 0.438 ms):
-#     tools/gpu_pair.sh "LB4_ARGS=--bwd,--no-check,--shapes,3x4096x768,5x4096x768,8x4096x384,2x8192x1536 lb4" ""
-#   The m = 4 forward (lookback4.py) at B8 N768 is 71 % of copy, B1 44 %; m = 8 has no look-back
-#   (72 scalars a map: not in registers).
+# Suggested order (written 2026-11-27, twentieth session). Everything the nineteenth owed ran on
+#   H100s in the twentieth: compute-sanitizer memcheck of lookback4_bwd 0 errors; the m = 4 rule
+#   timed over its band (now below 1.4 ring programs per SM); tests/test_kernels_lookback4.py 41
+#   and test_gpu_models.py 67 passed with the final routing. Nothing is owed.
+#   What the twentieth found (RESULTS.md): at B8 T2048 N768 the m = 4 and m = 8 passes are bound
+#   by their chain of 2048 steps (B16 T1024, the same bytes, reaches 93-94 %); smaller block
+#   groups, deeper pipelines, time chunks and whole blocks in one thread (commit 80dbcc4) lost.
+#   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):
+#     tools/gpu_pair.sh "TUNE_ARGS=--m,4,--bwd,--shapes,8x2048x768,--tune,off=bd4_bwd_lookback:false tune" ""
 #   Leads for issue 3, each to be timed against the default in one call (tools/lb2_compare.py
 #   times the m = 2 look-backs, tools/lb4_compare.py the m = 4 ones; stages lb2, lb4 below):
 #     the m = 1 look-back rule, repeated where it was chosen (B1/B2/B8 N768, B8 N4096):

@@ -435,3 +435,19 @@ def test_tune_compare_parse_and_render(tmp_path):
     text = out.read_text()
     assert "## tune_compare.py — 2026-11-27T05:31 — GPU X" in text and "; m = 8 fwd+bwd," in text
     assert "| B8 T2048 N768 | 0.3334 (100) | 0.5677 (59) | 0.6387 (52) |" in text
+
+
+def test_timed_rounds_adds_a_copy_column(monkeypatch):
+    """lb2_compare.timed_rounds (the three look-back / TUNE tools' timing loop): a ``copy`` column
+    first, every function timed once a round, medians of the rounds."""
+    mod = _tool("lb2_compare")
+    calls = []
+    fake = iter([5.0, 1.0, 2.0, 6.0, 3.0, 4.0, 7.0, 2.0, 9.0])
+
+    def graph_time(fn):
+        fn()
+        return next(fake)
+    monkeypatch.setattr(mod, "graph_time", graph_time)
+    out = mod.timed_rounds({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 64, 3, device="cpu")
+    assert list(out) == ["copy", "a", "b"] and calls == ["a", "b"] * 3
+    assert out == {"copy": 6.0, "a": 2.0, "b": 4.0}

@@ -52,6 +52,20 @@ def _rel(x, y):
     return ((x.double() - y).norm() / y.norm()).item()
 
 
+def timed_rounds(fns, nbytes, rounds, device="cuda"):
+    """CUDA-graph medians (ms) of ``fns`` in ``rounds`` interleaved rounds, with a first column
+    ``copy``: a device copy moving ``nbytes`` (read + written) in the same rounds (also
+    ``lb4_compare.py``'s and ``tune_compare.py``'s)."""
+    src = torch.empty(nbytes // 8, device=device)
+    dst = torch.empty_like(src)
+    fns = {"copy": lambda: dst.copy_(src), **fns}
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            times[k].append(graph_time(fn))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def check():
     """Returns the number of failed cases; prints one line per case. Every buffer the launcher
     allocates starts as NaN (``LRNN_SCAN_POISON``, read by ``scan._empty``), so an unwritten
@@ -106,13 +120,11 @@ def bwd_rows(rounds, shapes):
         A.requires_grad_()
         b.requires_grad_()
         dh = torch.randn_like(b)
-        src = torch.empty((2 * A.numel() + 4 * b.numel()) // 2, device="cuda")
-        dst = torch.empty_like(src)
 
         def fb(tune):
             with S.tuned(tune):
                 return torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), dh)
-        fns = {"copy": lambda: dst.copy_(src), "default": lambda: fb({}),
+        fns = {"default": lambda: fb({}),
                "lb2_bwd": lambda: fb(dict(bd2_bwd_lookback=True)),
                "no_lb2_bwd": lambda: fb(dict(bd2_bwd_lookback=False)), "ring": lambda: fb(dict(bd2_lookback=False))}
         ref = fns["no_lb2_bwd"]()
@@ -120,12 +132,8 @@ def bwd_rows(rounds, shapes):
         fails += not e < 1e-5
         print(f"B{B} T{T} N{N} lb2_bwd gradients: rel to no_lb2_bwd {e:.2e} {'ok' if e < 1e-5 else 'FAIL'}",
               flush=True)
-        times = {k: [] for k in fns}
-        for _ in range(rounds):
-            for k, fn in fns.items():
-                times[k].append(graph_time(fn))
         key = f"B{B} T{T} N{N}"
-        rows[key] = {k: statistics.median(v) for k, v in times.items()}
+        rows[key] = timed_rounds(fns, (2 * A.numel() + 4 * b.numel()) * 4, rounds)  # A, b, dh, h; dA, db
         line = " ".join(f"{k} {v:.4f}" for k, v in rows[key].items())
         print(f"{key} m=2 fwd+bwd fp32, ms: {line}", flush=True)
     return rows, fails
@@ -172,10 +180,7 @@ def main():
     for B, T, N in shapes:
         H = N // 2
         A, b = _inputs(B, T, H, torch.float32)
-        nbytes = (A.numel() + 2 * b.numel()) * 4
-        src = torch.empty(nbytes // 8, device="cuda")
-        dst = torch.empty_like(src)
-        fns = {"copy": lambda: dst.copy_(src), "default": lambda: S.block_diagonal_scan(A, b)}
+        fns = {"default": lambda: S.block_diagonal_scan(A, b)}
         fns["ring"] = lambda: _ring(A, b)
         for name, tune in CONFIGS.items():
             fns[name] = (lambda tune=tune: bd2_lookback_forward(A, b, None, None, tune, S._empty))
@@ -186,16 +191,12 @@ def main():
                 if not e < 1e-5:
                     print(f"B{B} T{T} N{N} {name}: rel to ring {e:.2e} FAIL", flush=True)
                     fails += 1
-        times = {k: [] for k in fns}
-        for _ in range(args.rounds):
-            for k, fn in fns.items():
-                times[k].append(graph_time(fn))
         key = f"B{B} T{T} N{N}"
-        rows[key] = {k: statistics.median(v) for k, v in times.items()}
+        rows[key] = timed_rounds(fns, (A.numel() + 2 * b.numel()) * 4, args.rounds)
         cp = rows[key]["copy"]
         line = " ".join(f"{k} {v:.4f} ({cp / v * 100:.0f}%)" for k, v in rows[key].items())
         print(f"{key} m=2 fwd fp32, ms (% of same-size copy): {line}", flush=True)
-        del A, b, src, dst
+        del A, b
     return _finish(args, fails, rows)
 
 

@@ -14,19 +14,17 @@ backward; ``lb4_bwd`` both look-backs (``lookback4_bwd.py``) forced.
 import argparse
 import os
 import re
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lrnn_scan.bench.measure import graph_time  # noqa: E402
 from lrnn_scan.kernels.block_diagonal import ref, scan as S  # noqa: E402
 from lrnn_scan.kernels.block_diagonal.lookback4 import bd4_lookback_forward  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lb2_compare import _finish, _rel  # noqa: E402  (the m = 2 tool: JSON writer, relative error)
+from lb2_compare import _finish, _rel, timed_rounds  # noqa: E402  (the m = 2 tool's helpers)
 
 SHAPES = ["8x2048x768", "4x4096x768", "1x16384x768", "16x1024x768", "8x2048x1536", "8x2048x4096"]
 CONFIGS = ["c8w1", "c8w2", "c4w1", "c16w1"]
@@ -114,16 +112,9 @@ def rows_for(shape, bwd, rounds, configs):
         fns["ring"] = lambda: _ring(A, b)
         for name in configs:
             fns["lb4_" + name] = lambda tune=_config(name): bd4_lookback_forward(A, b, None, None, tune, S._empty)[:1]
-    src = torch.empty(nbytes // 8, device="cuda")
-    dst = torch.empty_like(src)
     ref_out = [x.double() for x in fns["default"]() if x is not None]
     ok = all(max(_rel(x, y) for x, y in zip(fn(), ref_out)) < 1e-5 for k, fn in fns.items() if k != "default")
-    fns = {"copy": lambda: dst.copy_(src), **fns}
-    times = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            times[k].append(graph_time(fn))
-    return {k: statistics.median(v) for k, v in times.items()}, ok
+    return timed_rounds(fns, nbytes, rounds), ok
 
 
 def main(argv=None):

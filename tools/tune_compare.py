@@ -12,7 +12,6 @@ themselves are the GPU tests'.
 """
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -20,11 +19,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lrnn_scan.bench.inputs import stable_blocks  # noqa: E402
-from lrnn_scan.bench.measure import graph_time  # noqa: E402
 from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lb2_compare import _finish, _rel  # noqa: E402  (JSON writer, relative error)
+from lb2_compare import _finish, _rel, timed_rounds  # noqa: E402  (JSON writer, helpers)
 
 
 def _value(text):
@@ -87,14 +85,7 @@ def rows_for(m, shape, tunes, bwd, rounds):
     fns = {"default": lambda: run({}), **{k: (lambda t=t: run(t)) for k, t in tunes.items()}}
     ref = [x.double() for x in fns["default"]()]
     worst = max([0.0] + [_rel(x, y) for k, fn in fns.items() if k != "default" for x, y in zip(fn(), ref)])
-    src = torch.empty(nbytes // 8, device="cuda")
-    dst = torch.empty_like(src)
-    fns = {"copy": lambda: dst.copy_(src), **fns}
-    times = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            times[k].append(graph_time(fn))
-    return {k: statistics.median(v) for k, v in times.items()}, worst
+    return timed_rounds(fns, nbytes, rounds), worst
 
 
 def main(argv=None):

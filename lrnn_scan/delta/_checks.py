@@ -81,7 +81,7 @@ def check_inputs(q, k, v, beta, g, scale, initial_state, cu_seqlens, chunk_size,
 
 
 def check_values(q, k, v, beta, g, initial_state, keys_normalized: bool) -> None:
-    """The value checks of ``chunk_delta_product(check_values=True)`` (one device sync): finite
+    """The value checks of ``chunk_delta_product(check_values=True)`` (a few device syncs): finite
     inputs, ``beta`` in ``[0, 2]``, ``g <= 0``, unit keys (unless the call normalises them)."""
     named = [("q", q), ("k", k), ("v", v), ("beta", beta), ("g", g), ("initial_state", initial_state)]
     for name, t in named:

@@ -53,7 +53,7 @@ def chunk_delta_product(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
         backend: ``"torch"``, ``"triton"`` (CUDA, or ``TRITON_INTERPRET=1``) or ``"auto"``
             (Triton on CUDA for 16-bit/32-bit inputs when ``chunk_size`` is a power of two
             >= 16, torch otherwise).
-        check_values: also check the values (one device sync, so off by default, as in fla): finite
+        check_values: also check the values (a few device syncs, so off by default, as in fla): finite
             inputs, ``beta`` in ``[0, 2]``, ``g <= 0`` and unit keys unless ``use_qk_l2norm``;
             ``ValueError`` naming the argument. Unchecked, values outside these ranges run the
             same recurrence (with expanding transitions) and non-finite values propagate.

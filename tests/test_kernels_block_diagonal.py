@@ -248,7 +248,8 @@ def test_bwd_ring(m, bwd):
 
 def test_bwd_v1_stages(monkeypatch):
     """The one-step backward chosen for few programs runs a 16-stage pipeline (``bwd_ns``); with
-    1024+ programs, or ``TUNE['num_stages']`` set, it keeps the configured stages."""
+    ``_BWD_FEW`` (1024) programs or more, or ``TUNE['num_stages']`` set, it keeps the configured
+    stages (the line lowered to 4 here: 1030 programs took a minute under the interpreter)."""
     seen = []
     real = scanmod._bd_bwd_kernel
 
@@ -271,7 +272,8 @@ def test_bwd_v1_stages(monkeypatch):
     scanmod.TUNE.pop("num_stages")
     monkeypatch.setattr(scanmod, "_bwd_variant", lambda m, nprog: "v1")
     scanmod.TUNE.update(bh=1)
-    A, b = make(1, 5, 1030, 4, seed=3)                       # 1030 programs: configured stages
+    monkeypatch.setattr(scanmod, "_BWD_FEW", 4)
+    A, b = make(1, 5, 6, 4, seed=3)                          # 6 programs >= 4: configured stages
     run_check(A, b, None, None, 1e-5)
     assert seen and all(ns == scanmod._bd_cfg(4)[3] for _, ns in seen), seen
 

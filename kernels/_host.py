@@ -24,6 +24,14 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+def max_seq_len(T: int, cu_seqlens) -> int:
+    """The longest sequence of a batch: ``T`` without ``cu_seqlens``, else the largest step of the
+    offsets (one device sync); 0 when the offsets hold no sequence."""
+    if cu_seqlens is None:
+        return T
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item()) if cu_seqlens.numel() > 1 else 0
+
+
 def num_sms(device: torch.device, cpu: int = 8) -> int:
     """Streaming multiprocessors of a CUDA device (cached per device); ``cpu`` elsewhere (the
     interpreter), so that launch rules are exercised on the CPU too."""

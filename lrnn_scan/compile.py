@@ -117,11 +117,11 @@ def _bd_chunk(mod, b: Tensor, cu, diag: bool):
     if diag:
         N = b.shape[2]
         bt, bn, _, _ = mod._diag_cfg(N, nseq, b.device)
-        return mod._choose_chunk(nseq * -(-N // bn), mod._max_len(T, nseq, cu), b.device, bt, 1,
+        return mod._choose_chunk(nseq * -(-N // bn), mod.max_seq_len(T, cu), b.device, bt, 1,
                                  grad=True)
     H, m = b.shape[2], b.shape[3]
     _, bh, _, _ = mod._bd_cfg(m)
-    return mod._choose_chunk(nseq * -(-H // bh), mod._max_len(T, nseq, cu), b.device, 1, m,
+    return mod._choose_chunk(nseq * -(-H // bh), mod.max_seq_len(T, cu), b.device, 1, m,
                              grad=True)
 
 

@@ -60,6 +60,22 @@ def _reset_tune():
     scanmod.TUNE.clear()
 
 
+def tune_fixture(keys, cpu_keys=None):
+    """An autouse fixture for a test module (assign it to a module name): ``scan.TUNE`` cleared
+    and set to ``keys``, plus ``cpu_keys`` under the interpreter, around each test, then restored."""
+    @pytest.fixture(autouse=True)
+    def _tune():
+        saved = dict(scanmod.TUNE)
+        scanmod.TUNE.clear()
+        scanmod.TUNE.update(keys)
+        if DEV == "cpu" and cpu_keys:
+            scanmod.TUNE.update(cpu_keys)
+        yield
+        scanmod.TUNE.clear()
+        scanmod.TUNE.update(saved)
+    return _tune
+
+
 def rel(x, y):
     x, y = x.double(), y.double()
     return ((x - y).norm() / y.norm().clamp_min(1e-300)).item()
@@ -276,6 +292,14 @@ def test_bwd_v1_stages(monkeypatch):
     A, b = make(1, 5, 6, 4, seed=3)                          # 6 programs >= 4: configured stages
     run_check(A, b, None, None, 1e-5)
     assert seen and all(ns == scanmod._bd_cfg(4)[3] for _, ns in seen), seen
+
+
+def test_max_seq_len():
+    """``_host.max_seq_len``: T without offsets, else the longest sequence; 0 with no sequence."""
+    from lrnn_scan.kernels._host import max_seq_len
+    assert max_seq_len(7, None) == 7
+    assert max_seq_len(74, torch.tensor([0, 5, 30, 30, 61, 74])) == 31
+    assert max_seq_len(0, torch.tensor([0])) == 0 and max_seq_len(0, torch.tensor([0, 0])) == 0
 
 
 def test_chunk_policy(monkeypatch):

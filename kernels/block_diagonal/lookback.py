@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv
+from .._host import cdiv, max_seq_len
 from .fwd import _affine_combine, _diag_fwd_kernel, _seq_bounds
 
 __all__ = ["diag_lookback_forward", "launch_diag_lookback", "lookback_cfg"]
@@ -209,7 +209,7 @@ def launch_diag_lookback(a, b, h0, cu, tune, empty):
     nseq = B if cu is None else cu.numel() - 1
     ch, bn, w, nw = lookback_cfg(tune)
     dev = b.device
-    max_len = T if cu is None else int((cu[1:] - cu[:-1]).max().item())
+    max_len = max_seq_len(T, cu)
     nc = max(1, cdiv(max_len, ch))  # >= 1: chunk 0 writes h_final = h0 of empty sequences
     gn = cdiv(N, bn)
     ntile = nseq * gn * nc
@@ -238,7 +238,7 @@ def diag_lookback_forward(a, b, h0, cu, chunk, tune, empty, diag_cfg):
         return h, final, None
     B, T, N = b.shape
     nseq = final.shape[0]
-    max_len = T if cu is None else int((cu[1:] - cu[:-1]).max().item())
+    max_len = max_seq_len(T, cu)
     nc = cdiv(max_len, chunk)
     if chunk % ch == 0:
         k = chunk // ch

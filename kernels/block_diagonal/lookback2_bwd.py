@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv
+from .._host import cdiv, max_seq_len
 from .lookback2 import (_affine2_combine, _last, _look_back2, _publish_map, _publish_state,
                         bd2_lookback_cfg)
 from .lookback import _next_tile
@@ -158,7 +158,7 @@ def bd2_lookback_backward(A, h, h0, g, dhT, cu, tune, empty):
     # spills 848 bytes a thread here (255 registers), with 16 none (254)
     ch, bh, w, nw = bd2_lookback_cfg(tune, max(16, nseq * cdiv(H, tune.get("lb2_bh", 32))))
     dev = h.device
-    max_len = T if cu is None else int((cu[1:] - cu[:-1]).max().item())
+    max_len = max_seq_len(T, cu)
     nc = max(1, cdiv(max_len, ch))  # >= 1: an empty sequence's one tile writes dh0 = dh_final
     ntile = nseq * cdiv(H, bh) * nc
     status = torch.zeros(ntile + 1, dtype=torch.int32, device=dev)  # 0 = nothing published

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv
+from .._host import cdiv, max_seq_len
 from .fwd import _seq_bounds
 from .lookback import _next_tile, _window_flags
 from .lookback2 import _last, tile_cfg
@@ -255,7 +255,7 @@ def bd4_lookback_forward(A, b, h0, cu, tune, empty):
     nseq = B if cu is None else cu.numel() - 1
     ch, bh, w, nw = bd4_lookback_cfg(tune)
     dev = b.device
-    max_len = T if cu is None else int((cu[1:] - cu[:-1]).max().item())
+    max_len = max_seq_len(T, cu)
     nc = max(1, cdiv(max_len, ch))  # >= 1: chunk 0 writes h_final = h0 of empty sequences
     ntile = nseq * cdiv(H, bh) * nc
     status = torch.zeros(ntile + 1, dtype=torch.int32, device=dev)  # 0 = nothing published

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv
+from .._host import cdiv, max_seq_len
 from .lookback import _next_tile
 from .lookback4 import (_affine4_combine, _compose4, _lasts, _load_blocks4, _load_state4, _look_back4,
                         _publish4, _ROWS, bd4_lookback_cfg)
@@ -152,7 +152,7 @@ def bd4_lookback_backward(A, h, h0, g, dhT, cu, tune, empty):
     nseq = B if cu is None else cu.numel() - 1
     ch, bh, w, nw = bd4_lookback_cfg(tune)
     dev = h.device
-    max_len = T if cu is None else int((cu[1:] - cu[:-1]).max().item())
+    max_len = max_seq_len(T, cu)
     nc = max(1, cdiv(max_len, ch))  # >= 1: an empty sequence's one tile writes dh0 = dh_final
     ntile = nseq * cdiv(H, bh) * nc
     status = torch.zeros(ntile + 1, dtype=torch.int32, device=dev)  # 0 = nothing published

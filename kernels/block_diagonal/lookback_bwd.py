@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv
+from .._host import cdiv, max_seq_len
 from .fwd import _affine_combine, _seq_bounds
 from .lookback import _last_row, _look_back, _next_tile, _publish, lookback_cfg
 
@@ -108,7 +108,7 @@ def diag_lookback_backward(a, h, h0, g, dhT, cu, tune, empty):
     nseq = B if cu is None else cu.numel() - 1
     ch, bn, w, nw = lookback_cfg(tune)
     dev = h.device
-    max_len = T if cu is None else int((cu[1:] - cu[:-1]).max().item())
+    max_len = max_seq_len(T, cu)
     nc = max(1, cdiv(max_len, ch))  # >= 1: an empty sequence still writes dh0
     gn = cdiv(N, bn)
     ntile = nseq * gn * nc

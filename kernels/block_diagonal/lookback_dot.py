@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv, next_pow2
+from .._host import cdiv, max_seq_len, next_pow2
 from .fwd import _seq_bounds
 from .lookback import _publish
 from .summary import _chunk_summary, _tile_dot, _tile_layout, summary_dot_cfg, summary_stages
@@ -164,7 +164,7 @@ def bd_lookback_forward(A, b, h0, cu, tune, empty):
     ns = summary_stages(tune, 6)
     mp = next_pow2(m)
     dev = b.device
-    max_len = T if cu is None else int((cu[1:] - cu[:-1]).max().item())
+    max_len = max_seq_len(T, cu)
     nc = max(1, cdiv(max_len, ch))  # >= 1: chunk 0 writes h_final = h0 of empty sequences
     gh = cdiv(H, nt * (d // mp))
     ntile = nseq * gh * nc

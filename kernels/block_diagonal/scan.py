@@ -17,7 +17,7 @@ import contextlib
 import os
 
 import torch
-from .._host import cdiv, device_name, next_pow2, num_sms
+from .._host import cdiv, device_name, max_seq_len, next_pow2, num_sms
 
 from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
 from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kernel
@@ -115,13 +115,6 @@ def _check_common(ref, ref_name, B, T, state_shape, initial_state, cu_seqlens):
             raise ValueError(f"initial_state must be on {ref.device} like {ref_name}, got "
                              f"{initial_state.device}")
     return nseq
-
-
-def _max_len(T, nseq, cu_seqlens):
-    if cu_seqlens is None:
-        return T
-    cu = cu_seqlens.tolist()
-    return max([y - x for x, y in zip(cu[:-1], cu[1:])] + [0])
 
 
 def _chunk_min_len(grad) -> int:
@@ -249,7 +242,7 @@ def _bd_forward(A, b, h0, cu, chunk):
             M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True,
             VARLEN=varlen, num_warps=nw, few=few)
         return h, final, None
-    nc = cdiv(_max_len(T, nseq, cu), chunk)
+    nc = cdiv(max_seq_len(T, cu), chunk)
     P = _empty((nseq, nc, H, m, m), torch.float32, dev)
     E = _empty((nseq, nc, H, m), torch.float32, dev)
     launch_summary(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, bh, nw, ns, varlen, TUNE, _fwd_variant())
@@ -367,7 +360,7 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False):
             BT=bt, BN=bn, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True, STORE_P=False,
             VARLEN=varlen, num_warps=nw)
         return h, final, None
-    nc = cdiv(_max_len(T, nseq, cu), chunk)
+    nc = cdiv(max_seq_len(T, cu), chunk)
     P = _empty((nseq, nc, N), torch.float32, dev)
     E = _empty((nseq, nc, N), torch.float32, dev)
     _diag_fwd_kernel[(gn, nseq, nc)](
@@ -501,7 +494,7 @@ def _bd_apply(A, b, h0, cu, nseq):
     mp, bh, _, _ = _bd_cfg(m)
     grad = _needs_grad(A, b, h0)
     nprog, nsm = nseq * cdiv(H, bh), _num_sms(b.device)  # the ring kernels' programs
-    chunk = _choose_chunk(nprog, _max_len(T, nseq, cu), b.device, 1, m, grad)
+    chunk = _choose_chunk(nprog, max_seq_len(T, cu), b.device, 1, m, grad)
     lookback = not grad and bd_lookback_use(TUNE, m, chunk)
     bwd_lb = (bd2_bwd_lookback_use(TUNE, m, grad, nseq * cdiv(H, 32), nsm)
               or bd4_bwd_lookback_use(TUNE, m, grad, chunk, nprog, nsm))
@@ -519,7 +512,7 @@ def _diag_apply(a, b, h0, cu, nseq):
                              None if h0 is None else h0.view(nseq, N, 1), cu, nseq)
         return h.view(B, T, N), final.view(nseq, N)
     bt, bn, _, _ = _diag_cfg(N, nseq, b.device)
-    nprog, max_len = nseq * cdiv(N, bn), _max_len(T, nseq, cu)
+    nprog, max_len = nseq * cdiv(N, bn), max_seq_len(T, cu)
     grad = _needs_grad(a, b, h0)
     bwd_prog = nseq * cdiv(N, _diag_cfg(N, nseq, b.device, bwd=True)[1])  # its own tiles
     bwd_lb = grad and _diag_bwd_lookback(nprog, max_len, b.device, bt, bwd_prog)

@@ -17,7 +17,7 @@ os.environ["LRNN_SCAN_POISON"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod  # noqa: E402
+from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod, tune_fixture  # noqa: E402
 
 from lrnn_scan.kernels.block_diagonal import lookback  # noqa: E402
 
@@ -25,16 +25,8 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and no
                                 reason="needs TRITON_INTERPRET=1 or CUDA")
 
 
-@pytest.fixture(autouse=True)
-def _tune():
-    saved = dict(scanmod.TUNE)
-    scanmod.TUNE.clear()
-    scanmod.TUNE.update(fwd_lookback=True, lb_chunk=16, lb_bn=16, lb_window=4)
-    if DEV == "cpu":  # small tiles for the backward kernels too (interpreter speed)
-        scanmod.TUNE.update(bt=8, bn=16)
-    yield
-    scanmod.TUNE.clear()
-    scanmod.TUNE.update(saved)
+# small tiles for the backward kernels too under the interpreter (its speed)
+_tune = tune_fixture(dict(fwd_lookback=True, lb_chunk=16, lb_bn=16, lb_window=4), dict(bt=8, bn=16))
 
 
 def inputs(B, T, N, dtype=torch.float32, seed=0):

@@ -16,7 +16,7 @@ os.environ["LRNN_SCAN_POISON"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod  # noqa: E402
+from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod, tune_fixture  # noqa: E402
 from test_kernels_lookback_dot import make  # noqa: E402  (near-orthogonal blocks: products stay O(1))
 
 from lrnn_scan.kernels.block_diagonal import lookback2, lookback2_bwd  # noqa: E402
@@ -25,21 +25,20 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and no
                                 reason="needs TRITON_INTERPRET=1 or CUDA")
 
 
-@pytest.fixture(autouse=True)
-def _tune():
-    saved = dict(scanmod.TUNE)
-    scanmod.TUNE.clear()
-    scanmod.TUNE.update(lb2_chunk=8)
-    yield
-    scanmod.TUNE.clear()
-    scanmod.TUNE.update(saved)
+_tune = tune_fixture(dict(lb2_chunk=8))
 
 
-def launch(A, b, h0=None, cu=None):
-    h, hf, p = lookback2.bd2_lookback_forward(A, b, h0, cu, scanmod.TUNE, scanmod._empty)
+def check_forward(forward, A, b, h0=None, cu=None):
+    """A look-back forward (``lookback2``'s or ``lookback4``'s contract) against the fp64 reference:
+    ``(rel. error of h, of h_final)``; no chunk products, nothing left NaN."""
+    h, hf, p = forward(A, b, h0, cu, scanmod.TUNE, scanmod._empty)
     hr, hfr = ref.block_diagonal_scan_ref(A.double(), b.double(), None if h0 is None else h0.double(), True, cu)
     assert p is None and not torch.isnan(h).any() and not torch.isnan(hf).any()
     return rel(h, hr), rel(hf, hfr)
+
+
+def launch(A, b, h0=None, cu=None):
+    return check_forward(lookback2.bd2_lookback_forward, A, b, h0, cu)
 
 
 @pytest.mark.parametrize("T", [1, 8, 17, 64, 65])

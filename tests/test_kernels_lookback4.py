@@ -16,10 +16,10 @@ os.environ["LRNN_SCAN_POISON"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod  # noqa: E402
+from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod, tune_fixture  # noqa: E402
 from test_kernels_lookback_dot import make  # noqa: E402  (near-orthogonal blocks: products stay O(1))
 
-from test_kernels_lookback2 import grads  # noqa: E402
+from test_kernels_lookback2 import check_forward, grads  # noqa: E402
 
 from lrnn_scan.kernels.block_diagonal import lookback4, lookback4_bwd  # noqa: E402
 
@@ -27,21 +27,11 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and no
                                 reason="needs TRITON_INTERPRET=1 or CUDA")
 
 
-@pytest.fixture(autouse=True)
-def _tune():
-    saved = dict(scanmod.TUNE)
-    scanmod.TUNE.clear()
-    scanmod.TUNE.update(lb4_chunk=4)
-    yield
-    scanmod.TUNE.clear()
-    scanmod.TUNE.update(saved)
+_tune = tune_fixture(dict(lb4_chunk=4))
 
 
 def launch(A, b, h0=None, cu=None):
-    h, hf, p = lookback4.bd4_lookback_forward(A, b, h0, cu, scanmod.TUNE, scanmod._empty)
-    hr, hfr = ref.block_diagonal_scan_ref(A.double(), b.double(), None if h0 is None else h0.double(), True, cu)
-    assert p is None and not torch.isnan(h).any() and not torch.isnan(hf).any()
-    return rel(h, hr), rel(hf, hfr)
+    return check_forward(lookback4.bd4_lookback_forward, A, b, h0, cu)
 
 
 @pytest.mark.parametrize("T", [1, 4, 9, 17])

@@ -14,7 +14,7 @@ os.environ["LRNN_SCAN_POISON"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod  # noqa: E402
+from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod, tune_fixture  # noqa: E402
 
 from lrnn_scan.kernels.block_diagonal import lookback_dot  # noqa: E402
 
@@ -22,14 +22,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and no
                                 reason="needs TRITON_INTERPRET=1 or CUDA")
 
 
-@pytest.fixture(autouse=True)
-def _tune():
-    saved = dict(scanmod.TUNE)
-    scanmod.TUNE.clear()
-    scanmod.TUNE.update(bd_lookback=True, chunk=8, bdlb_chunk=8, sum_prec="ieee")
-    yield
-    scanmod.TUNE.clear()
-    scanmod.TUNE.update(saved)
+_tune = tune_fixture(dict(bd_lookback=True, chunk=8, bdlb_chunk=8, sum_prec="ieee"))
 
 
 def make(B, T, H, m, dtype=torch.float32, seed=0, pool=None):

@@ -28,11 +28,13 @@ SHAPES = [(8, 2048, 768), (1, 16384, 768), (2, 8192, 768), (4, 4096, 768), (16, 
 CONFIGS = {f"lb2_c{c}_w{w}": dict(lb2_chunk=c, lb2_window=w) for c in (16, 32) for w in (2, 4)}
 
 
-def _inputs(B, T, H, dtype, seed=0):
+def _inputs(B, T, H, dtype, seed=0, m=2):
+    """Row-stochastic m x m blocks times 0.99 (products stay bounded), Gaussian ``b``, on the GPU
+    (also ``lb4_compare.py``'s, with ``m = 4``)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    A = torch.rand(B, T, H, 2, 2, device="cuda", generator=g) + 0.05
+    A = torch.rand(B, T, H, m, m, device="cuda", generator=g) + 0.05
     A = A / A.sum(-1, keepdim=True) * 0.99
-    b = torch.randn(B, T, H, 2, device="cuda", generator=g)
+    b = torch.randn(B, T, H, m, device="cuda", generator=g)
     torch.cuda.synchronize()
     return A.to(dtype), b.to(dtype)
 

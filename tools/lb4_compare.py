@@ -24,7 +24,7 @@ from lrnn_scan.kernels.block_diagonal import ref, scan as S  # noqa: E402
 from lrnn_scan.kernels.block_diagonal.lookback4 import bd4_lookback_forward  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lb2_compare import _finish, _rel, timed_rounds  # noqa: E402  (the m = 2 tool's helpers)
+from lb2_compare import _finish, _inputs as _inputs2, _rel, timed_rounds  # noqa: E402  (the m = 2 tool's helpers)
 
 SHAPES = ["8x2048x768", "4x4096x768", "1x16384x768", "16x1024x768", "8x2048x1536", "8x2048x4096"]
 CONFIGS = ["c8w1", "c8w2", "c4w1", "c16w1"]
@@ -39,13 +39,8 @@ def _config(name):
 
 
 def _inputs(B, T, H, dtype, seed=0):
-    """Row-stochastic 4 x 4 blocks times 0.99 (products stay bounded), Gaussian ``b``."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    A = torch.rand(B, T, H, 4, 4, device="cuda", generator=g) + 0.05
-    A = A / A.sum(-1, keepdim=True) * 0.99
-    b = torch.randn(B, T, H, 4, device="cuda", generator=g)
-    torch.cuda.synchronize()
-    return A.to(dtype), b.to(dtype)
+    """``lb2_compare._inputs`` with 4 x 4 blocks."""
+    return _inputs2(B, T, H, dtype, seed, m=4)
 
 
 def check():

@@ -39,3 +39,14 @@ def try_accelerated_scan():
     except Exception as e:  # optional peer
         print(f"accelerated-scan not available: {e!r}")
         return None
+
+
+def graph_ratio(rows, B, T, N, ours_impl, key):
+    """Adds ``key`` = (peer CUDA-graph ms) / (``ours_impl``'s CUDA-graph ms) to the accelerated-scan
+    rows of shape ``(B, T, N)`` of ``scan_throughput.py``, where both graph times exist."""
+    ours = {r["kind"]: r.get("graph_ms") for r in rows
+            if r["impl"] == ours_impl and (r["B"], r["T"], r["N"]) == (B, T, N)}
+    for r in rows:
+        if r["impl"] == "accelerated-scan" and (r["B"], r["T"], r["N"]) == (B, T, N):
+            if r.get("graph_ms") and ours.get(r["kind"]):
+                r[key] = round(r["graph_ms"] / ours[r["kind"]], 3)

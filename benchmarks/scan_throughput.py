@@ -133,9 +133,9 @@ def ours_fwdbwd(A, b):
 
 # ----------------------------------------------------------------------------- peers
 try:                                        # as part of the benchmarks package
-    from .scan_peers import assoc_scan_m1, doubling_scan, eager_loop, try_accelerated_scan
+    from .scan_peers import assoc_scan_m1, doubling_scan, eager_loop, graph_ratio, try_accelerated_scan
 except ImportError:                         # run as a script: its folder is on sys.path
-    from scan_peers import assoc_scan_m1, doubling_scan, eager_loop, try_accelerated_scan
+    from scan_peers import assoc_scan_m1, doubling_scan, eager_loop, graph_ratio, try_accelerated_scan
 
 
 # ----------------------------------------------------------------------------- correctness
@@ -484,7 +484,15 @@ def main():
                     tpb = bench(fb)
                     record("fwdbwd", "accelerated-scan", B, T, N, 1, tpb, B * T * N * 24, graph_fn=fb,
                            speedup_vs_peer=round(tpb / tb, 3))
-                    _graph_ratio(rows, B, T, N)
+                    # ours on the peer's own (B, N, T) tensors: time_dim=2 (time_major.py)
+                    f = lambda: diagonal_scan(atd, xtd, time_dim=2)  # noqa: E731
+                    fb = lambda: torch.autograd.grad(diagonal_scan(at, xt, time_dim=2)[0], (at, xt), gt)  # noqa: E731
+                    for kind, fn, nb, tpeer in (("fwd", f, 12, tp), ("fwdbwd", fb, 24, tpb)):
+                        tt = bench(fn)
+                        record(kind, "ours_diag_time_major", B, T, N, 1, tt, B * T * N * nb, graph_fn=fn,
+                               peer_over_this=round(tpeer / tt, 3))
+                    graph_ratio(rows, B, T, N, "ours_diag", "graph_speedup_vs_peer")
+                    graph_ratio(rows, B, T, N, "ours_diag_time_major", "graph_speedup_time_major")
                 if T <= 2048:
                     try:
                         f = torch.compile(assoc_scan_m1, fullgraph=True)
@@ -522,17 +530,6 @@ def main():
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def _graph_ratio(rows, B, T, N):
-    """Adds ``graph_speedup_vs_peer`` (peer graph ms / ours graph ms) to the accelerated-scan rows
-    of shape (B, T, N), where both CUDA-graph times exist."""
-    ours = {r["kind"]: r.get("graph_ms") for r in rows
-            if r["impl"] == "ours_diag" and (r["B"], r["T"], r["N"]) == (B, T, N)}
-    for r in rows:
-        if r["impl"] == "accelerated-scan" and (r["B"], r["T"], r["N"]) == (B, T, N):
-            if r.get("graph_ms") and ours.get(r["kind"]):
-                r["graph_speedup_vs_peer"] = round(r["graph_ms"] / ours[r["kind"]], 3)
 
 
 def _write_outputs(out, args, env, bw, rows, worst, shapes, log):

@@ -34,10 +34,7 @@ kernel packages, and sets the Dynamo options the torch paths need for ``fullgrap
 (``trace_autograd_ops`` for the operator adjoints, ``allow_rnn`` for the LSTM baseline);
 :func:`disable` undoes both.
 
-Status: the ops, fake implementations and autograd are tested on CPU under the Triton
-interpreter (``TRITON_INTERPRET=1``, ``tests/test_ecosystem.py``); on CUDA,
-``tests/gpu/test_gpu_compile.py`` compiles every layer with ``fullgraph=True`` against eager
-(10 passed, H100, torch 2.11, Triton 3.6, 2026-11-25).
+Tests: ``tests/test_ecosystem.py`` (CPU, interpreter), ``tests/gpu/test_gpu_compile.py`` (H100).
 """
 from __future__ import annotations
 
@@ -63,7 +60,6 @@ _SAVED_DYNAMO: dict = {}
 def _register_logits_autograd(fwd_op, bwd_op) -> None:
     """Autograd of the from-logits ops (fused gates, companion): both save ``(z, v, h0, h, cu)``
     and call their backward op with the same arguments."""
-
     def setup_context(ctx, inputs, output):
         z, v, h0, cu, col0, code, eps, _ = inputs
         ctx.save_for_backward(z, v, h0, output[0], cu)
@@ -227,15 +223,20 @@ def block_diagonal_scan(A, b, initial_state=None, output_final_state=False, cu_s
     return h, (final if output_final_state else None)
 
 
-def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens=None):
-    """:func:`lrnn_scan.kernels.block_diagonal.diagonal_scan` through the custom op."""
+def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens=None, *, time_dim=1):
+    """:func:`lrnn_scan.kernels.block_diagonal.diagonal_scan` through the custom op; ``time_dim=2``
+    (``(B, N, T)``) is transposed to the op's ``(B, T, N)`` and back (no time-major op yet)."""
     register()
     mod = _OPS["bd_module"]
+    if time_dim != 1:
+        mod._check_time_dim(time_dim)
+        h, final = diagonal_scan(*(x.transpose(1, 2).contiguous() for x in (a, b)), initial_state,
+                                 output_final_state, cu_seqlens)
+        return h.transpose(1, 2).contiguous(), final
     mod._check_float("a", a, 3, "(B, T, N)")
     mod._check_float("b", b, 3, "(B, T, N)")
     if a.shape != b.shape:
-        raise ValueError(f"a and b must have one shape (B, T, N), got {tuple(a.shape)} and "
-                         f"{tuple(b.shape)}")
+        raise ValueError(f"a and b must have one shape (B, T, N), got {tuple(a.shape)} and {tuple(b.shape)}")
     B, T, N = b.shape
     if not _compiling():
         mod._check_common(b, "b", B, T, (N,), initial_state, cu_seqlens)

@@ -11,9 +11,12 @@ operator            layout                kernel
                     m ≤ 32
 ``Companion``       a ``(B, T, N, m)``,    ``kernels.companion.companion_scan_coeffs``
                     b ``(B, T, N)``
+``Diagonal``,       a, b ``(*lead, T, 1)``, ``kernels.block_diagonal.diagonal_scan`` with
+state size 1        time the last batch     ``time_dim=2`` on ``(1, prod(lead), T)``
+                    dim (time contiguous)   (no ``cu_seqlens``)
 ==================  ====================  ==========================================
 
-Vector states only, time at dim 1. Anything else falls back to the torch scans (or, with
+Vector states only, time at dim 1, except the time-contiguous diagonal layout. Anything else falls back to the torch scans (or, with
 ``method="kernel"``, raises a ``ValueError`` saying why no kernel fits). Imports are lazy: importing
 ``lrnn_scan`` never imports Triton.
 """
@@ -37,8 +40,15 @@ def kernel_for(op: TransitionOperator, b: Tensor, dim: int, reverse: bool,
     """``(qualified kernel name, "")`` if a kernel fits, else ``(None, reason)``."""
     if not _km.kernel_device(op.device):
         return None, f"tensors are on {op.device}, the Triton kernels need CUDA"
+    if _time_last(op, b, dim):
+        if op.dtype not in KERNEL_DTYPES:
+            return None, f"kernels take float16/bfloat16/float32, got {op.dtype}"
+        if cu_seqlens is not None:
+            return None, "the time-contiguous diagonal kernel (time the last batch dim) takes no cu_seqlens"
+        return _TIME_LAST, ""
     if dim != 1:
-        return None, f"kernels need time at dim 1, got dim={dim}"
+        return None, (f"kernels need time at dim 1 (or, for a Diagonal operator with state size 1, "
+                      f"time as the last batch dim), got dim={dim}")
     if op.dtype not in KERNEL_DTYPES:
         return None, f"kernels take float16/bfloat16/float32, got {op.dtype}"
     if reverse and cu_seqlens is not None:
@@ -56,6 +66,28 @@ def kernel_for(op: TransitionOperator, b: Tensor, dim: int, reverse: bool,
                   f"b.shape={tuple(b.shape)} (see lrnn_scan.dispatch)")
 
 
+_TIME_LAST = "block_diagonal.diagonal_scan#time_last"
+
+
+def _time_last(op, b, dim) -> bool:
+    """A ``Diagonal`` with state size 1 whose time is the last batch dim: ``(*lead, T, 1)``, each
+    row of ``lead`` a scalar recurrence with time contiguous (the ``time_dim=2`` kernels)."""
+    return (type(op) is Diagonal and op.state_size == 1 and b.dim() == op.batch_ndim + 1
+            and op.batch_ndim >= 2 and dim == op.batch_ndim - 1)
+
+
+def _scan_time_last(fn, a, b, h0, output_final_state, reverse):
+    """``(*lead, T, 1)`` as ``(1, prod(lead), T)`` for ``fn = diagonal_scan(..., time_dim=2)``."""
+    lead, T = b.shape[:-2], b.shape[-2]
+    a3, b3 = a.reshape(1, -1, T), b.reshape(1, -1, T)
+    if reverse:
+        a3, b3 = a3.flip(-1), b3.flip(-1)
+    h, hf = fn(a3.contiguous(), b3.contiguous(), initial_state=None if h0 is None else h0.reshape(1, -1),
+               output_final_state=output_final_state, time_dim=2)
+    h = h.flip(-1) if reverse else h
+    return h.reshape(b.shape), (None if hf is None else hf.reshape(*lead, 1))
+
+
 def try_kernel_scan(op: TransitionOperator, b: Tensor, initial_state, output_final_state: bool,
                     reverse: bool, cu_seqlens, dim: int, required: bool):
     """Run the matching kernel and return ``(h, h_final)``, or ``None`` to fall back."""
@@ -64,7 +96,7 @@ def try_kernel_scan(op: TransitionOperator, b: Tensor, initial_state, output_fin
         if required:
             raise ValueError(f"method='kernel': {why}")
         return None
-    module, fn_name = name.rsplit(".", 1)
+    module, fn_name = name.split("#")[0].rsplit(".", 1)
     try:
         fn = getattr(kernel_module(module), fn_name)
     except (ImportError, AttributeError) as exc:
@@ -76,6 +108,8 @@ def try_kernel_scan(op: TransitionOperator, b: Tensor, initial_state, output_fin
     # Kernels index dense row-major memory; strided views (e.g. a[..., 0]) are copied once here.
     param, b = param.contiguous(), b.contiguous()
     h0 = None if initial_state is None else initial_state.float().contiguous()
+    if name == _TIME_LAST:
+        return _scan_time_last(fn, param, b, h0, output_final_state, reverse)
     if reverse:
         param, b = param.flip(1), b.flip(1)
     h, h_final = fn(param, b, initial_state=h0, output_final_state=output_final_state,

@@ -240,6 +240,10 @@ def _cases():
          lambda *a: block_diagonal_scan(*a, True), (A, r(B, T, H, m), h0)),
         ("diagonal", lambda *a: lc.diagonal_scan(*a, True), lambda *a: diagonal_scan(*a, True),
          (torch.rand(B, T, 3, generator=g).to(DEV), r(B, T, 3), r(B, 3))),
+        # (B, N, T): the wrapper transposes to the (B, T, N) op, the eager path runs time_major.py
+        ("diagonal_time_dim_2", lambda *a: lc.diagonal_scan(*a, True, time_dim=2),
+         lambda *a: diagonal_scan(*a, True, time_dim=2),
+         (torch.rand(B, 3, T, generator=g).to(DEV), r(B, 3, T), r(B, 3))),
         ("fused_gates", lambda *a: lc.fused_gate_scan(*a[:2], "softmax", 1e-6, a[2], True),
          lambda *a: fused_gate_scan(*a[:2], "softmax", 1e-6, a[2], True),
          (r(B, T, H, m, m + 1), r(B, T, H, m), h0)),

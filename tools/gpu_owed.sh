@@ -73,6 +73,7 @@
 #                   (H100, tools/train_step_time.py)
 #        diagtile — issue 3: m = 1 forward tiles (the H100 default (16, 64, 2) since 2026-11-25) against
 #                   accelerated-scan in one run, tools/diag_tile_vs_accel.py, after the GPU tile tests
+#        tmaccel  — issue 3: the time-contiguous m = 1 scan against accelerated-scan (tools/tm_vs_accel.py)
 #        bhsweep  — issue 3: tools/fwd_bh_sweep.py for m = 4 and the B1 T16384 chunk rows (2026-11-25 ran
 #                   m = 2 at B8 T2048 only: the default block group won)
 # Logs and result files go to $OUT (or ./gpu_out); rows are appended to $OUT/RESULTS_<stage>.md
@@ -83,7 +84,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1  # a stage cut by its timeout still leaves its progress in the logs
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh ncu|memcheck|bd|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|bhsweep|train}
+stage=${1:?usage: gpu_owed.sh ncu|memcheck|bd|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|tmaccel|bhsweep|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -210,6 +211,11 @@ case "$stage" in
     timeout ${STAGE_TIMEOUT:-560} python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_gpu_block_diagonal.py \
       -k "diag_tiles or diagonal_api" 2>&1 | tee "$OUT/diagtile_tests.log" | tail -5
     timeout ${STAGE_TIMEOUT:-560} python3 tools/diag_tile_vs_accel.py --out "$OUT" 2>&1 | tee "$OUT/diagtile.log" | tail -40 ;;
+  tmaccel)
+    # issue 3: the time-contiguous m = 1 scan (time_major.py) against accelerated-scan on its own
+    # (B, N, T) layout, tools/tm_vs_accel.py; TM_ARGS e.g. "--shapes 8x2048x4096 --configs a=tm_bt:1024"
+    timeout ${STAGE_TIMEOUT:-560} python3 tools/tm_vs_accel.py --out "$OUT" --rounds ${TM_ROUNDS:-3} ${TM_ARGS:-} \
+      2>&1 | tee -a "$OUT/tmaccel.log" | tail -60 ;;
   bhsweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwd_bh_sweep.py --m 4 2 --out "$OUT" 2>&1 | tee "$OUT/bhsweep.log" | tail -40 ;;
   scan)

@@ -116,6 +116,15 @@ def _cases(family, dev, small):
                 h0 = _leaf(torch.randn(nseq, N, device=dev), torch.float32)
                 return diagonal_scan(a, b, h0, True, cu), (a, b, h0)
             yield f"T{T}_{'varlen' if cu is not None else 'B1'}", run
+
+            def run_tm(T=T, cu=cu):     # time contiguous (time_major.py): (1, N, T)
+                N = 24 if small else 768
+                nseq = 1 if cu is None else cu.numel() - 1
+                a = _leaf(torch.rand(1, N, T, device=dev) * 0.99, torch.float32)
+                b = _leaf(torch.randn(1, N, T, device=dev), torch.float32)
+                h0 = _leaf(torch.randn(nseq, N, device=dev), torch.float32)
+                return diagonal_scan(a, b, h0, True, cu, time_dim=2), (a, b, h0)
+            yield f"T{T}_{'varlen' if cu is not None else 'B1'}_time_major", run_tm
     elif family == "fused_gates":
         for m in ((1, 2, 3) if small else (1, 2, 4, 8)):
             for variant in ("softmax", "sigmoid"):

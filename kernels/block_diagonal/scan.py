@@ -28,10 +28,11 @@ from .lookback4 import bd4_lookback_forward, bd4_lookback_use
 from .lookback4_bwd import bd4_bwd_lookback_use, bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward, bd_lookback_use
 from .summary import launch_summary
+from .checks import _check_common, _check_float, _check_time_dim  # noqa: F401  (compile.py's too)
+from .time_major import TimeMajorScanFn
 
 __all__ = ["block_diagonal_scan", "diagonal_scan"]
 
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 MAX_M = 32
 _BWD_FEW = 1024  # below this many programs the backward takes its few-programs kernels
 # Test/benchmark knobs (not public API): ``chunk`` forces a chunk length (0 = never chunk),
@@ -62,59 +63,8 @@ def _empty(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _num_sms(device) -> int:
     return num_sms(device, cpu=4)  # cached: get_device_properties costs microseconds per call
-
-
-# ----------------------------------------------------------------------------- validation
-def _check_float(name, x, ndim, shape_doc):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _FLOATS:
-        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
-    if x.dim() != ndim:
-        raise ValueError(f"{name} must have shape {shape_doc}, got {tuple(x.shape)}")
-    if not x.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (call .contiguous()), got strides {x.stride()}")
-    if x.device.type != "cuda" and not _interpret():
-        raise ValueError(f"{name} must be a CUDA tensor (or set TRITON_INTERPRET=1), got {x.device}")
-
-
-def _check_common(ref, ref_name, B, T, state_shape, initial_state, cu_seqlens):
-    """Returns ``num_seqs``; checks the initial state and ``cu_seqlens``."""
-    nseq = B
-    if cu_seqlens is not None:
-        if not isinstance(cu_seqlens, torch.Tensor):
-            raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
-        if cu_seqlens.dtype not in (torch.int64, torch.int32) or cu_seqlens.dim() != 1 \
-                or cu_seqlens.numel() < 2:
-            raise ValueError(f"cu_seqlens must be an int64 tensor of shape (num_seqs + 1,), got "
-                             f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
-        if cu_seqlens.device != ref.device:
-            raise ValueError(f"cu_seqlens must be on {ref.device} like {ref_name}, got {cu_seqlens.device}")
-        if B != 1:
-            raise ValueError(f"cu_seqlens needs batch size 1 ({ref_name}.shape[0] == 1), got {B}")
-        cu = cu_seqlens.tolist()
-        if cu[0] != 0 or cu[-1] != T or any(y < x for x, y in zip(cu[:-1], cu[1:])):
-            raise ValueError(f"cu_seqlens must be non-decreasing from 0 to T={T}, got {cu}")
-        nseq = len(cu) - 1
-    if initial_state is not None:
-        if not isinstance(initial_state, torch.Tensor):
-            raise TypeError(f"initial_state must be a torch.Tensor, got {type(initial_state).__name__}")
-        if initial_state.dtype not in _FLOATS + (torch.float64,):
-            raise TypeError(f"initial_state must be a floating tensor, got {initial_state.dtype}")
-        want = (nseq,) + tuple(state_shape)
-        if tuple(initial_state.shape) != want:
-            raise ValueError(f"initial_state must have shape {want} ((B or num_seqs), ...), "
-                             f"got {tuple(initial_state.shape)}")
-        if initial_state.device != ref.device:
-            raise ValueError(f"initial_state must be on {ref.device} like {ref_name}, got "
-                             f"{initial_state.device}")
-    return nseq
 
 
 def _chunk_min_len(grad) -> int:
@@ -567,27 +517,36 @@ def _lookback_mode(key, nprog, max_len, device, bt, grad) -> bool:
     return bool(mode)
 
 
-def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens=None):
+def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens=None, *,
+                  time_dim=1):
     """Diagonal linear recurrence ``h_t = a_t * h_{t-1} + b_t`` (the m = 1 block case).
 
     Args:
-        a, b: ``(B, T, N)``, float32/bfloat16/float16, contiguous.
+        a, b: ``(B, T, N)``, or ``(B, N, T)`` with ``time_dim=2`` (time contiguous, as
+            accelerated-scan takes it; kernels in ``time_major.py``); float32/bfloat16/float16,
+            contiguous.
         initial_state: optional ``(B or num_seqs, N)``.
         output_final_state: also return the fp32 final state ``(B or num_seqs, N)``.
-        cu_seqlens: optional int64 ``(num_seqs + 1,)`` (``B == 1``).
+        cu_seqlens: optional int64 ``(num_seqs + 1,)`` offsets along time (``B == 1``).
+        time_dim: 1 (default) or 2 (``-1``): which dim of ``a``/``b``/``h`` is time.
 
     Returns:
         ``(h, h_final or None)``; ``h`` has ``b``'s shape and dtype.
     """
-    _check_float("a", a, 3, "(B, T, N)")
-    _check_float("b", b, 3, "(B, T, N)")
+    _check_time_dim(time_dim)
+    doc = "(B, T, N)" if time_dim == 1 else "(B, N, T)"
+    _check_float("a", a, 3, doc)
+    _check_float("b", b, 3, doc)
     if a.shape != b.shape:
-        raise ValueError(f"a and b must have one shape (B, T, N), got {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ValueError(f"a and b must have one shape {doc}, got {tuple(a.shape)} and {tuple(b.shape)}")
     if a.device != b.device:
         raise ValueError(f"a and b must be on one device, got a on {a.device}, b on {b.device}")
-    B, T, N = b.shape
+    B, T, N = b.shape if time_dim == 1 else (b.shape[0], b.shape[2], b.shape[1])
     nseq = _check_common(b, "b", B, T, (N,), initial_state, cu_seqlens)
     h0 = initial_state.contiguous() if initial_state is not None else None
     cu = cu_seqlens.to(torch.int64).contiguous() if cu_seqlens is not None else None
-    h, final = _diag_apply(a, b, h0, cu, nseq)
+    if time_dim == 1:
+        h, final = _diag_apply(a, b, h0, cu, nseq)
+    else:
+        h, final = TimeMajorScanFn.apply(a, b, h0, cu, max_seq_len(T, cu), TUNE, _empty)
     return h, (final if output_final_state else None)

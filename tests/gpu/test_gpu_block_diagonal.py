@@ -248,3 +248,49 @@ def test_diag_tiles(cfg):
         check(A, b, torch.randn(5, 768, 1, device=DEV), cu, 1e-4)
     finally:
         tune.clear()
+
+
+def _time_major_check(a, x, h0, cu, tol, rows=None):
+    """``diagonal_scan(time_dim=2)`` on ``(B, N, T)``: outputs, final state and the gradients of
+    ``a``, ``x``, ``h0`` against ``ref_scan`` on ``rows`` (all by default), NaN-poisoned outputs.
+    In 16-bit ``da = mu * h_{t-1}`` holds two roundings (the stored ``h`` and ``da`` itself, as in
+    the ``(B, T, N)`` kernels and accelerated-scan): its bound is ``2 * tol`` (6.1e-3 seen at 5e-3
+    elsewhere under the interpreter), every other error stays under ``tol``."""
+    leaves = [v.requires_grad_() for v in (a, x) + ((h0,) if h0 is not None else ())]
+    h, hf = bd.diagonal_scan(a, x, h0, True, cu, time_dim=2)
+    g, gf = torch.empty_like(h).normal_(), torch.randn_like(hf)
+    grads = torch.autograd.grad((h.float() * g.float()).sum() + (hf * gf).sum(), leaves)
+    sl = slice(None) if rows is None else rows
+    ref_in = [v.detach()[:, sl].double().requires_grad_() for v in (a, x)]
+    h0r = h0.detach()[:, sl].double().requires_grad_() if h0 is not None else None
+    hr, hfr = ref_scan(ref_in[0].transpose(1, 2)[..., None, None], ref_in[1].transpose(1, 2)[..., None],
+                       None if h0r is None else h0r[..., None], cu)
+    rg = torch.autograd.grad((hr[..., 0] * g[:, sl].transpose(1, 2).double()).sum()
+                             + (hfr[..., 0] * gf[:, sl].double()).sum(), ref_in + ([h0r] if h0r is not None else []))
+    errs = {"h": rel(h[:, sl], hr[..., 0].transpose(1, 2)), "h_final": rel(hf[:, sl], hfr[..., 0])}
+    for name, u, v in zip(("da", "db", "dh0"), grads, rg):
+        errs[name] = rel(u[:, sl], v)
+    print(errs)
+    low = a.dtype != torch.float32
+    assert all(v < (2 * tol if k == "da" and low else tol) for k, v in errs.items()), errs
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_time_major_long(dtype, tol, varlen):
+    """Time contiguous (time_major.py), T = 65536; varlen boundaries off the 2048-step tiles."""
+    B, N, T = (1 if varlen else 2), 96, 65536
+    A, b = make(B, T, N, 1, dtype, seed=11)
+    a, x = A[..., 0, 0].transpose(1, 2).contiguous(), b[..., 0].transpose(1, 2).contiguous()
+    cu = torch.tensor([0, 1000, 1001, 40000, T], device=DEV) if varlen else None
+    _time_major_check(a, x, torch.randn(4 if varlen else B, N, device=DEV), cu, tol)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory < 40e9,
+                    reason="needs ~35 GB of GPU memory")
+def test_time_major_more_than_2_31_elements():
+    N, T = 32800, 65536
+    assert N * T > 2 ** 31
+    a = torch.empty(1, N, T, device=DEV, dtype=torch.bfloat16).uniform_(-1, 1)
+    x = torch.empty(1, N, T, device=DEV, dtype=torch.bfloat16).normal_()
+    _time_major_check(a, x, None, None, 5e-3, rows=torch.tensor([0, N // 2, N - 1], device=DEV))

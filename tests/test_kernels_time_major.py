@@ -1,0 +1,146 @@
+"""Tests of the time-contiguous m = 1 scan (``diagonal_scan(..., time_dim=2)``, ``time_major.py``).
+
+Triton interpreter on the CPU (small tiles: 16 steps, 2 rows a program) or the GPU (the default
+tiles); float64 step-by-step reference for outputs, final states and the gradients of ``a``,
+``b`` and ``h0``; every kernel output NaN-poisoned beforehand (``LRNN_SCAN_POISON=1``, set by
+``test_kernels_block_diagonal``), so an unwritten element fails.
+"""
+import os
+
+import pytest
+import torch
+
+from test_kernels_block_diagonal import DEV, bd, ref, rel, tune_fixture
+
+from lrnn_scan.kernels.block_diagonal import time_major
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                                reason="needs TRITON_INTERPRET=1 or CUDA")
+
+# several tiles per row and rows that do not fill a program under the interpreter
+_tune = tune_fixture({}, dict(tm_bt=16, tm_br=2, tm_bt_bwd=16, tm_br_bwd=2))
+
+
+def inputs(B, N, T, dtype=torch.float32, seed=0):
+    """|a| in [0.9, 1] with random signs (carries from far tiles matter), Gaussian b."""
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randint(0, 2, (B, N, T), generator=g) * 2 - 1) * (0.9 + 0.1 * torch.rand(B, N, T, generator=g))
+    b = torch.randn(B, N, T, generator=g)
+    return a.to(DEV, dtype), b.to(DEV, dtype)
+
+
+def check(B, N, T, cu=None, with_h0=True, final_grad=True, dtype=torch.float32, tol=2e-6):
+    a, b = inputs(B, N, T, dtype, seed=T + N)
+    cut = None if cu is None else torch.tensor(cu, device=DEV)
+    nseq = B if cu is None else len(cu) - 1
+    h0 = torch.randn(nseq, N, device=DEV) if with_h0 else None
+    leaves = [x.clone().requires_grad_() for x in (a, b) + ((h0,) if with_h0 else ())]
+    h, hf = bd.diagonal_scan(leaves[0], leaves[1], leaves[2] if with_h0 else None, True, cut, time_dim=2)
+    assert h.shape == b.shape and h.dtype == b.dtype and hf.dtype == torch.float32 and hf.shape == (nseq, N)
+    d = [x.detach().double().requires_grad_() for x in leaves]
+    hr, hfr = ref.diagonal_scan_ref(d[0].transpose(1, 2), d[1].transpose(1, 2), d[2] if with_h0 else None,
+                                    True, cut)
+    hr = hr.transpose(1, 2)
+    gh, gf = torch.randn_like(hr), torch.randn_like(hfr)
+    loss_r = (hr * gh).sum() + ((hfr * gf).sum() if final_grad else 0)
+    loss = (h.float() * gh.float()).sum() + ((hf * gf.float()).sum() if final_grad else 0)
+    grads_r = torch.autograd.grad(loss_r, d)
+    grads = torch.autograd.grad(loss, leaves)
+    errs = [rel(h, hr), rel(hf, hfr)] + [rel(u, v) for u, v in zip(grads, grads_r)]
+    assert all(not torch.isnan(x).any() for x in (h, hf) + grads)
+    assert max(errs) < tol, errs
+    return errs
+
+
+@pytest.mark.parametrize("T", [1, 17, 64, 129])
+@pytest.mark.parametrize("B,N", [(2, 3), (1, 5)])
+def test_forward_backward(B, N, T):
+    check(B, N, T)
+
+
+@pytest.mark.parametrize("cu", [[0, 5, 5, 33, 70], [0, 1, 17, 18, 70], [0, 70]])
+def test_varlen(cu):
+    """Boundaries inside 16-step tiles, an empty sequence (its final state is h0, dh0 = dL/dh_T)
+    and one-step sequences."""
+    check(1, 5, 70, cu)
+
+
+@pytest.mark.parametrize("with_h0,final_grad", [(False, True), (True, False), (False, False)])
+def test_optional_state(with_h0, final_grad):
+    check(2, 3, 40, None, with_h0, final_grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision(dtype):
+    """Outputs in the input dtype, fp32 state: errors of the order of the dtype's rounding."""
+    errs = check(2, 3, 50, dtype=dtype, tol=2e-2)
+    assert max(errs) > 1e-6   # the comparison really saw rounded values
+
+
+def test_same_as_btn_layout():
+    """Same numbers as the (B, T, N) kernels on the transposed tensors."""
+    a, b = inputs(2, 6, 45)
+    h0 = torch.randn(2, 6, device=DEV)
+    h, hf = bd.diagonal_scan(a, b, h0, True, time_dim=-1)
+    h2, hf2 = bd.diagonal_scan(a.transpose(1, 2).contiguous(), b.transpose(1, 2).contiguous(), h0, True)
+    assert rel(h, h2.transpose(1, 2)) < 1e-6 and rel(hf, hf2) < 1e-6
+
+
+def test_tile_cut_to_sequence():
+    """Short sequences scan a tile of the next power of two (at least 16), not the default 2048."""
+    assert time_major._cfg({}, 5, False)[1] == 16
+    assert time_major._cfg({}, 100, True)[1] == 128
+    assert time_major._cfg({}, 10 ** 6, False)[1] == time_major.TM_FWD[1]
+    assert time_major._cfg(dict(tm_bt_bwd=64, tm_br_bwd=4), 10 ** 6, True)[:2] == (4, 64)
+    # 8 warps for forwards with many programs per SM; the backward keeps its 4; TUNE wins
+    many = time_major.TM_FWD_NW8_FROM * 132
+    assert time_major._cfg({}, 2048, False, many, 132)[2] == 8
+    assert time_major._cfg({}, 2048, False, many - 1, 132)[2] == 4
+    assert time_major._cfg({}, 2048, True, many, 132)[2] == 4
+    assert time_major._cfg(dict(tm_nw=2), 2048, False, many, 132)[2] == 2
+
+
+def test_errors():
+    a, b = inputs(1, 3, 8)
+    with pytest.raises(ValueError, match="time_dim must be 1"):
+        bd.diagonal_scan(a, b, time_dim=0)
+    with pytest.raises(ValueError, match="time_dim must be 1"):
+        bd.diagonal_scan(a, b, time_dim=True)
+    with pytest.raises(ValueError, match=r"a must have shape \(B, N, T\)"):
+        bd.diagonal_scan(a[0], b, time_dim=2)
+    with pytest.raises(ValueError, match="b must be contiguous"):
+        bd.diagonal_scan(a, torch.randn(1, 8, 3, device=DEV).transpose(1, 2), time_dim=2)
+    with pytest.raises(ValueError, match=r"initial_state must have shape \(1, 3\)"):
+        bd.diagonal_scan(a, b, torch.zeros(1, 8, device=DEV), time_dim=2)
+    with pytest.raises(ValueError, match="non-decreasing from 0 to T=8"):
+        bd.diagonal_scan(a, b, cu_seqlens=torch.tensor([0, 3], device=DEV), time_dim=2)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_engine_routes_time_last_diagonal(reverse, monkeypatch):
+    """``lrnn_scan.scan(Diagonal(a), b, dim=-2 of a)`` with state size 1 and time the last batch
+    dim: ``(*lead, T, 1)`` goes to the time-major kernel (spied), equal to the Blelloch scan in
+    outputs, final state and gradients; with ``cu_seqlens`` no kernel fits (a clear reason)."""
+    import lrnn_scan as ls
+    import lrnn_scan._kernel_modules as km
+
+    if DEV == "cpu":   # the interpreter stands in for CUDA
+        monkeypatch.setattr(km, "kernel_device", lambda device: True)
+    calls, real = [], time_major.time_major_forward
+    monkeypatch.setattr(time_major, "time_major_forward", lambda *a: calls.append(1) or real(*a))
+    a, b = inputs(2, 3, 37)
+    a, b = a.reshape(2, 3, 37, 1), b.reshape(2, 3, 37, 1)        # lead (2, 3), T = 37, d = 1
+    h0 = torch.randn(2, 3, 1, device=DEV)
+    outs = {}
+    for method in ("kernel", "blelloch"):
+        leaves = [x.clone().requires_grad_() for x in (a, b, h0)]
+        h, hf = ls.scan(ls.Diagonal(leaves[0]), leaves[1], initial_state=leaves[2], output_final_state=True,
+                        reverse=reverse, dim=2, method=method)
+        grads = torch.autograd.grad((h * torch.cos(h)).sum() + hf.sum(), leaves)
+        outs[method] = (h, hf) + grads
+    assert calls == [1]
+    for x, y in zip(outs["kernel"], outs["blelloch"]):
+        assert x.shape == y.shape and rel(x, y.double()) < 1e-5
+    cu = torch.tensor([0, 10, 37], device=DEV)
+    with pytest.raises(ValueError, match="takes no cu_seqlens"):
+        ls.scan(ls.Diagonal(a[:1]), b[:1], cu_seqlens=cu, dim=2, method="kernel")

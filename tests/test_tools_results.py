@@ -451,3 +451,24 @@ def test_timed_rounds_adds_a_copy_column(monkeypatch):
     out = mod.timed_rounds({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 64, 3, device="cpu")
     assert list(out) == ["copy", "a", "b"] and calls == ["a", "b"] * 3
     assert out == {"copy": 6.0, "a": 2.0, "b": 4.0}
+
+
+def test_tm_vs_accel_render(tmp_path, capsys):
+    """tools/tm_vs_accel.py --render: per kind one row per shape, ms and accelerated-scan's time
+    over each column's, the worst check in the footer; --results appends the same text."""
+    mod = _tool("tm_vs_accel")
+    rows = [dict(B=8, T=2048, N=4096, kind=k, config=c, ms=ms, peer_over_this=p, h_vs_fp64=e, grad_vs_btn=e)
+            for k, c, ms, p, e in (("fwd", "tm_default", 0.2650, 1.015, 5e-8),
+                                   ("fwd", "accelerated-scan", 0.2690, 1.0, 6e-8),
+                                   ("fwdbwd", "tm_default", 0.7106, 1.02, 1.1e-7),
+                                   ("fwdbwd", "accelerated-scan", 0.7247, 1.0, 9e-8))]
+    js = tmp_path / "tm_vs_accel.json"
+    js.write_text(json.dumps(dict(meta=dict(date="2026-11-27 08:09 UTC", device="GPU X", torch="2.11",
+                                            triton="3.6", rounds=3, note="bytes"), rows=rows)))
+    res = tmp_path / "R.md"
+    mod.main(["--render", str(js), "--results", str(res), "--note", "a note"])
+    text = res.read_text()
+    assert text.strip() == capsys.readouterr().out.strip()
+    assert "### tools/tm_vs_accel.py, 2026-11-27 08:09 UTC" in text and "GPU X" in text and "a note" in text
+    assert "| B8 T2048 N4096 | 0.2650 (1.015) | 0.2690 (1.0) |" in text
+    assert "| B8 T2048 N4096 | 0.7106 (1.02) | 0.7247 (1.0) |" in text and "1.1e-07" in text

@@ -11,16 +11,18 @@ operator            layout                kernel
                     m ≤ 32
 ``Companion``       a ``(B, T, N, m)``,    ``kernels.companion.companion_scan_coeffs``
                     b ``(B, T, N)``
-``Diagonal``,       a, b ``(*lead, T, 1)``, ``kernels.block_diagonal.diagonal_scan`` with
-state size 1        time the last batch     ``time_dim=2`` on ``(1, prod(lead), T)``
-                    dim (time contiguous)   (no ``cu_seqlens``)
+``Diagonal``,       a, b ``(*L, T, 1)``,   ``kernels.block_diagonal.diagonal_scan``
+state size 1        time the last batch    with ``time_dim=2`` on ``(1, prod(L), T)``
+                    dim (contiguous)       (no ``cu_seqlens`` at ``dim != 1``)
 ==================  ====================  ==========================================
 
-Vector states only, time at dim 1, except the time-contiguous diagonal layout. Anything else falls back to the torch scans (or, with
-``method="kernel"``, raises a ``ValueError`` saying why no kernel fits). Imports are lazy: importing
-``lrnn_scan`` never imports Triton.
+Vector states only, time at dim 1 (or last, as above). Anything else falls back to the torch
+scans (or, with ``method="kernel"``, raises a ``ValueError`` saying why no kernel fits). Imports
+are lazy: importing ``lrnn_scan`` never imports Triton.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -40,7 +42,7 @@ def kernel_for(op: TransitionOperator, b: Tensor, dim: int, reverse: bool,
     """``(qualified kernel name, "")`` if a kernel fits, else ``(None, reason)``."""
     if not _km.kernel_device(op.device):
         return None, f"tensors are on {op.device}, the Triton kernels need CUDA"
-    if _time_last(op, b, dim):
+    if _time_last(op, b, dim) and (cu_seqlens is None or dim != 1):   # (B, T, 1) packed: below
         if op.dtype not in KERNEL_DTYPES:
             return None, f"kernels take float16/bfloat16/float32, got {op.dtype}"
         if cu_seqlens is not None:
@@ -79,7 +81,7 @@ def _time_last(op, b, dim) -> bool:
 def _scan_time_last(fn, a, b, h0, output_final_state, reverse):
     """``(*lead, T, 1)`` as ``(1, prod(lead), T)`` for ``fn = diagonal_scan(..., time_dim=2)``."""
     lead, T = b.shape[:-2], b.shape[-2]
-    a3, b3 = a.reshape(1, -1, T), b.reshape(1, -1, T)
+    a3, b3 = a.reshape(1, math.prod(lead), T), b.reshape(1, math.prod(lead), T)
     if reverse:
         a3, b3 = a3.flip(-1), b3.flip(-1)
     h, hf = fn(a3.contiguous(), b3.contiguous(), initial_state=None if h0 is None else h0.reshape(1, -1),

@@ -144,3 +144,24 @@ def test_engine_routes_time_last_diagonal(reverse, monkeypatch):
     cu = torch.tensor([0, 10, 37], device=DEV)
     with pytest.raises(ValueError, match="takes no cu_seqlens"):
         ls.scan(ls.Diagonal(a[:1]), b[:1], cu_seqlens=cu, dim=2, method="kernel")
+
+
+def test_engine_packed_b_t_1_keeps_the_btn_kernel(monkeypatch):
+    """``Diagonal`` on ``(1, T, 1)`` with ``cu_seqlens`` (time at dim 1): the packed layout stays
+    with the ``(B, T, N)`` kernels (the time-major one takes no offsets); without offsets the
+    time-major kernel takes it; a zero-length time runs too."""
+    import lrnn_scan as ls
+    import lrnn_scan._kernel_modules as km
+    from lrnn_scan.dispatch import kernel_for
+
+    if DEV == "cpu":
+        monkeypatch.setattr(km, "kernel_device", lambda device: True)
+    a, b = inputs(1, 1, 40)
+    a, b = a.reshape(1, 40, 1), b.reshape(1, 40, 1)
+    cu = torch.tensor([0, 13, 40], device=DEV)
+    assert kernel_for(ls.Diagonal(a), b, 1, False, cu)[0] == "block_diagonal.diagonal_scan"
+    assert kernel_for(ls.Diagonal(a), b, 1, False, None)[0].endswith("#time_last")
+    h = ls.scan(ls.Diagonal(a), b, cu_seqlens=cu, method="kernel")
+    assert rel(h, ls.scan(ls.Diagonal(a.double()), b.double(), cu_seqlens=cu, method="blelloch")) < 1e-5
+    z = ls.scan(ls.Diagonal(a[:, :0]), b[:, :0], method="kernel")
+    assert z.shape == (1, 0, 1)

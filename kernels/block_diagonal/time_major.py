@@ -60,16 +60,23 @@ def _tm_rows(CU, s, pid, T, R, RS, BR: tl.constexpr, VARLEN: tl.constexpr):
     return rows, mr, base[:, None], bos, eos, s.to(tl.int64) * R + rows
 
 
+@triton.jit
+def _tm_row_vals(P, sr, mr, HAS: tl.constexpr, BR: tl.constexpr):
+    """fp32 ``P[sr]`` for the program's rows (initial states, final-state gradients); zeros
+    without ``P``."""
+    x = tl.zeros([BR], dtype=tl.float32)
+    if HAS:
+        x = tl.load(P + sr, mask=mr, other=0.0).to(tl.float32)
+    return x
+
+
 @triton.jit(do_not_specialize=["T", "R"])
 def _tm_fwd_kernel(Aa, Bv, Hout, Init, Final, CU, T, R, RS, BR: tl.constexpr, BT: tl.constexpr,
                    NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr):
     pid = tl.program_id(0)
     s = tl.program_id(1)
     rows, mr, base, bos, eos, sr = _tm_rows(CU, s, pid, T, R, RS, BR, VARLEN)
-    if HAS_INIT:
-        x = tl.load(Init + sr, mask=mr, other=0.0).to(tl.float32)
-    else:
-        x = tl.zeros([BR], dtype=tl.float32)
+    x = _tm_row_vals(Init, sr, mr, HAS_INIT, BR)
     cols = tl.arange(0, BT)
     last = (cols == BT - 1)[None, :]
     pa, pb, ph = Aa + base, Bv + base, Hout + base
@@ -93,12 +100,8 @@ def _tm_bwd_kernel(Aa, Hs, H0, G, DhT, DA, DB, DH0, CU, T, R, RS, BR: tl.constex
     pid = tl.program_id(0)
     s = tl.program_id(1)
     rows, mr, base, bos, eos, sr = _tm_rows(CU, s, pid, T, R, RS, BR, VARLEN)
-    if HAS_DHT:
-        mu_c = tl.load(DhT + sr, mask=mr, other=0.0).to(tl.float32)
-    else:
-        mu_c = tl.zeros([BR], dtype=tl.float32)
-    if HAS_H0:
-        h0 = tl.load(H0 + sr, mask=mr, other=0.0).to(tl.float32)
+    mu_c = _tm_row_vals(DhT, sr, mr, HAS_DHT, BR)
+    h0 = _tm_row_vals(H0, sr, mr, HAS_H0, BR)
     cols = tl.arange(0, BT)
     first = (cols == 0)[None, :]
     nt = tl.cdiv(eos - bos, BT)

@@ -13,7 +13,8 @@ operator            layout                kernel
                     b ``(B, T, N)``
 ``Diagonal``,       a, b ``(*L, T, 1)``,   ``kernels.block_diagonal.diagonal_scan``
 state size 1        time the last batch    with ``time_dim=2`` on ``(1, prod(L), T)``
-                    dim (contiguous)       (no ``cu_seqlens`` at ``dim != 1``)
+                    dim (contiguous)       (``(B, T, 1)``: from ``TIME_MAJOR_MIN_ROWS``
+                                           rows, without ``cu_seqlens``)
 ==================  ====================  ==========================================
 
 Vector states only, time at dim 1 (or last, as above). Anything else falls back to the torch
@@ -35,6 +36,10 @@ __all__ = ["try_kernel_scan", "kernel_for"]
 
 MAX_KERNEL_BLOCK = 32
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# (B, T, 1) Diagonal scans with at least this many rows take the time-major kernel: about one row
+# per SM of an H100 / H200 (132). Below it the (B, T, N) kernels split time (a choice, not timed;
+# a constant, not a device query, so that Dynamo traces it)
+TIME_MAJOR_MIN_ROWS = 128
 
 
 def kernel_for(op: TransitionOperator, b: Tensor, dim: int, reverse: bool,
@@ -42,7 +47,7 @@ def kernel_for(op: TransitionOperator, b: Tensor, dim: int, reverse: bool,
     """``(qualified kernel name, "")`` if a kernel fits, else ``(None, reason)``."""
     if not _km.kernel_device(op.device):
         return None, f"tensors are on {op.device}, the Triton kernels need CUDA"
-    if _time_last(op, b, dim) and (cu_seqlens is None or dim != 1):   # (B, T, 1) packed: below
+    if _time_last(op, b, dim, cu_seqlens):
         if op.dtype not in KERNEL_DTYPES:
             return None, f"kernels take float16/bfloat16/float32, got {op.dtype}"
         if cu_seqlens is not None:
@@ -71,11 +76,16 @@ def kernel_for(op: TransitionOperator, b: Tensor, dim: int, reverse: bool,
 _TIME_LAST = "block_diagonal.diagonal_scan#time_last"
 
 
-def _time_last(op, b, dim) -> bool:
+def _time_last(op, b, dim, cu_seqlens) -> bool:
     """A ``Diagonal`` with state size 1 whose time is the last batch dim: ``(*lead, T, 1)``, each
-    row of ``lead`` a scalar recurrence with time contiguous (the ``time_dim=2`` kernels)."""
-    return (type(op) is Diagonal and op.state_size == 1 and b.dim() == op.batch_ndim + 1
-            and op.batch_ndim >= 2 and dim == op.batch_ndim - 1)
+    row of ``lead`` a scalar recurrence with time contiguous (the ``time_dim=2`` kernels, whose
+    only parallelism is the rows). ``(B, T, 1)`` (time at dim 1) can also take the ``(B, T, N)``
+    kernels, which split time when ``B`` is small and take ``cu_seqlens``: it goes time-major only
+    without offsets and with ``TIME_MAJOR_MIN_ROWS`` rows or more."""
+    if not (type(op) is Diagonal and op.state_size == 1 and b.dim() == op.batch_ndim + 1
+            and op.batch_ndim >= 2 and dim == op.batch_ndim - 1):
+        return False
+    return dim != 1 or (cu_seqlens is None and b.shape[0] >= TIME_MAJOR_MIN_ROWS)
 
 
 def _scan_time_last(fn, a, b, h0, output_final_state, reverse):

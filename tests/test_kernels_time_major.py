@@ -146,10 +146,10 @@ def test_engine_routes_time_last_diagonal(reverse, monkeypatch):
         ls.scan(ls.Diagonal(a[:1]), b[:1], cu_seqlens=cu, dim=2, method="kernel")
 
 
-def test_engine_packed_b_t_1_keeps_the_btn_kernel(monkeypatch):
-    """``Diagonal`` on ``(1, T, 1)`` with ``cu_seqlens`` (time at dim 1): the packed layout stays
-    with the ``(B, T, N)`` kernels (the time-major one takes no offsets); without offsets the
-    time-major kernel takes it; a zero-length time runs too."""
+def test_engine_b_t_1_keeps_the_btn_kernel_unless_rows_fill_the_gpu(monkeypatch):
+    """``Diagonal`` on ``(B, T, 1)`` (time at dim 1): packed (``cu_seqlens``) or with fewer rows
+    than ``TIME_MAJOR_MIN_ROWS`` it stays with the ``(B, T, N)`` kernels, which split time; with
+    more the time-major kernel takes it; a zero-length time runs too."""
     import lrnn_scan as ls
     import lrnn_scan._kernel_modules as km
     from lrnn_scan.dispatch import kernel_for
@@ -159,8 +159,14 @@ def test_engine_packed_b_t_1_keeps_the_btn_kernel(monkeypatch):
     a, b = inputs(1, 1, 40)
     a, b = a.reshape(1, 40, 1), b.reshape(1, 40, 1)
     cu = torch.tensor([0, 13, 40], device=DEV)
+    from lrnn_scan.dispatch import TIME_MAJOR_MIN_ROWS as many
     assert kernel_for(ls.Diagonal(a), b, 1, False, cu)[0] == "block_diagonal.diagonal_scan"
-    assert kernel_for(ls.Diagonal(a), b, 1, False, None)[0].endswith("#time_last")
+    assert kernel_for(ls.Diagonal(a), b, 1, False, None)[0] == "block_diagonal.diagonal_scan"
+    a2, b2 = a.expand(many, 40, 1).contiguous(), b.expand(many, 40, 1).contiguous()
+    assert kernel_for(ls.Diagonal(a2), b2, 1, False, None)[0].endswith("#time_last")
+    assert kernel_for(ls.Diagonal(a2[:-1]), b2[:-1], 1, False, None)[0] == "block_diagonal.diagonal_scan"
+    assert rel(ls.scan(ls.Diagonal(a2), b2, method="kernel"),
+               ls.scan(ls.Diagonal(a2.double()), b2.double(), method="blelloch")) < 1e-5
     h = ls.scan(ls.Diagonal(a), b, cu_seqlens=cu, method="kernel")
     assert rel(h, ls.scan(ls.Diagonal(a.double()), b.double(), cu_seqlens=cu, method="blelloch")) < 1e-5
     z = ls.scan(ls.Diagonal(a[:, :0]), b[:, :0], method="kernel")

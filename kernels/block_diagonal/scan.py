@@ -528,7 +528,9 @@ def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens
         initial_state: optional ``(B or num_seqs, N)``.
         output_final_state: also return the fp32 final state ``(B or num_seqs, N)``.
         cu_seqlens: optional int64 ``(num_seqs + 1,)`` offsets along time (``B == 1``).
-        time_dim: 1 (default) or 2 (``-1``): which dim of ``a``/``b``/``h`` is time.
+        time_dim: 1 (default) or 2 (``-1``): which dim of ``a``/``b``/``h`` is time. With 2 the
+            ``B * N`` rows are the only parallelism (time is not split): with fewer rows than
+            the GPU has SMs and long sequences the ``(B, T, N)`` layout is faster.
 
     Returns:
         ``(h, h_final or None)``; ``h`` has ``b``'s shape and dtype.

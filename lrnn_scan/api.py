@@ -36,6 +36,8 @@ def scan(op: TransitionOperator, b: Tensor, *, initial_state: Tensor | None = No
             (fla convention: ``B == 1``, ``dim == 1``); each sequence starts from its own
             initial state.
         dim: the time dim of ``op.batch_shape`` and ``b`` (default 1: ``[B, T, ...]`` layout).
+            The kernels take time at dim 1, or as the last batch dim of a ``Diagonal`` with state
+            size 1 (``a, b: (B, N, T, 1)``, ``dim=2``: independent scalar rows, time contiguous).
         method: ``"auto"`` (Triton kernels for CUDA tensors of the families that have one, else
             ``"blelloch"``), ``"blelloch"`` (work-efficient tree, ``O(log T)`` depth),
             ``"sequential"`` (reference loop) or ``"kernel"`` (Triton only; error if none fits).

@@ -472,3 +472,21 @@ def test_tm_vs_accel_render(tmp_path, capsys):
     assert "### tools/tm_vs_accel.py, 2026-11-27 08:09 UTC" in text and "GPU X" in text and "a note" in text
     assert "| B8 T2048 N4096 | 0.2650 (1.015) | 0.2690 (1.0) |" in text
     assert "| B8 T2048 N4096 | 0.7106 (1.02) | 0.7247 (1.0) |" in text and "1.1e-07" in text
+
+
+def test_tm_vs_accel_smoke_on_the_interpreter(tmp_path, monkeypatch):
+    """tools/tm_vs_accel.py's run at a tiny shape on the CPU interpreter (timer stubbed, no
+    accelerated-scan): every column checked against fp64 and the (B, T, N) default's gradients,
+    a copy column first, one row per column and kind."""
+    mod = _tool("tm_vs_accel")
+    monkeypatch.setattr(mod, "DEVICE", "cpu")
+    monkeypatch.setattr(mod, "try_accelerated_scan", lambda: None)
+    monkeypatch.setattr(mod, "timed_rounds",
+                        lambda fns, nbytes, rounds, device: {"copy": 1.0, **{k: (f(), 2.0)[1] for k, f in fns.items()}})
+    mod.main(["--shapes", "2x37x20", "--rounds", "1", "--out", str(tmp_path)])
+    d = json.loads((tmp_path / "tm_vs_accel.json").read_text())
+    cols = ["copy", "btn_default", *mod.CONFIGS]
+    assert [r["config"] for r in d["rows"]] == cols * 2 and d["meta"]["device"] == "CPU interpreter"
+    for r in d["rows"]:
+        assert r["config"] == "copy" or (r["h_vs_fp64"] < 1e-6 and r["grad_vs_btn"] < 1e-6), r
+        assert r["pct_copy"] == (100.0 if r["config"] == "copy" else 50.0) and r["peer_over_this"] is None

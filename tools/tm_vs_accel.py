@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lb2_compare import timed_rounds  # noqa: E402
 from tune_compare import parse_tune  # noqa: E402
 
+DEVICE = "cuda"   # the CPU smoke test (tests/test_tools_results.py) sets "cpu" (interpreter)
 SHAPES = ["8x2048x4096", "8x16384x4096", "8x2048x768", "1x16384x768"]
 CONFIGS = {   # name -> scan.TUNE overrides of the time-major kernels (tm_* forward, tm_*_bwd backward)
     "tm_default": {},
@@ -69,10 +70,10 @@ def _grad(fn, a, x, dh):
 
 
 def run_shape(B, T, N, configs, as_scan, rounds):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    a = torch.rand(B, N, T, device="cuda", generator=g) * 0.5 + 0.5   # (B, N, T), time contiguous
-    x = torch.randn(B, N, T, device="cuda", generator=g)
-    dh = torch.randn(B, N, T, device="cuda", generator=g)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    a = torch.rand(B, N, T, device=DEVICE, generator=g) * 0.5 + 0.5   # (B, N, T), time contiguous
+    x = torch.randn(B, N, T, device=DEVICE, generator=g)
+    dh = torch.randn(B, N, T, device=DEVICE, generator=g)
     at, xt, dht = (v.transpose(1, 2).contiguous() for v in (a, x, dh))   # (B, T, N) for the default
     ad, xd, atd, xtd = a, x, at, xt      # the forwards take these (no autograd graph)
     a, x, at, xt = (v.detach().requires_grad_() for v in (a, x, at, xt))
@@ -96,7 +97,7 @@ def run_shape(B, T, N, configs, as_scan, rounds):
             grad_vs_btn=max(_rel(u, v) for u, v in zip(_grad(as_scan, a, x, dh), g0)))
     rows = []
     for kind, k, nbytes in (("fwd", 0, 12), ("fwdbwd", 1, 32)):
-        ms = timed_rounds({n: f[k] for n, f in fns.items()}, B * T * N * nbytes, rounds)
+        ms = timed_rounds({n: f[k] for n, f in fns.items()}, B * T * N * nbytes, rounds, device=DEVICE)
         peer = ms.get("accelerated-scan")
         for n, v in ms.items():
             rows.append(dict(B=B, T=T, N=N, kind=kind, config=n, tune=configs.get(n), ms=round(v, 5),
@@ -152,7 +153,8 @@ def main(argv=None):
     configs = CONFIGS if args.configs is None else {"tm_default": {}, **parse_tune(args.configs)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(tool="tm_vs_accel", device=torch.cuda.get_device_name(), torch=torch.__version__,
+    env = dict(tool="tm_vs_accel", torch=torch.__version__,
+               device=torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU interpreter",
                triton=triton.__version__, date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                rounds=args.rounds, note="fwd bytes a,b,h; fwdbwd bytes 32/elem (fwd 12 + bwd a,h,g,da,db 20); "
                                         "copy column moves the same bytes")
@@ -161,7 +163,8 @@ def main(argv=None):
     rows = []
     for shape in args.shapes:
         rows += run_shape(*map(int, shape.split("x")), configs, as_scan, args.rounds)
-        torch.cuda.empty_cache()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
     (out / "tm_vs_accel.json").write_text(json.dumps(dict(meta=env, rows=rows), indent=1, default=str))
     print(f"wrote {out / 'tm_vs_accel.json'}", flush=True)
 

@@ -6,6 +6,8 @@
 #   H100s in the twentieth: compute-sanitizer memcheck of lookback4_bwd 0 errors; the m = 4 rule
 #   timed over its band (now below 1.4 ring programs per SM); tests/test_kernels_lookback4.py 41
 #   and test_gpu_models.py 67 passed with the final routing. Nothing is owed.
+#   Twenty-first session: the time-contiguous m = 1 kernels (time_major.py, diagonal_scan
+#   time_dim=2) ran every test, memcheck and timing on H100s (stages tmaccel, pytest, memcheck).
 #   What the twentieth found (RESULTS.md): at B8 T2048 N768 the m = 4 and m = 8 passes are bound
 #   by their chain of 2048 steps (B16 T1024, the same bytes, reaches 93-94 %); smaller block
 #   groups, deeper pipelines, time chunks and whole blocks in one thread (commit 80dbcc4) lost.

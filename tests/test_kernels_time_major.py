@@ -86,6 +86,23 @@ def test_same_as_btn_layout():
     assert rel(h, h2.transpose(1, 2)) < 1e-6 and rel(hf, hf2) < 1e-6
 
 
+def test_rows_grid_and_empty_shapes():
+    """Without offsets the B x N rows form one set (grid ``(cdiv(B * N, BR), 1)``: no 65535 limit
+    on the batch); no rows launch nothing; T = 0 passes h0 to the final state and dL/dh_T back."""
+    assert time_major._rows_grid(70000, 3, 2, None) == (210000, (105000, 1))
+    assert time_major._rows_grid(1, 5, 2, torch.tensor([0, 3, 9])) == (5, (3, 2))
+    for shape in ((2, 0, 5), (0, 3, 5)):
+        h, hf = bd.diagonal_scan(*inputs(*shape), None, True, time_dim=2)
+        assert h.shape == shape and hf.shape == shape[:2]
+    a, b = (x.requires_grad_() for x in inputs(2, 3, 0))
+    h0 = torch.randn(2, 3, device=DEV, requires_grad=True)
+    h, hf = bd.diagonal_scan(a, b, h0, True, time_dim=2)
+    assert h.shape == (2, 3, 0) and torch.equal(hf, h0.detach())
+    gf = torch.randn(2, 3, device=DEV)
+    (dh0,) = torch.autograd.grad((hf * gf).sum(), h0)
+    assert torch.equal(dh0, gf)
+
+
 def test_tile_cut_to_sequence():
     """Short sequences scan a tile of the next power of two (at least 16), not the default 2048."""
     assert time_major._cfg({}, 5, False)[1] == 16

@@ -137,6 +137,13 @@ def _cfg(tune: dict, T: int, bwd: bool, nprog: int = 0, nsm: int = 1):
     return br, min(bt, max(16, next_pow2(T))), nw, ns
 
 
+def _rows_grid(B, N, br, cu):
+    """``(R, grid)``: without ``cu_seqlens`` the ``B x N`` rows are one set of ``B * N`` rows (the
+    same memory; no 65535 limit on the grid's second dim), with it ``N`` rows per sequence."""
+    R, nseq = (B * N, 1) if cu is None else (N, cu.numel() - 1)
+    return R, (cdiv(R, br), nseq)
+
+
 def time_major_forward(a, b, h0, cu, max_len, tune, empty):
     """``a, b``: ``(B, N, T)`` contiguous (``B == 1`` with ``cu``); ``h0``: ``(num_seqs, N)`` or
     None. Returns ``h`` (``b``'s dtype) and the fp32 final state ``(num_seqs, N)``."""
@@ -144,13 +151,14 @@ def time_major_forward(a, b, h0, cu, max_len, tune, empty):
     if T >= 2 ** 31 - 1:   # times within a row are int32 in the kernels
         raise ValueError(f"time_dim=2 takes sequences shorter than 2**31 - 1 steps, got T={T}")
     nseq = B if cu is None else cu.numel() - 1
-    br = tune.get("tm_br", TM_FWD[0])
-    br, bt, nw, ns = _cfg(tune, max_len, False, nseq * cdiv(N, br), num_sms(b.device))
+    R, grid = _rows_grid(B, N, tune.get("tm_br", TM_FWD[0]), cu)   # the BR _cfg returns
+    br, bt, nw, ns = _cfg(tune, max_len, False, grid[0] * grid[1], num_sms(b.device))
     h = empty(b.shape, b.dtype, b.device)
     final = empty((nseq, N), torch.float32, b.device)
-    _tm_fwd_kernel[(cdiv(N, br), nseq)](
-        a, b, h, h0 if h0 is not None else b, final, cu if cu is not None else b, T, N, T,
-        BR=br, BT=bt, NS=ns, HAS_INIT=h0 is not None, VARLEN=cu is not None, num_warps=nw)
+    if final.numel():   # no rows: an empty grid is not launched (T = 0 still writes the final state)
+        _tm_fwd_kernel[grid](
+            a, b, h, h0 if h0 is not None else b, final, cu if cu is not None else b, T, R, T,
+            BR=br, BT=bt, NS=ns, HAS_INIT=h0 is not None, VARLEN=cu is not None, num_warps=nw)
     return h, final
 
 
@@ -159,13 +167,15 @@ def time_major_backward(a, h, h0, g, dhT, cu, max_len, tune, empty):
     B, N, T = h.shape
     nseq = B if cu is None else cu.numel() - 1
     br, bt, nw, ns = _cfg(tune, max_len, True)
+    R, grid = _rows_grid(B, N, br, cu)
     da = empty(a.shape, a.dtype, a.device)
     db = empty(h.shape, h.dtype, h.device)
     dh0 = empty((nseq, N), torch.float32, h.device)
-    _tm_bwd_kernel[(cdiv(N, br), nseq)](
-        a, h, h0 if h0 is not None else h, g, dhT if dhT is not None else h, da, db, dh0,
-        cu if cu is not None else h, T, N, T, BR=br, BT=bt, NS=ns, HAS_H0=h0 is not None,
-        HAS_DHT=dhT is not None, VARLEN=cu is not None, num_warps=nw)
+    if dh0.numel():
+        _tm_bwd_kernel[grid](
+            a, h, h0 if h0 is not None else h, g, dhT if dhT is not None else h, da, db, dh0,
+            cu if cu is not None else h, T, R, T, BR=br, BT=bt, NS=ns, HAS_H0=h0 is not None,
+            HAS_DHT=dhT is not None, VARLEN=cu is not None, num_warps=nw)
     return da, db, dh0
 
 

@@ -11,6 +11,8 @@ op (namespace ``lrnn_scan``)                          wraps
 ===================================================  ===============================================
 ``bd_scan_fwd`` / ``bd_scan_bwd``                      ``kernels.block_diagonal.scan._bd_forward`` /
                                                        ``_bd_backward`` (``diag=True``: ``_diag_*``)
+``tm_scan_fwd`` / ``tm_scan_bwd``                      ``kernels.block_diagonal.time_major`` (in
+                                                       :mod:`lrnn_scan._compile_time_major`)
 ``fused_gate_fwd`` / ``fused_gate_bwd``                ``kernels.fused_gates.function._launch_fwd`` /
                                                        ``_launch_bwd``
 ``companion_fwd`` / ``companion_bwd``                  ``kernels.companion.function._CompanionFn``
@@ -31,7 +33,7 @@ are defined on the first call of :func:`register` (which imports Triton and the 
 :func:`enable` additionally routes the engine's kernel dispatch (``lrnn_scan.dispatch``,
 ``lrnn_scan.gated``, ``lrnn_scan.delta``) through the ops by replacing the entry points on the
 kernel packages, and sets the Dynamo options the torch paths need for ``fullgraph=True``
-(``trace_autograd_ops`` for the operator adjoints, ``allow_rnn`` for the LSTM baseline);
+(``trace_autograd_ops`` for generic operator adjoints, ``allow_rnn`` for the LSTM baseline);
 :func:`disable` undoes both.
 
 Tests: ``tests/test_ecosystem.py`` (CPU, interpreter), ``tests/gpu/test_gpu_compile.py`` (H100).
@@ -43,6 +45,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor
 
+from . import _compile_time_major
 from ._kernel_modules import kernel_module
 
 __all__ = ["register", "enable", "disable", "is_enabled", "compile_model", "block_diagonal_scan",
@@ -191,12 +194,6 @@ def _dense_like(x):
     return x.new_empty(x.shape)
 
 
-def _check_cu_eager(check, *args):
-    """Run a kernel's argument check unless tracing (the checks read ``cu_seqlens`` on the host)."""
-    if not _compiling():
-        check(*args)
-
-
 def block_diagonal_scan(A, b, initial_state=None, output_final_state=False, cu_seqlens=None):
     """:func:`lrnn_scan.kernels.block_diagonal.block_diagonal_scan` through the custom op."""
     register()
@@ -224,15 +221,14 @@ def block_diagonal_scan(A, b, initial_state=None, output_final_state=False, cu_s
 
 
 def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens=None, *, time_dim=1):
-    """:func:`lrnn_scan.kernels.block_diagonal.diagonal_scan` through the custom op; ``time_dim=2``
-    (``(B, N, T)``) is transposed to the op's ``(B, T, N)`` and back (no time-major op yet)."""
+    """:func:`lrnn_scan.kernels.block_diagonal.diagonal_scan` through the custom ops (``time_dim=2``:
+    ``tm_scan_fwd``, ``lrnn_scan._compile_time_major``)."""
     register()
     mod = _OPS["bd_module"]
     if time_dim != 1:
         mod._check_time_dim(time_dim)
-        h, final = diagonal_scan(*(x.transpose(1, 2).contiguous() for x in (a, b)), initial_state,
-                                 output_final_state, cu_seqlens)
-        return h.transpose(1, 2).contiguous(), final
+        return _compile_time_major.time_major_diagonal_scan(_OPS, mod, a, b, initial_state,
+                                                            output_final_state, cu_seqlens, _compiling())
     mod._check_float("a", a, 3, "(B, T, N)")
     mod._check_float("b", b, 3, "(B, T, N)")
     if a.shape != b.shape:
@@ -538,6 +534,7 @@ def register() -> dict:
     """Define the custom ops (once; imports Triton and the kernels). Returns the op table."""
     if not _OPS:
         _register_block_diagonal()
+        _compile_time_major.register(_OPS, _OPS["bd_module"], _kernels("block_diagonal.time_major"))
         _register_fused_gates()
         _register_companion()
         _register_delta()

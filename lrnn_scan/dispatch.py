@@ -47,17 +47,15 @@ def kernel_for(op: TransitionOperator, b: Tensor, dim: int, reverse: bool,
     """``(qualified kernel name, "")`` if a kernel fits, else ``(None, reason)``."""
     if not _km.kernel_device(op.device):
         return None, f"tensors are on {op.device}, the Triton kernels need CUDA"
+    if op.dtype not in KERNEL_DTYPES:
+        return None, f"kernels take float16/bfloat16/float32, got {op.dtype}"
     if _time_last(op, b, dim, cu_seqlens):
-        if op.dtype not in KERNEL_DTYPES:
-            return None, f"kernels take float16/bfloat16/float32, got {op.dtype}"
         if cu_seqlens is not None:
             return None, "the time-contiguous diagonal kernel (time the last batch dim) takes no cu_seqlens"
         return _TIME_LAST, ""
     if dim != 1:
         return None, (f"kernels need time at dim 1 (or, for a Diagonal operator with state size 1, "
                       f"time as the last batch dim), got dim={dim}")
-    if op.dtype not in KERNEL_DTYPES:
-        return None, f"kernels take float16/bfloat16/float32, got {op.dtype}"
     if reverse and cu_seqlens is not None:
         return None, "reverse=True with cu_seqlens has no kernel"
     if type(op) is Diagonal and op.batch_ndim == 2 and b.dim() == 3:

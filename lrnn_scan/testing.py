@@ -128,6 +128,14 @@ def check_operator_laws(factory: OperatorFactory, *, batch_shape: Sequence[int] 
         lhs = (a.apply(x) * y).sum()
         rhs = (x * a.transpose().apply(y)).sum()
         _assert_close("<A x, y> == <x, A^T y>", lhs.reshape(1), rhs.reshape(1), rtol)
+    # a family's closed-form param_grads equals the generic VJP through apply (base class)
+    for op in (a, a.transpose()):
+        for x in states:
+            lam = rnd(*x.shape)
+            ref = TransitionOperator.param_grads(op, x, lam)
+            for name, got, want in zip(op.tensor_fields, op.param_grads(x, lam), ref):
+                if want is not None:
+                    _assert_close(f"param_grads()[{name!r}] == VJP of apply", got, want, rtol)
     _assert_close("compose == dense product", compose(a, b_).to_dense(),
                   a.to_dense() @ b_.to_dense(), rtol)
     _assert_close("transpose().to_dense() == to_dense().mT", a.transpose().to_dense(),

@@ -79,7 +79,10 @@ class LSTM(RecurrentLayer):
         # Under autocast nn.LSTM returns half-precision h/c; recurrent states are kept in (at least)
         # float32 like every other layer's.
         sdt = torch.promote_types(p_dtype, torch.float32)
-        return self.out_proj(out).to(x.dtype), {"h": hn[0].to(sdt), "c": cn[0].to(sdt)}
+        # the last layer's (B, H) by reshape, not hn[0]: under torch 2.11's Dynamo (allow_rnn,
+        # aot_eager) nn.LSTM's traced h_n had an extra leading dim, and hn[0] came out (1, B, H)
+        hn, cn = (v.reshape(-1, *v.shape[-2:])[-1] for v in (hn, cn))
+        return self.out_proj(out).to(x.dtype), {"h": hn.to(sdt), "c": cn.to(sdt)}
 
     def _step(self, x_t: Tensor, state: State):
         y, new = self._forward(x_t.unsqueeze(1), state, None)

@@ -83,13 +83,26 @@ def test_compile_inductor(name):
 
 
 def test_compile_needs_dynamo_options():
-    """Without ``trace_autograd_ops`` the operator adjoint (``torch.autograd.grad`` inside the
-    scan's autograd.Function) is a graph break; ``lrnn_scan.compile.DYNAMO_OPTIONS`` fixes it."""
+    """An operator with the generic adjoint (``TransitionOperator.param_grads``: a nested
+    ``torch.autograd.grad`` inside the scan's autograd.Function, as user-defined operators get) is
+    a graph break without ``trace_autograd_ops``; the built-in families' closed forms are not."""
+    import lrnn_scan as ls
+    from lrnn_scan.operators.base import TransitionOperator
+
+    class GenericDiagonal(ls.Diagonal):
+        param_grads = TransitionOperator.param_grads
+
+    def f(a, b):
+        return ls.scan(GenericDiagonal(a), b)
+    a, b = (torch.rand(1, 3, 4, requires_grad=True) for _ in range(2))
     torch._dynamo.reset()
-    layer = HLRU(D, 4, m=2)
+    with torch._dynamo.config.patch(trace_autograd_ops=False), pytest.raises(Exception, match="autograd"):
+        torch.compile(f, fullgraph=True, backend="aot_eager")(a, b).sum().backward()
+    torch._dynamo.reset()
+    layer = HLRU(D, 4, m=2)       # Companion: closed form, no option needed
     with torch._dynamo.config.patch(trace_autograd_ops=False):
-        with pytest.raises(Exception, match="autograd"):
-            torch.compile(layer, fullgraph=True, backend="aot_eager")(torch.randn(1, 3, D))
+        y, _ = torch.compile(layer, fullgraph=True, backend="aot_eager")(torch.randn(1, 3, D))
+    y.sum().backward()
 
 
 def test_delta_chunk_mode_compile():
@@ -240,7 +253,7 @@ def _cases():
          lambda *a: block_diagonal_scan(*a, True), (A, r(B, T, H, m), h0)),
         ("diagonal", lambda *a: lc.diagonal_scan(*a, True), lambda *a: diagonal_scan(*a, True),
          (torch.rand(B, T, 3, generator=g).to(DEV), r(B, T, 3), r(B, 3))),
-        # (B, N, T): the wrapper transposes to the (B, T, N) op, the eager path runs time_major.py
+        # (B, N, T): the wrapper's tm_scan_fwd op and the eager path both run time_major.py
         ("diagonal_time_dim_2", lambda *a: lc.diagonal_scan(*a, True, time_dim=2),
          lambda *a: diagonal_scan(*a, True, time_dim=2),
          (torch.rand(B, 3, T, generator=g).to(DEV), r(B, 3, T), r(B, 3))),
@@ -315,6 +328,11 @@ def test_custom_ops_opcheck():
     y, rstd = ops["l2norm_fwd"](v_nc, 1e-12)
     torch.library.opcheck(ops["l2norm_bwd"], (v_nc, rstd, torch.randn_like(v_nc), 1e-12),
                           test_utils=("test_schema", "test_faketensor"))
+    a_tm, b_tm, h_tm = cases["diagonal_time_dim_2"]
+    torch.library.opcheck(ops["tm_scan_fwd"], (*req(a_tm, b_tm, h_tm), None))  # incl. aot_dispatch
+    htm = ops["tm_scan_fwd"](a_tm, b_tm, h_tm, None)[0]
+    torch.library.opcheck(ops["tm_scan_bwd"], (a_tm, htm, h_tm, torch.randn_like(htm), None, None),
+                          test_utils=("test_schema", "test_faketensor"))
     h = ops["bd_scan_fwd"](A, b, h0, None, False)[0]
     torch.library.opcheck(ops["bd_scan_bwd"], (A, h, h0, torch.randn_like(h), None, None,
                                                 ops["bd_scan_fwd"](A, b, h0, None, False)[2], False),
@@ -353,6 +371,35 @@ def test_custom_ops_chunked_and_varlen_fake_shapes():
         fA, fb, fh, fcu = (mode.from_tensor(t) for t in (A, b, h0, cu))
         h, final, P = ops["bd_scan_fwd"](fA, fb, fh, fcu, False)
         assert h.shape == b.shape and final.shape == (2, 2, 2) and P.dim() == 5
+
+
+@needs_kernels
+def test_time_major_op_varlen_compiled_without_transposes(monkeypatch):
+    """``diagonal_scan(time_dim=2)`` through compile: packed ``(1, N, T_total)`` sequences with
+    ``cu_seqlens``, h0 and dL/dh_T, equal to the eager kernel; the ``(B, T, N)`` op is not called
+    (before the time-major ops the wrapper transposed to it and back), and bad shapes still get
+    the eager function's errors."""
+    from lrnn_scan.kernels.block_diagonal import diagonal_scan
+    ops = lc.register()
+    g = torch.Generator().manual_seed(2)
+    a = torch.rand(1, 3, 11, generator=g).to(DEV)
+    b = torch.randn(1, 3, 11, generator=g).to(DEV)
+    h0 = torch.randn(3, 3, generator=g).to(DEV)
+    cu = torch.tensor([0, 4, 4, 11], device=DEV)
+    ref = _run(lambda *x: diagonal_scan(*x, True, cu, time_dim=2), (a, b, h0))
+    monkeypatch.setitem(lc._OPS, "bd_scan_fwd", None)  # a call to the (B, T, N) op would fail
+    torch._dynamo.reset()
+    f = torch.compile(lambda *x: lc.diagonal_scan(*x, True, cu, time_dim=2), fullgraph=True,
+                      backend="aot_eager")
+    for fn in (lambda *x: lc.diagonal_scan(*x, True, cu, time_dim=2), f):
+        got = _run(fn, (a, b, h0))
+        for x, y in zip([got[0], got[1], *got[2]], [ref[0], ref[1], *ref[2]]):
+            torch.testing.assert_close(x, y)
+    with pytest.raises(ValueError, match="one shape"):
+        lc.diagonal_scan(a, b[..., :5].contiguous(), time_dim=2)
+    with pytest.raises(ValueError, match="initial_state"):
+        lc.diagonal_scan(a, b, h0[:2], False, cu, time_dim=2)
+    assert ops["tm_scan_fwd"] is lc._OPS["tm_scan_fwd"]
 
 
 @needs_kernels

@@ -490,3 +490,20 @@ def test_tm_vs_accel_smoke_on_the_interpreter(tmp_path, monkeypatch):
     for r in d["rows"]:
         assert r["config"] == "copy" or (r["h_vs_fp64"] < 1e-6 and r["grad_vs_btn"] < 1e-6), r
         assert r["pct_copy"] == (100.0 if r["config"] == "copy" else 50.0) and r["peer_over_this"] is None
+
+
+def test_tm_vs_accel_compiled_columns_on_the_interpreter(tmp_path, monkeypatch):
+    """``--compiled``: the ``tm_compiled`` and ``btn_op_transposed`` columns (``torch.compile``
+    stubbed to the eager function: the custom ops themselves run), checked like every column."""
+    mod = _tool("tm_vs_accel")
+    monkeypatch.setattr(mod, "DEVICE", "cpu")
+    monkeypatch.setattr(mod, "try_accelerated_scan", lambda: None)
+    monkeypatch.setattr(mod.torch, "compile", lambda fn, **kw: fn)
+    monkeypatch.setattr(mod, "timed_rounds",
+                        lambda fns, nbytes, rounds, device: {"copy": 1.0, **{k: (f(), 2.0)[1] for k, f in fns.items()}})
+    mod.main(["--shapes", "2x37x20", "--rounds", "1", "--out", str(tmp_path), "--configs", "--compiled"])
+    d = json.loads((tmp_path / "tm_vs_accel.json").read_text())
+    cols = ["copy", "btn_default", "tm_default", "tm_compiled", "btn_op_transposed"]
+    assert [r["config"] for r in d["rows"]] == cols * 2
+    for r in d["rows"]:
+        assert r["config"] == "copy" or (r["h_vs_fp64"] < 1e-6 and r["grad_vs_btn"] < 1e-6), r

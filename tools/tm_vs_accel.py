@@ -8,7 +8,7 @@ rows. This compares both on that layout. Every column's output is checked agains
 (first row of the batch) and its gradients against the ``(B, T, N)`` default's (transposed).
 
     python tools/tm_vs_accel.py [--shapes 8x2048x4096 ...] [--rounds 3] [--out DIR]
-        [--configs name=key:value+key:value ...]
+        [--configs name=key:value+key:value ...] [--compiled]
     python tools/tm_vs_accel.py --render OUT/tm_vs_accel.json [--results benchmarks/RESULTS.md] [--note TEXT]
 """
 from __future__ import annotations
@@ -69,7 +69,21 @@ def _grad(fn, a, x, dh):
     return torch.autograd.grad(fn(a, x), (a, x), dh)
 
 
-def run_shape(B, T, N, configs, as_scan, rounds):
+def compiled_columns():
+    """``torch.compile(fullgraph=True)`` of ``lrnn_scan.compile.diagonal_scan(time_dim=2)``: the
+    ``tm_scan_fwd``/``tm_scan_bwd`` ops (``tm_compiled``), and the path before those ops existed,
+    a transpose to the ``(B, T, N)`` op and back (``btn_op_transposed``)."""
+    import lrnn_scan.compile as lc
+    lc.register()
+
+    def transposed(u, v):
+        h = lc.diagonal_scan(u.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous())[0]
+        return h.transpose(1, 2).contiguous()
+    return {"tm_compiled": torch.compile(lambda u, v: lc.diagonal_scan(u, v, time_dim=2)[0], fullgraph=True),
+            "btn_op_transposed": torch.compile(transposed, fullgraph=True)}
+
+
+def run_shape(B, T, N, configs, as_scan, rounds, extra=None):
     g = torch.Generator(device=DEVICE).manual_seed(0)
     a = torch.rand(B, N, T, device=DEVICE, generator=g) * 0.5 + 0.5   # (B, N, T), time contiguous
     x = torch.randn(B, N, T, device=DEVICE, generator=g)
@@ -90,6 +104,10 @@ def run_shape(B, T, N, configs, as_scan, rounds):
         fns[name] = (lambda tm=tm: tm(ad, xd), lambda tm=tm: _grad(tm, a, x, dh))
         checks[name] = dict(h_vs_fp64=_rel(tm(ad, xd)[0, :64], ref),
                             grad_vs_btn=max(_rel(u, v) for u, v in zip(_grad(tm, a, x, dh), g0)))
+    for name, fn in (extra or {}).items():
+        fns[name] = (lambda fn=fn: fn(ad, xd), lambda fn=fn: _grad(fn, a, x, dh))
+        checks[name] = dict(h_vs_fp64=_rel(fn(ad, xd)[0, :64], ref),
+                            grad_vs_btn=max(_rel(u, v) for u, v in zip(_grad(fn, a, x, dh), g0)))
     if as_scan is not None:
         fns["accelerated-scan"] = (lambda: as_scan(ad, xd), lambda: _grad(as_scan, a, x, dh))
         checks["accelerated-scan"] = dict(
@@ -142,6 +160,7 @@ def main(argv=None):
     ap.add_argument("--out", default="gpu_out")
     ap.add_argument("--configs", nargs="*", default=None,
                     help="name=key:value+key:value (tune_compare's form); default: CONFIGS")
+    ap.add_argument("--compiled", action="store_true", help="add the compiled_columns() columns")
     args = ap.parse_args(argv)
     if args.render:
         text = render(args.render, args.note)
@@ -162,7 +181,8 @@ def main(argv=None):
     as_scan = try_accelerated_scan()
     rows = []
     for shape in args.shapes:
-        rows += run_shape(*map(int, shape.split("x")), configs, as_scan, args.rounds)
+        rows += run_shape(*map(int, shape.split("x")), configs, as_scan, args.rounds,
+                          compiled_columns() if args.compiled else None)
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
     (out / "tm_vs_accel.json").write_text(json.dumps(dict(meta=env, rows=rows), indent=1, default=str))

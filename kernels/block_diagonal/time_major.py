@@ -16,8 +16,9 @@ with the carry ``mu`` of the tile to the right. ``a_{t+1}`` and ``h_{t-1}`` are 
 element (scalar loads of the same cache lines).
 
 With ``cu_seqlens`` the tensors are ``(1, N, T_total)`` and a program walks one sequence's range
-of its rows. Offsets are int64; ``T`` is not specialised (the row stride ``RS`` is, so that rows
-of a length divisible by 16 keep vectorised loads).
+of its rows. Offsets are int64. The kernels see the length only as the row stride ``RS`` (``T``,
+or ``T_total``), which Triton specialises by divisibility by 16 (and the value 1), not by value:
+rows of a length divisible by 16 keep vectorised loads, and other lengths compile nothing new.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ TM_FWD_NW8_FROM = 16
 
 
 @triton.jit
-def _tm_rows(CU, s, pid, T, R, RS, BR: tl.constexpr, VARLEN: tl.constexpr):
+def _tm_rows(CU, s, pid, R, RS, BR: tl.constexpr, VARLEN: tl.constexpr):
     """Rows of program ``pid`` in sequence ``s``: row indices, their mask, the int64 offset of
     each row's time 0 as a ``(BR, 1)`` column, the sequence's int32 ``[bos, eos)`` and the rows'
     index in ``(num_seqs, R)``. Times within a row stay int32 (the launcher checks the length):
@@ -52,8 +53,9 @@ def _tm_rows(CU, s, pid, T, R, RS, BR: tl.constexpr, VARLEN: tl.constexpr):
         eos = tl.load(CU + s + 1).to(tl.int32)
         base = rows.to(tl.int64) * RS
     else:
-        # T == RS here; RS is specialised (divisible by 16 or not), T is not: a mask t < RS stays
-        # constant over 16-element groups, which keeps the loads and stores 16-byte vectors
+        # RS (= T here) is specialised (divisible by 16 or not): a mask t < RS stays constant over
+        # 16-element groups, which keeps the loads and stores 16-byte vectors (a mask on an
+        # unspecialised T gave scalar accesses)
         bos = tl.zeros([], dtype=tl.int32)
         eos = bos + RS
         base = (s.to(tl.int64) * R + rows) * RS
@@ -70,12 +72,12 @@ def _tm_row_vals(P, sr, mr, HAS: tl.constexpr, BR: tl.constexpr):
     return x
 
 
-@triton.jit(do_not_specialize=["T", "R"])
-def _tm_fwd_kernel(Aa, Bv, Hout, Init, Final, CU, T, R, RS, BR: tl.constexpr, BT: tl.constexpr,
+@triton.jit(do_not_specialize=["R"])
+def _tm_fwd_kernel(Aa, Bv, Hout, Init, Final, CU, R, RS, BR: tl.constexpr, BT: tl.constexpr,
                    NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr):
     pid = tl.program_id(0)
     s = tl.program_id(1)
-    rows, mr, base, bos, eos, sr = _tm_rows(CU, s, pid, T, R, RS, BR, VARLEN)
+    rows, mr, base, bos, eos, sr = _tm_rows(CU, s, pid, R, RS, BR, VARLEN)
     x = _tm_row_vals(Init, sr, mr, HAS_INIT, BR)
     cols = tl.arange(0, BT)
     last = (cols == BT - 1)[None, :]
@@ -93,13 +95,13 @@ def _tm_fwd_kernel(Aa, Bv, Hout, Init, Final, CU, T, R, RS, BR: tl.constexpr, BT
     tl.store(Final + sr, x, mask=mr)
 
 
-@triton.jit(do_not_specialize=["T", "R"])
-def _tm_bwd_kernel(Aa, Hs, H0, G, DhT, DA, DB, DH0, CU, T, R, RS, BR: tl.constexpr,
+@triton.jit(do_not_specialize=["R"])
+def _tm_bwd_kernel(Aa, Hs, H0, G, DhT, DA, DB, DH0, CU, R, RS, BR: tl.constexpr,
                    BT: tl.constexpr, NS: tl.constexpr, HAS_H0: tl.constexpr,
                    HAS_DHT: tl.constexpr, VARLEN: tl.constexpr):
     pid = tl.program_id(0)
     s = tl.program_id(1)
-    rows, mr, base, bos, eos, sr = _tm_rows(CU, s, pid, T, R, RS, BR, VARLEN)
+    rows, mr, base, bos, eos, sr = _tm_rows(CU, s, pid, R, RS, BR, VARLEN)
     mu_c = _tm_row_vals(DhT, sr, mr, HAS_DHT, BR)
     h0 = _tm_row_vals(H0, sr, mr, HAS_H0, BR)
     cols = tl.arange(0, BT)
@@ -157,7 +159,7 @@ def time_major_forward(a, b, h0, cu, max_len, tune, empty):
     final = empty((nseq, N), torch.float32, b.device)
     if final.numel():   # no rows: an empty grid is not launched (T = 0 still writes the final state)
         _tm_fwd_kernel[grid](
-            a, b, h, h0 if h0 is not None else b, final, cu if cu is not None else b, T, R, T,
+            a, b, h, h0 if h0 is not None else b, final, cu if cu is not None else b, R, T,
             BR=br, BT=bt, NS=ns, HAS_INIT=h0 is not None, VARLEN=cu is not None, num_warps=nw)
     return h, final
 
@@ -174,7 +176,7 @@ def time_major_backward(a, h, h0, g, dhT, cu, max_len, tune, empty):
     if dh0.numel():
         _tm_bwd_kernel[grid](
             a, h, h0 if h0 is not None else h, g, dhT if dhT is not None else h, da, db, dh0,
-            cu if cu is not None else h, T, R, T, BR=br, BT=bt, NS=ns, HAS_H0=h0 is not None,
+            cu if cu is not None else h, R, T, BR=br, BT=bt, NS=ns, HAS_H0=h0 is not None,
             HAS_DHT=dhT is not None, VARLEN=cu is not None, num_warps=nw)
     return da, db, dh0
 

@@ -70,6 +70,14 @@ class Companion(TransitionOperator):
         return BlockDiagonal._from_dense(eye.expand(*self.a.shape, self.state_size).contiguous(),
                                          self._batch_ndim)
 
+    def param_grads(self, x: Tensor, cotangent: Tensor):
+        """Closed form (no nested autograd, which torch 2.11's Dynamo cannot trace in the
+        adjoint's backward): ``d<λ, C x>/da_i = Σ_c λ_0c x_ic``; for ``C^T``, ``Σ_c λ_ic x_0c``."""
+        if x.dim() == self.a.dim():   # vector states
+            x, cotangent = x.unsqueeze(-1), cotangent.unsqueeze(-1)
+        g = (cotangent * x[..., :1, :] if self.transposed else x * cotangent[..., :1, :]).sum(-1)
+        return (g.sum_to_size(self.a.shape),)
+
     def to_dense(self) -> Tensor:
         m = self.state_size
         shift = torch.eye(m - 1, m, dtype=self.a.dtype, device=self.a.device)

@@ -89,6 +89,31 @@ class HouseholderProduct(TransitionOperator):
             x = x - (self.beta[..., j, None, None] * k.unsqueeze(-1)) * kx
         return self.gate[..., None, None] * x
 
+    def param_grads(self, x: Tensor, cotangent: Tensor):
+        """Closed form of ``d<λ, A x>`` (no nested autograd, which torch 2.11's Dynamo cannot
+        trace in the adjoint's backward). With ``x_0 = x``, ``x_j = P_j x_{j-1}``, ``s_j =
+        k_j^T x_{j-1}``, ``μ_n = g λ``, ``u_j = k_j^T μ_j`` and ``μ_{j-1} = μ_j - β_j k_j u_j``:
+        ``dg = <λ, x_n>``, ``dβ_j = -Σ_c u_jc s_jc``, ``dk_j = -β_j Σ_c (μ_j s_jc + x_{j-1} u_jc)``."""
+        if x.dim() == self.keys.dim() - 1:   # vector states
+            x, cotangent = x.unsqueeze(-1), cotangent.unsqueeze(-1)
+        xs = [x]
+        for j in range(self.n_h):
+            k = self.keys[..., j, :].unsqueeze(-1)                       # (*b, d, 1)
+            xs.append(xs[-1] - self.beta[..., j, None, None] * k * (k * xs[-1]).sum(-2, keepdim=True))
+        dgate = (cotangent * xs[-1]).sum((-2, -1))
+        mu = self.gate[..., None, None] * cotangent
+        dkeys, dbeta = [None] * self.n_h, [None] * self.n_h
+        for j in reversed(range(self.n_h)):
+            k = self.keys[..., j, :].unsqueeze(-1)
+            bj = self.beta[..., j, None, None]
+            s = (k * xs[j]).sum(-2, keepdim=True)                        # (*b, 1, c)
+            u = (k * mu).sum(-2, keepdim=True)
+            dbeta[j] = -(u * s).sum((-2, -1))
+            dkeys[j] = -(bj * (mu * s + xs[j] * u)).sum(-1)
+            mu = mu - bj * k * u
+        return (torch.stack(dkeys, -2).sum_to_size(self.keys.shape),
+                torch.stack(dbeta, -1).sum_to_size(self.beta.shape), dgate.sum_to_size(self.gate.shape))
+
     def compose(self, earlier: TransitionOperator) -> TransitionOperator:
         if isinstance(earlier, HouseholderProduct) and self.n_h + earlier.n_h <= self.state_size:
             shape = torch.broadcast_shapes(self.gate.shape, earlier.gate.shape)

@@ -77,3 +77,31 @@ def test_compile_fullgraph_inductor_cuda(name, no_tf32):
         assert torch.isfinite(gc[k]).all(), k
         assert _rel(gc[k], ge[k]) < 1e-4, (k, _rel(gc[k], ge[k]))
         assert _rel(ge[k], gk[k]) < 1e-4, (k, _rel(ge[k], gk[k]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compile_time_major_diagonal_scan_inductor(dtype):
+    """``diagonal_scan(time_dim=2)`` under Inductor through the ``tm_scan_fwd``/``tm_scan_bwd``
+    ops, with an elementwise neighbour for Inductor to fuse around the op, against the eager
+    kernel: outputs, final state, and the gradients of ``a``, ``b`` and ``h0``."""
+    from lrnn_scan.kernels.block_diagonal import diagonal_scan
+    torch.manual_seed(0)
+    a = torch.rand(2, 96, 1001, device="cuda").to(dtype)
+    b = torch.randn(2, 96, 1001, device="cuda").to(dtype)
+    h0 = torch.randn(2, 96, device="cuda")
+
+    def f(scan, a, b, h0):
+        h, hf = scan(torch.sigmoid(a.float()).to(a.dtype), b, h0, True, time_dim=2)
+        return h, hf
+
+    outs = []
+    for scan in (diagonal_scan, torch.compile(lambda *x, **k: lc.diagonal_scan(*x, **k), fullgraph=True)):
+        ins = [t.clone().requires_grad_(True) for t in (a, b, h0)]
+        h, hf = f(scan, *ins)
+        (h.float().square().mean() + hf.square().mean()).backward()
+        outs.append([h.detach(), hf.detach()] + [t.grad for t in ins])
+    torch._dynamo.reset()
+    tol = 1e-5 if dtype == torch.float32 else 5e-3
+    for x, y in zip(*outs):
+        assert torch.isfinite(x).all()
+        assert _rel(x, y) < tol, _rel(x, y)

@@ -403,6 +403,37 @@ def test_time_major_op_varlen_compiled_without_transposes(monkeypatch):
 
 
 @needs_kernels
+def test_engine_time_last_scan_compiled_through_tm_op(monkeypatch):
+    """With ``lrnn_scan.compile.enable()`` the engine's time-last route (``scan(Diagonal(a), b,
+    dim=2)`` on ``(B, N, T, 1)``) compiles with ``fullgraph=True`` through ``tm_scan_fwd`` and
+    equals the eager engine in outputs and gradients."""
+    import lrnn_scan as ls
+    import lrnn_scan._kernel_modules as km
+    if _interpreted():   # the interpreter stands in for CUDA
+        monkeypatch.setattr(km, "kernel_device", lambda device: True)
+    g = torch.Generator().manual_seed(3)
+    a = torch.rand(2, 3, 13, 1, generator=g).to(DEV)
+    b = torch.randn(2, 3, 13, 1, generator=g).to(DEV)
+
+    def f(a, b):
+        h, hf = ls.scan(ls.Diagonal(a), b, output_final_state=True, dim=2, method="kernel")
+        return h, hf[..., 0]
+    ref = _run(f, (a, b))
+    lc.enable()
+    try:
+        calls, real = [], lc._OPS["tm_scan_fwd"]
+        monkeypatch.setitem(lc._OPS, "tm_scan_fwd", lambda *x: calls.append(1) or real(*x))
+        torch._dynamo.reset()
+        got = _run(torch.compile(f, fullgraph=True, backend="aot_eager"), (a, b))
+    finally:
+        lc.disable()
+        torch._dynamo.reset()
+    assert calls
+    for x, y in zip([got[0], got[1], *got[2]], [ref[0], ref[1], *ref[2]]):
+        torch.testing.assert_close(x, y)
+
+
+@needs_kernels
 def test_enable_routes_kernel_entry_points_and_disable_restores():
     import lrnn_scan.kernels.block_diagonal as bdk
     import lrnn_scan.kernels.companion as ck

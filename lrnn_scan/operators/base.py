@@ -26,7 +26,10 @@ Everything else (slicing along time, flipping, gathering for variable-length bat
 from ``tensors()``/``with_tensors()`` because every parameter tensor starts with ``batch_shape``.
 Gradients of the parameters come for free: the scan's backward computes them as the vector-Jacobian
 product of ``params -> op.apply(h_{t-1})`` with the adjoint ``λ_t`` (math.md §4); an operator may
-override :meth:`TransitionOperator.param_grads` with a closed form.
+override :meth:`TransitionOperator.param_grads` with a closed form (the four built-in families
+do: it is faster, and the generic one is a nested ``torch.autograd.grad`` that ``torch.compile``
+traces only with ``trace_autograd_ops`` and torch 2.11's Dynamo not at all).
+:func:`lrnn_scan.testing.check_operator_laws` checks an override against the generic form.
 """
 from __future__ import annotations
 

@@ -380,7 +380,7 @@ def test_time_major_op_varlen_compiled_without_transposes(monkeypatch):
     (before the time-major ops the wrapper transposed to it and back), and bad shapes still get
     the eager function's errors."""
     from lrnn_scan.kernels.block_diagonal import diagonal_scan
-    ops = lc.register()
+    lc.register()
     g = torch.Generator().manual_seed(2)
     a = torch.rand(1, 3, 11, generator=g).to(DEV)
     b = torch.randn(1, 3, 11, generator=g).to(DEV)
@@ -399,7 +399,6 @@ def test_time_major_op_varlen_compiled_without_transposes(monkeypatch):
         lc.diagonal_scan(a, b[..., :5].contiguous(), time_dim=2)
     with pytest.raises(ValueError, match="initial_state"):
         lc.diagonal_scan(a, b, h0[:2], False, cu, time_dim=2)
-    assert ops["tm_scan_fwd"] is lc._OPS["tm_scan_fwd"]
 
 
 @needs_kernels

@@ -10,6 +10,7 @@ forward). Single-pass look-backs replace the chunked forward where measured fast
 (``lookback.py``), ``m = 2`` and ``4`` (``lookback2.py``, ``lookback4.py``; also one-pass forwards
 with few programs) and ``m >= 16`` (``lookback_dot.py``); with gradients the backward for ``m = 1``
 (``lookback_bwd.py``) and ``m = 2, 4`` with few programs (``lookback2_bwd.py``, ``lookback4_bwd.py``).
+The one-pass ``m = 1`` forward with few programs loads its tiles by TMA on Hopper (``tma.py``).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from .lookback2_bwd import bd2_bwd_lookback_use, bd2_lookback_backward
 from .lookback4 import bd4_lookback_forward, bd4_lookback_use
 from .lookback4_bwd import bd4_bwd_lookback_use, bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward, bd_lookback_use
+from . import tma
 from .summary import launch_summary
 from .checks import _check_common, _check_float, _check_time_dim  # noqa: F401  (compile.py's too)
 from .time_major import TimeMajorScanFn
@@ -297,6 +299,9 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False):
     B, T, N = b.shape
     nseq = B if cu is None else cu.numel() - 1
     bt, bn, nw, ns = _diag_cfg(N, nseq, b.device)
+    tma_cfg = tma.tma_config(a, b, nseq, TUNE, _num_sms(b.device)) if chunk is None else None
+    if tma_cfg is not None:  # few programs on Hopper: loads by TMA (tma.py)
+        return tma.diag_tma_forward(a, b, h0, cu, tma_cfg, _empty) + (None,)
     dev = b.device
     h = _empty(b.shape, b.dtype, dev)
     final = _empty((nseq, N), torch.float32, dev)

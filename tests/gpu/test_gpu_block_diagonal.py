@@ -239,7 +239,8 @@ def test_diag_tiles(cfg):
     tune = bd.scan.TUNE
     bt, bn, nw = cfg
     try:
-        tune.update(bt=bt, bn=bn, num_warps_diag=nw, bt_bwd=bt, bn_bwd=bn, nw_bwd=nw, chunk=0)
+        tune.update(bt=bt, bn=bn, num_warps_diag=nw, bt_bwd=bt, bn_bwd=bn, nw_bwd=nw, chunk=0,
+                    diag_tma=False)   # the tile kernel itself, not the TMA forward of few programs
         A, b = make(2, 3001, 768, 1, torch.float32, seed=600 + bt)
         check(A, b, torch.randn(2, 768, 1, device=DEV), None, 1e-4)
         tune["chunk"] = 200
@@ -248,6 +249,47 @@ def test_diag_tiles(cfg):
         check(A, b, torch.randn(5, 768, 1, device=DEV), cu, 1e-4)
     finally:
         tune.clear()
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9,
+                    reason="TMA needs compute capability 9+")
+@pytest.mark.parametrize("cfg", [None, (64, 16, 1, 4), (64, 32, 1, 3), (128, 16, 2, 3), (32, 8, 1, 6)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+def test_diag_tma(cfg, dtype, tol):
+    """The TMA forward (tma.py; None = the default configuration) with gradients: one pass with
+    h0 at B8 T3001 N768 and varlen with boundaries off the tiles."""
+    tune = bd.scan.TUNE
+    try:
+        tune.update(diag_tma=True, chunk=0)
+        if cfg is not None:
+            tune.update(tma_bt=cfg[0], tma_bn=cfg[1], tma_nw=cfg[2], tma_ns=cfg[3])
+        A, b = make(8, 3001, 768, 1, dtype, seed=800)
+        check(A, b, torch.randn(8, 768, 1, device=DEV), None, tol)
+        cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
+        A, b = make(1, 6002, 768, 1, dtype, seed=801)
+        check(A, b, torch.randn(5, 768, 1, device=DEV), cu, tol)
+    finally:
+        tune.clear()
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and (torch.cuda.get_device_capability()[0] < 9 or
+                                                   torch.cuda.get_device_properties(0).total_memory < 40e9),
+                    reason="TMA (compute capability 9+) and ~20 GB of GPU memory")
+def test_diag_tma_more_than_2_31_elements():
+    """bf16 ``(1, 2^21, 1040)``: 2.2e9 elements, int64 store offsets, int32 TMA coordinates;
+    checked on three channels against the fp64 reference."""
+    T, N = 2 ** 21, 1040
+    a = torch.empty(1, T, N, device=DEV, dtype=torch.bfloat16).uniform_(-1, 1)
+    x = torch.empty(1, T, N, device=DEV, dtype=torch.bfloat16).normal_()
+    tune = bd.scan.TUNE
+    try:
+        tune.update(diag_tma=True, chunk=0, fwd_lookback=False)
+        h, hf = bd.diagonal_scan(a, x, None, True)
+    finally:
+        tune.clear()
+    cols = torch.tensor([0, N // 2, N - 1], device=DEV)
+    hr, hfr = ref_scan(a[:, :, cols].double()[..., None, None], x[:, :, cols].double()[..., None], None, None)
+    assert rel(h[:, :, cols], hr[..., 0]) < 5e-3 and rel(hf[:, cols], hfr[..., 0]) < 1e-4
 
 
 def _time_major_check(a, x, h0, cu, tol, rows=None):

@@ -1,0 +1,157 @@
+"""The m = 1 (diagonal) forward on ``(B, T, N)`` with ``a`` and ``b`` loaded by the tensor-memory
+accelerator (TMA, Hopper's bulk tensor copy engine) into shared memory.
+
+Why: with few programs (B8 T2048 N768: 384 programs of 128 x 16 tiles, under 3 an SM) the
+register-prefetched tile kernel (``fwd._diag_fwd_kernel``) keeps one tile ahead in flight, 16 KB a
+program, and stalls on DRAM latency; B8 N4096 (more programs) reaches copy speed with the same
+kernel. TMA copies land in shared memory without holding registers, so ``NS - 1`` tiles a program
+can be in flight (Triton's pipeliner turns descriptor loads in a ``tl.range(num_stages=NS)`` loop
+into asynchronous bulk copies with barriers).
+
+Semantics are the tile kernel's: ``h_t = a_t h_{t-1} + b_t`` on ``(BT, BN)`` tiles, an in-tile
+``tl.associative_scan`` over time composed with the carried state. The descriptors view ``a`` and
+``b`` as ``(rows, N)`` with rows = ``B*T`` (``T_total`` with ``cu_seqlens``), so a tile may run past
+its sequence into the next one (or past the end, where TMA fills zeros): rows at or past ``eos``
+are replaced by the identity step ``(1, 0)`` in registers, so the tile's last row is the state at
+``eos - 1``, and stores are masked. TMA coordinates are int32 (the host refuses more rows); store
+offsets are int64.
+
+Requirements (``tma_usable``): a CUDA GPU of compute capability 9 or newer, or the interpreter;
+contiguous ``a``, ``b``; rows of ``N * itemsize`` bytes a multiple of 16 and 16-byte-aligned
+bases (TMA's rules); ``BN * itemsize >= 16``. Elsewhere the tile kernel runs.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .._host import cdiv, device_name
+from .fwd import _affine_combine
+
+try:  # Triton >= 3.3 (host-side descriptors); older Triton: the tile kernel only
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - both supported Tritons (3.6, 3.9) have it
+    TensorDescriptor = None
+
+
+@triton.jit(do_not_specialize=["T"])
+def _diag_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, N, BT: tl.constexpr, BN: tl.constexpr,
+                         NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr):
+    pid_n = tl.program_id(0)
+    s = tl.program_id(1)
+    if VARLEN:  # descriptors of shape (1, T_total, N)
+        bos = tl.load(CU + s).to(tl.int32)
+        eos = tl.load(CU + s + 1).to(tl.int32)
+        sd = s * 0
+    else:       # (B, T, N): a tile never crosses into the next sequence
+        bos = 0
+        eos = T
+        sd = s
+    n0 = pid_n * BN
+    n = n0 + tl.arange(0, BN)
+    mn = n < N
+    r = tl.arange(0, BT)
+    last = (r == BT - 1)[:, None]
+    if HAS_INIT:
+        x = tl.load(Init + s.to(tl.int64) * N + n, mask=mn, other=0.0).to(tl.float32)
+    else:
+        x = tl.zeros([BN], dtype=tl.float32)
+    row0 = sd.to(tl.int64) * T
+    for i in tl.range(0, tl.cdiv(eos - bos, BT), num_stages=NS):
+        ts = bos + i * BT
+        t = ts + r
+        ok = (t < eos)[:, None]
+        av = tl.where(ok, DA.load([sd, ts, n0]).reshape(BT, BN).to(tl.float32), 1.0)
+        bv = tl.where(ok, DB.load([sd, ts, n0]).reshape(BT, BN).to(tl.float32), 0.0)
+        ca, cb = tl.associative_scan((av, bv), 0, _affine_combine)
+        # the tile's map x -> P x + E (its last row) does not depend on x: reduced off the serial
+        # chain, which is then one FMA a tile (the same arithmetic as h's last row)
+        P = tl.sum(tl.where(last, ca, 0.0), axis=0)
+        E = tl.sum(tl.where(last, cb, 0.0), axis=0)
+        hv = ca * x[None, :] + cb
+        offs = (row0 + t.to(tl.int64))[:, None] * N + n[None, :]
+        tl.store(Hout + offs, hv.to(Hout.dtype.element_ty), mask=ok & mn[None, :])
+        x = P * x + E
+    tl.store(Final + s.to(tl.int64) * N + n, x, mask=mn)
+
+
+@functools.lru_cache(maxsize=None)
+def _major(index: int) -> int:
+    """Compute capability major of CUDA device ``index`` (cached: the query costs microseconds)."""
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def tma_usable(a: torch.Tensor, b: torch.Tensor, bn: int) -> bool:
+    """Whether ``a``, ``b`` (``(B, T, N)``) meet TMA's rules for ``(BT, bn)`` tiles (module doc)."""
+    if TensorDescriptor is None or a.dtype != b.dtype:
+        return False
+    if a.device.type == "cuda":
+        if _major(a.device.index if a.device.index is not None else torch.cuda.current_device()) < 9:
+            return False
+    elif os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return False
+    B, T, N = b.shape
+    size = b.element_size()
+    return (a.is_contiguous() and b.is_contiguous() and (N * size) % 16 == 0
+            and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+            and bn * size >= 16 and T < 2 ** 31 - 1 and B < 2 ** 31 - 1)
+
+
+def tma_auto(N: int, nseq: int, sms: int) -> bool:
+    """The "auto" rule on a GPU: fewer than 4 programs per SM at BN = 32 (the tile kernel's
+    few-programs case, ``scan._DIAG_FEW``) but at least one per SM at BN = 16."""
+    return nseq * cdiv(N, 32) < 4 * sms and nseq * cdiv(N, 16) >= sms
+
+
+def tma_config(a, b, nseq: int, tune: dict, sms: int):
+    """``(BT, BN, num_warps, num_stages)`` of the TMA forward for ``a``, ``b`` ``(B, T, N)``, or
+    None where the tile kernel runs. ``tune["diag_tma"]``: "auto" (the default: ``tma_auto`` on a
+    GPU), True (wherever ``tma_usable``: compute capability 9+, or the interpreter) or False.
+    Keys ``tma_bt``, ``tma_bn``, ``tma_nw``, ``tma_ns`` override the configuration: 64-step tiles
+    on one warp (no cross-warp barrier in the tile's scan), 16 channels while that makes at most
+    4 programs per SM (else 32), 3 pipeline stages, 4 with 16 channels and up to 3 programs per
+    SM except on an H100 (the two Hopper cards disagree; numbers below).
+
+    fp32, CUDA graphs, % of a same-size copy, tile kernel -> TMA (RESULTS.md, twenty-third
+    session). H200: B8 T2048 N768 81 -> 91 % (3 stages: 86 %), B8 T1024 N768 78 -> 90 % (84 %),
+    B8 T4096 N768 81 -> 90 % (86 %), B16 T2048 N512 71 -> 92 % (4 stages: 77 %), B8 T2048 N1536
+    69 -> 85 % (4 stages: 80 %); 2 warps at B8 T2048 N768: 70 %. H100 80GB HBM3: B8 T2048 N768
+    80 -> 93 % (4 stages: 82 %), B8 T1024 N768 84 -> 92 % (89 %), B8 T4096 N768 80 -> 95 % (82 %),
+    B16 T2048 N512 76 -> 84 %, B8 T2048 N1536 80 -> 87 %. Left to the tile kernel: B8 T2048
+    N4096 (not few; H200 88 % against 78-85 %), B1 T2048 N768 and B2 T1024 N768 (48 / 96
+    programs; H200 0.0295 / 0.0157 ms against 0.0319 / 0.0167)."""
+    mode = tune.get("diag_tma", "auto")
+    if mode not in (True, False, "auto"):
+        raise ValueError(f'TUNE["diag_tma"] must be "auto", True or False, got {mode!r}')
+    N = b.shape[-1]
+    if mode == "auto":
+        mode = b.is_cuda and tma_auto(N, nseq, sms)
+    bn = tune.get("tma_bn", 16 if nseq * cdiv(N, 16) <= 4 * sms else 32)
+    if not mode or not tma_usable(a, b, bn):
+        return None
+    four = bn == 16 and nseq * cdiv(N, bn) <= 3 * sms and "H100" not in device_name(b.device)
+    ns = tune.get("tma_ns", 4 if four else 3)
+    return tune.get("tma_bt", 64), bn, tune.get("tma_nw", 1), ns
+
+
+def diag_tma_forward(a, b, h0, cu, cfg, empty):
+    """``(h, final)`` of the m = 1 forward through ``_diag_fwd_tma_kernel``: ``a``, ``b``, ``h``
+    ``(B, T, N)`` (``B == 1`` with ``cu_seqlens``), ``final`` fp32 ``(nseq, N)``; ``cfg`` from
+    ``tma_config``, ``empty`` the scan's allocator (NaN under poisoning)."""
+    B, T, N = b.shape
+    bt, bn, nw, ns = cfg
+    nseq = B if cu is None else cu.numel() - 1
+
+    def desc(t):
+        return TensorDescriptor(t, shape=[B, T, N], strides=[T * N, N, 1], block_shape=[1, bt, bn])
+
+    h = empty(b.shape, b.dtype, b.device)
+    final = empty((nseq, N), torch.float32, b.device)
+    _diag_fwd_tma_kernel[(triton.cdiv(N, bn), nseq)](
+        desc(a), desc(b), h, h0 if h0 is not None else b, final, cu if cu is not None else b,
+        T, N, BT=bt, BN=bn, NS=ns, HAS_INIT=h0 is not None, VARLEN=cu is not None, num_warps=nw)
+    return h, final

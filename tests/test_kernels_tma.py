@@ -1,0 +1,146 @@
+"""Tests of the m = 1 forward whose tiles are loaded by TMA (``tma.py``; ``TUNE["diag_tma"]``,
+"auto" by default: GPUs of compute capability 9+ with few programs).
+
+Triton interpreter (host-side tensor descriptors run there too) or a GPU, fp64 step-by-step
+reference, every output NaN-poisoned before the kernels run (``LRNN_SCAN_POISON=1``). Small tiles
+(16 steps, 8 channels) put sequence ends, varlen boundaries and the channel edge inside tiles.
+"""
+import os
+
+os.environ["LRNN_SCAN_POISON"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod, tune_fixture  # noqa: E402
+from test_kernels_lookback import grad_check, inputs, spy  # noqa: E402
+
+from lrnn_scan.kernels.block_diagonal import tma  # noqa: E402
+
+_GPU_TMA = DEV == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not _GPU_TMA,
+                                reason="needs TRITON_INTERPRET=1 or a GPU with TMA (sm_90+)")
+
+_tune = tune_fixture(dict(diag_tma=True, tma_bt=16, tma_bn=8, chunk=0), dict(bt=8, bn=16))
+
+
+def errors(a, b, h0, cu):
+    h, hf = bd.diagonal_scan(a, b, h0, True, cu)
+    assert h.shape == b.shape and h.dtype == b.dtype and hf.dtype == torch.float32
+    assert not torch.isnan(h).any() and not torch.isnan(hf).any()
+    hr, hfr = ref.diagonal_scan_ref(a.double(), b.double(), None if h0 is None else h0.double(), True, cu)
+    return rel(h, hr), rel(hf, hfr)
+
+
+def launches(monkeypatch):
+    return spy(monkeypatch, tma, "diag_tma_forward")
+
+
+@pytest.mark.parametrize("T,N,h0,cfg", [(1, 20, True, (16, 8, 1, 4)), (17, 20, False, (16, 8, 1, 4)),
+                                        (64, 24, True, (16, 8, 2, 2)), (129, 20, False, (32, 16, 1, 3)),
+                                        (300, 36, True, (64, 16, 1, 4))])
+def test_forward(T, N, h0, cfg, monkeypatch):
+    """Odd lengths (sequence ends inside tiles), channel counts that end inside a tile, 1 or 2
+    warps, 2-4 pipeline stages."""
+    calls = launches(monkeypatch)
+    scanmod.TUNE.update(tma_bt=cfg[0], tma_bn=cfg[1], tma_nw=cfg[2], tma_ns=cfg[3])
+    a, b = inputs(2, T, N, seed=T)
+    e = errors(a, b, torch.randn(2, N).to(DEV) if h0 else None, None)
+    assert max(e) < 1e-5, e
+    assert len(calls) == 1
+
+
+def test_varlen(monkeypatch):
+    """Boundaries inside tiles (a tile runs on into the next sequence), an empty sequence (its
+    final state is h0), a one-step sequence, the last tile past ``T_total``."""
+    calls = launches(monkeypatch)
+    a, b = inputs(1, 129, 20, seed=3)
+    cu = torch.tensor([0, 7, 40, 40, 41, 100, 129], dtype=torch.int64, device=DEV)
+    for h0 in (torch.randn(6, 20).to(DEV), None):
+        e = errors(a, b, h0, cu)
+        assert max(e) < 1e-5, e
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision(dtype, monkeypatch):
+    """16-bit inputs and h (16-byte rows: N = 24), fp32 accumulation and final state."""
+    calls = launches(monkeypatch)
+    a, b = inputs(2, 70, 24, dtype=dtype, seed=5)
+    eh, ef = errors(a, b, torch.randn(2, 24).to(DEV), None)
+    assert 0 < eh <= 5e-3 and ef <= 1e-5, (eh, ef)
+    assert len(calls) == 1
+
+
+def test_gradients(monkeypatch):
+    """Autograd with the TMA forward (the backward reads its ``h``), plain and varlen."""
+    calls = launches(monkeypatch)
+    a, b = inputs(1, 77, 20, seed=7)
+    grad_check(a, b, torch.randn(1, 20).to(DEV), None)
+    cu = torch.tensor([0, 5, 30, 30, 77], dtype=torch.int64, device=DEV)
+    grad_check(a, b, torch.randn(4, 20).to(DEV), cu)
+    assert len(calls) == 2
+
+
+def test_falls_back_where_tma_cannot(monkeypatch):
+    """Rows whose byte length is not a multiple of 16 (fp32, N = 21), tiles narrower than 16
+    bytes or mixed dtypes: the tile kernel runs, with the same results."""
+    calls = launches(monkeypatch)
+    a, b = inputs(2, 33, 21, seed=9)
+    assert not tma.tma_usable(a, b, 8)
+    assert max(errors(a, b, None, None)) < 1e-5
+    a, b = inputs(2, 33, 24, seed=9)
+    assert not tma.tma_usable(a, b, 2) and tma.tma_usable(a, b, 4)
+    assert not tma.tma_usable(a.to(torch.bfloat16), b, 8)
+    scanmod.TUNE["tma_bn"] = 2
+    assert max(errors(a, b, None, None)) < 1e-5
+    assert calls == []
+
+
+def test_rule_and_config(monkeypatch):
+    """"auto" (the default) never runs on CPU tensors nor on a GPU below one program per SM;
+    True / False force; bad values refused; the launch configuration follows the programs per SM
+    (4 stages are not used on an H100)."""
+    calls = launches(monkeypatch)
+    a, b = inputs(2, 40, 24)
+    for mode, used in (("auto", False), (False, False), (True, True)):  # auto: CPU, or 2 programs
+        scanmod.TUNE["diag_tma"] = mode
+        calls.clear()
+        assert max(errors(a, b, None, None)) < 1e-5
+        assert (len(calls) > 0) == used, mode
+    scanmod.TUNE["diag_tma"] = "yes"
+    with pytest.raises(ValueError, match="diag_tma"):
+        bd.diagonal_scan(a, b)
+    for k in ("tma_bt", "tma_bn", "tma_nw", "tma_ns"):
+        scanmod.TUNE.pop(k, None)
+    a, b = inputs(16, 2, 4096)
+    # 16 channels up to 4 programs an SM, else 32; 4 stages at 16 channels up to 3 an SM, else 3
+    four = 3 if DEV == "cuda" and "H100" in torch.cuda.get_device_name() else 4
+    for N, nseq, want in ((768, 8, (64, 16, 1, four)), (512, 16, (64, 16, 1, 3)),
+                          (1536, 8, (64, 32, 1, 3)), (4096, 8, (64, 32, 1, 3))):
+        x, y = a[:nseq, :, :N], b[:nseq, :, :N]
+        assert tma.tma_config(x.contiguous(), y.contiguous(), nseq, {"diag_tma": True}, 132) == want
+    assert tma.tma_config(a, b, 16, {"diag_tma": True, "tma_bt": 32, "tma_nw": 2}, 132)[::2] == (32, 2)
+    assert tma.tma_config(a, b, 16, {"diag_tma": False}, 132) is None
+    # "auto" on a GPU: programs at BN = 32 under 4 an SM and at BN = 16 at least 1 an SM
+    for N, nseq, want in ((768, 8, True), (768, 2, False), (768, 1, False), (512, 16, True),
+                          (1536, 8, True), (4096, 8, False), (768, 22, False), (768, 21, True)):
+        assert tma.tma_auto(N, nseq, 132) == want, (N, nseq)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU_TMA, reason="GPU sizes")
+def test_auto_on_the_gpu_at_few_programs(monkeypatch):
+    """On a GPU the default sends B8 T2048 N768 (fp32 and bf16) through TMA, with gradients too,
+    and leaves B8 T2048 N4096 (many programs) to the tile kernel."""
+    scanmod.TUNE.clear()
+    calls = launches(monkeypatch)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 5e-3)):
+        a, b = inputs(8, 2048, 768, dtype=dtype, seed=11)
+        assert max(errors(a, b, torch.randn(8, 768, device=DEV), None)) < tol
+    assert len(calls) == 2
+    grad_check(*inputs(8, 2048, 768, seed=12), None, None)
+    assert len(calls) == 3
+    a, b = inputs(8, 2048, 4096, seed=13)
+    assert max(errors(a, b, None, None)) < 1e-5
+    assert len(calls) == 3

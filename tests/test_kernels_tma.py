@@ -144,3 +144,24 @@ def test_auto_on_the_gpu_at_few_programs(monkeypatch):
     a, b = inputs(8, 2048, 4096, seed=13)
     assert max(errors(a, b, None, None)) < 1e-5
     assert len(calls) == 3
+
+
+def test_through_torch_compile(monkeypatch):
+    """``lrnn_scan.compile.diagonal_scan`` (the ``torch.library`` op) runs the TMA forward inside
+    its op, eager and under ``torch.compile(fullgraph=True)``; gradients against the fp64 loop."""
+    import lrnn_scan.compile as lc
+    calls = launches(monkeypatch)
+    a, b = inputs(1, 45, 20, seed=21)
+    cu = torch.tensor([0, 13, 13, 45], dtype=torch.int64, device=DEV)
+    h0 = torch.randn(3, 20).to(DEV)
+    ad = a.double().requires_grad_()
+    hr, hfr = ref.diagonal_scan_ref(ad, b.double(), h0.double(), True, cu)
+    (dref,) = torch.autograd.grad(hr.sum(), ad)
+    f = torch.compile(lambda *x: lc.diagonal_scan(*x, h0, True, cu), fullgraph=True, backend="aot_eager")
+    for fn in (lambda *x: lc.diagonal_scan(*x, h0, True, cu), f):
+        x = a.clone().requires_grad_()
+        h, hf = fn(x, b)
+        assert rel(h, hr) < 1e-5 and rel(hf, hfr) < 1e-5
+        (dx,) = torch.autograd.grad(h.sum(), x)
+        assert rel(dx, dref) < 1e-5
+    assert len(calls) == 2

@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod, tune_fixture  # noqa: E402
-from test_kernels_lookback import grad_check, inputs, spy  # noqa: E402
+from test_kernels_lookback import fwd_errors as errors, grad_check, inputs, spy  # noqa: E402
 
 from lrnn_scan.kernels.block_diagonal import tma  # noqa: E402
 
@@ -22,14 +22,6 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and no
                                 reason="needs TRITON_INTERPRET=1 or a GPU with TMA (sm_90+)")
 
 _tune = tune_fixture(dict(diag_tma=True, tma_bt=16, tma_bn=8, chunk=0), dict(bt=8, bn=16))
-
-
-def errors(a, b, h0, cu):
-    h, hf = bd.diagonal_scan(a, b, h0, True, cu)
-    assert h.shape == b.shape and h.dtype == b.dtype and hf.dtype == torch.float32
-    assert not torch.isnan(h).any() and not torch.isnan(hf).any()
-    hr, hfr = ref.diagonal_scan_ref(a.double(), b.double(), None if h0 is None else h0.double(), True, cu)
-    return rel(h, hr), rel(hf, hfr)
 
 
 def launches(monkeypatch):

@@ -1,24 +1,25 @@
 """The m = 1 (diagonal) forward on ``(B, T, N)`` with ``a`` and ``b`` loaded by the tensor-memory
 accelerator (TMA, Hopper's bulk tensor copy engine) into shared memory.
 
-Why: with few programs (B8 T2048 N768: 384 programs of 128 x 16 tiles, under 3 an SM) the
-register-prefetched tile kernel (``fwd._diag_fwd_kernel``) keeps one tile ahead in flight, 16 KB a
-program, and stalls on DRAM latency; B8 N4096 (more programs) reaches copy speed with the same
-kernel. TMA copies land in shared memory without holding registers, so ``NS - 1`` tiles a program
-can be in flight (Triton's pipeliner turns descriptor loads in a ``tl.range(num_stages=NS)`` loop
-into asynchronous bulk copies with barriers).
+Why: with few programs (B8 T2048 N768) the tile kernel (``fwd._diag_fwd_kernel``: 128 x 16
+tiles on 2 warps, the next tile prefetched into registers) ran at about 80 % of copy. On one warp
+(no cross-warp barrier in the tile's ``tl.associative_scan``) it ran at 30-48 %, our reading
+(not profiled): a warp's registers hold too few prefetched bytes. TMA copies land in shared memory without holding registers: Triton's pipeliner turns
+the descriptor loads of a ``tl.range(num_stages=NS)`` loop into asynchronous bulk copies, ``NS - 1``
+tiles ahead, so one warp a 64-step tile is enough (91-95 % of a same-size copy on an H100 and an
+H200; ``tma_config`` has the numbers).
 
 Semantics are the tile kernel's: ``h_t = a_t h_{t-1} + b_t`` on ``(BT, BN)`` tiles, an in-tile
-``tl.associative_scan`` over time composed with the carried state. The descriptors view ``a`` and
-``b`` as ``(rows, N)`` with rows = ``B*T`` (``T_total`` with ``cu_seqlens``), so a tile may run past
-its sequence into the next one (or past the end, where TMA fills zeros): rows at or past ``eos``
-are replaced by the identity step ``(1, 0)`` in registers, so the tile's last row is the state at
-``eos - 1``, and stores are masked. TMA coordinates are int32 (the host refuses more rows); store
-offsets are int64.
+``tl.associative_scan`` over time composed with the carried state. The descriptors have shape
+``(B, T, N)`` (``(1, T_total, N)`` with ``cu_seqlens``) and ``(1, BT, BN)`` boxes: TMA fills zeros
+past ``T``, and with ``cu_seqlens`` a tile may run on into the next sequence. Rows at or past
+``eos`` are replaced by the identity step ``(1, 0)`` in registers, so the tile's last row is the
+state at ``eos - 1``; stores are masked. TMA coordinates are int32 (``tma_usable`` refuses
+``T >= 2^31``); store offsets are int64.
 
 Requirements (``tma_usable``): a CUDA GPU of compute capability 9 or newer, or the interpreter;
-contiguous ``a``, ``b``; rows of ``N * itemsize`` bytes a multiple of 16 and 16-byte-aligned
-bases (TMA's rules); ``BN * itemsize >= 16``. Elsewhere the tile kernel runs.
+one dtype for ``a`` and ``b``; contiguous tensors; rows of ``N * itemsize`` bytes a multiple of 16
+and 16-byte-aligned bases (TMA's rules); ``BN * itemsize >= 16``. Elsewhere the tile kernel runs.
 """
 from __future__ import annotations
 
@@ -151,7 +152,7 @@ def diag_tma_forward(a, b, h0, cu, cfg, empty):
 
     h = empty(b.shape, b.dtype, b.device)
     final = empty((nseq, N), torch.float32, b.device)
-    _diag_fwd_tma_kernel[(triton.cdiv(N, bn), nseq)](
+    _diag_fwd_tma_kernel[(cdiv(N, bn), nseq)](
         desc(a), desc(b), h, h0 if h0 is not None else b, final, cu if cu is not None else b,
         T, N, BT=bt, BN=bn, NS=ns, HAS_INIT=h0 is not None, VARLEN=cu is not None, num_warps=nw)
     return h, final

@@ -24,9 +24,12 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def max_seq_len(T: int, cu_seqlens) -> int:
+def max_seq_len(T: int, cu_seqlens, known: int | None = None) -> int:
     """The longest sequence of a batch: ``T`` without ``cu_seqlens``, else the largest step of the
-    offsets (one device sync); 0 when the offsets hold no sequence."""
+    offsets (one device sync); 0 when the offsets hold no sequence. ``known``: the value if the
+    caller has it already (the argument checks read the offsets on the host), returned as is."""
+    if known is not None:
+        return known
     if cu_seqlens is None:
         return T
     return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item()) if cu_seqlens.numel() > 1 else 0

@@ -32,8 +32,10 @@ def _check_time_dim(time_dim):
 
 
 def _check_common(ref, ref_name, B, T, state_shape, initial_state, cu_seqlens):
-    """Returns ``num_seqs``; checks the initial state and ``cu_seqlens``."""
-    nseq = B
+    """Returns ``(num_seqs, longest sequence)``; checks the initial state and ``cu_seqlens``. The
+    offsets are read on the host once, here: the launchers take the length from this call
+    (``_host.max_seq_len``'s ``known``) instead of syncing again."""
+    nseq, max_len = B, T
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor):
             raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
@@ -49,6 +51,7 @@ def _check_common(ref, ref_name, B, T, state_shape, initial_state, cu_seqlens):
         if cu[0] != 0 or cu[-1] != T or any(y < x for x, y in zip(cu[:-1], cu[1:])):
             raise ValueError(f"cu_seqlens must be non-decreasing from 0 to T={T}, got {cu}")
         nseq = len(cu) - 1
+        max_len = max(y - x for x, y in zip(cu[:-1], cu[1:]))
     if initial_state is not None:
         if not isinstance(initial_state, torch.Tensor):
             raise TypeError(f"initial_state must be a torch.Tensor, got {type(initial_state).__name__}")
@@ -61,4 +64,4 @@ def _check_common(ref, ref_name, B, T, state_shape, initial_state, cu_seqlens):
         if initial_state.device != ref.device:
             raise ValueError(f"initial_state must be on {ref.device} like {ref_name}, got "
                              f"{initial_state.device}")
-    return nseq
+    return nseq, max_len

@@ -201,7 +201,7 @@ def lookback_cfg(tune: dict):
     return ch, bn, w, nw
 
 
-def launch_diag_lookback(a, b, h0, cu, tune, empty):
+def launch_diag_lookback(a, b, h0, cu, tune, empty, max_len=None):
     """One launch. a, b ``(B, T, N)``, h0 ``(nseq, N)`` or None, cu int64 offsets or None.
     Returns ``(h, final, status, vals, (CHUNK, BN, NC, GN))``; ``empty`` allocates outputs (the
     launcher's NaN-poisoning ``_empty``)."""
@@ -209,7 +209,7 @@ def launch_diag_lookback(a, b, h0, cu, tune, empty):
     nseq = B if cu is None else cu.numel() - 1
     ch, bn, w, nw = lookback_cfg(tune)
     dev = b.device
-    max_len = max_seq_len(T, cu)
+    max_len = max_seq_len(T, cu, max_len)
     nc = max(1, cdiv(max_len, ch))  # >= 1: chunk 0 writes h_final = h0 of empty sequences
     gn = cdiv(N, bn)
     ntile = nseq * gn * nc
@@ -227,18 +227,18 @@ def launch_diag_lookback(a, b, h0, cu, tune, empty):
     return h, final, status, vals, (ch, bn, nc, gn)
 
 
-def diag_lookback_forward(a, b, h0, cu, chunk, tune, empty, diag_cfg):
+def diag_lookback_forward(a, b, h0, cu, chunk, tune, empty, diag_cfg, max_len=None):
     """``scan._diag_forward``'s contract: ``(h, final, P)``, ``P (nseq, nc, N)`` the products of
     ``a`` over the backward's chunks of length ``chunk`` (None: one-pass backward, no ``P``).
     When ``chunk`` is a multiple of ``CHUNK`` (``scan._diag_apply`` aligns it so), ``P`` is a
     product over groups of tile products already in ``vals``; otherwise one extra summary pass
     (the chunked forward's pass 1, reads ``a`` and ``b``)."""
-    h, final, status, vals, (ch, bn, nc_t, gn) = launch_diag_lookback(a, b, h0, cu, tune, empty)
+    h, final, status, vals, (ch, bn, nc_t, gn) = launch_diag_lookback(a, b, h0, cu, tune, empty, max_len)
     if chunk is None:
         return h, final, None
     B, T, N = b.shape
     nseq = final.shape[0]
-    max_len = max_seq_len(T, cu)
+    max_len = max_seq_len(T, cu, max_len)
     nc = cdiv(max_len, chunk)
     if chunk % ch == 0:
         k = chunk // ch

@@ -237,7 +237,7 @@ def tile_cfg(tune: dict, prefix: str, chunk: int, window: int):
     return ch, bh, w, bh // 32
 
 
-def bd2_lookback_forward(A, b, h0, cu, tune, empty):
+def bd2_lookback_forward(A, b, h0, cu, tune, empty, max_len=None):
     """One launch. ``A (B, T, H, 2, 2)``, ``b (B, T, H, 2)``, ``h0 (nseq, H, 2)`` or None, ``cu``
     int64 offsets or None; ``empty`` allocates outputs (the launcher's NaN-poisoning ``_empty``).
     Returns ``(h, h_final, None)`` (``scan._bd_forward``'s contract: no chunk products)."""
@@ -247,7 +247,7 @@ def bd2_lookback_forward(A, b, h0, cu, tune, empty):
     nseq = B if cu is None else cu.numel() - 1
     ch, bh, w, nw = bd2_lookback_cfg(tune, nseq * cdiv(H, tune.get("lb2_bh", 32)))
     dev = b.device
-    max_len = max_seq_len(T, cu)
+    max_len = max_seq_len(T, cu, max_len)
     nc = max(1, cdiv(max_len, ch))  # >= 1: chunk 0 writes h_final = h0 of empty sequences
     ntile = nseq * cdiv(H, bh) * nc
     status = torch.zeros(ntile + 1, dtype=torch.int32, device=dev)  # 0 = nothing published

@@ -146,7 +146,7 @@ def bd2_bwd_lookback_use(tune: dict, m: int, grad: bool, pairs: int, nsm: int) -
     return mode
 
 
-def bd2_lookback_backward(A, h, h0, g, dhT, cu, tune, empty):
+def bd2_lookback_backward(A, h, h0, g, dhT, cu, tune, empty, max_len=None):
     """``(dA, db, dh0)`` in one launch. ``A (B, T, H, 2, 2)``, ``h``/``g`` (the cotangent of
     ``h``) ``(B, T, H, 2)``, ``h0``/``dhT`` ``(nseq, H, 2)`` or None, ``cu`` int64 offsets or
     None; chunks and windows as ``bd2_lookback_cfg`` with 16 or more pairs; ``dh0`` fp32."""
@@ -158,7 +158,7 @@ def bd2_lookback_backward(A, h, h0, g, dhT, cu, tune, empty):
     # spills 848 bytes a thread here (255 registers), with 16 none (254)
     ch, bh, w, nw = bd2_lookback_cfg(tune, max(16, nseq * cdiv(H, tune.get("lb2_bh", 32))))
     dev = h.device
-    max_len = max_seq_len(T, cu)
+    max_len = max_seq_len(T, cu, max_len)
     nc = max(1, cdiv(max_len, ch))  # >= 1: an empty sequence's one tile writes dh0 = dh_final
     ntile = nseq * cdiv(H, bh) * nc
     status = torch.zeros(ntile + 1, dtype=torch.int32, device=dev)  # 0 = nothing published

@@ -245,7 +245,7 @@ def bd4_lookback_cfg(tune: dict):
     return tile_cfg(tune, "lb4", 8, 1)
 
 
-def bd4_lookback_forward(A, b, h0, cu, tune, empty):
+def bd4_lookback_forward(A, b, h0, cu, tune, empty, max_len=None):
     """One launch. ``A (B, T, H, 4, 4)``, ``b (B, T, H, 4)``, ``h0 (nseq, H, 4)`` or None, ``cu``
     int64 offsets or None; ``empty`` allocates outputs (the launcher's NaN-poisoning ``_empty``).
     Returns ``(h, h_final, None)`` (``scan._bd_forward``'s contract: no chunk products)."""
@@ -255,7 +255,7 @@ def bd4_lookback_forward(A, b, h0, cu, tune, empty):
     nseq = B if cu is None else cu.numel() - 1
     ch, bh, w, nw = bd4_lookback_cfg(tune)
     dev = b.device
-    max_len = max_seq_len(T, cu)
+    max_len = max_seq_len(T, cu, max_len)
     nc = max(1, cdiv(max_len, ch))  # >= 1: chunk 0 writes h_final = h0 of empty sequences
     ntile = nseq * cdiv(H, bh) * nc
     status = torch.zeros(ntile + 1, dtype=torch.int32, device=dev)  # 0 = nothing published

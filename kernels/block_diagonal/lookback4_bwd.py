@@ -142,7 +142,7 @@ def bd4_bwd_lookback_use(tune: dict, m: int, grad: bool, chunk, programs: int, n
     return mode
 
 
-def bd4_lookback_backward(A, h, h0, g, dhT, cu, tune, empty):
+def bd4_lookback_backward(A, h, h0, g, dhT, cu, tune, empty, max_len=None):
     """``(dA, db, dh0)`` in one launch. ``A (B, T, H, 4, 4)``, ``h``/``g`` (the cotangent of
     ``h``) ``(B, T, H, 4)``, ``h0``/``dhT`` ``(nseq, H, 4)`` or None, ``cu`` int64 offsets or
     None; chunks and windows as ``bd4_lookback_cfg``; ``dh0`` fp32."""
@@ -152,7 +152,7 @@ def bd4_lookback_backward(A, h, h0, g, dhT, cu, tune, empty):
     nseq = B if cu is None else cu.numel() - 1
     ch, bh, w, nw = bd4_lookback_cfg(tune)
     dev = h.device
-    max_len = max_seq_len(T, cu)
+    max_len = max_seq_len(T, cu, max_len)
     nc = max(1, cdiv(max_len, ch))  # >= 1: an empty sequence's one tile writes dh0 = dh_final
     ntile = nseq * cdiv(H, bh) * nc
     status = torch.zeros(ntile + 1, dtype=torch.int32, device=dev)  # 0 = nothing published

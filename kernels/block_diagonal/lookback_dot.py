@@ -152,7 +152,7 @@ def bd_lookback_use(tune: dict, m: int, chunk) -> bool:
     return mode == "always" or (mode is True and chunk is not None)
 
 
-def bd_lookback_forward(A, b, h0, cu, tune, empty):
+def bd_lookback_forward(A, b, h0, cu, tune, empty, max_len=None):
     """One launch. ``A (B, T, H, m, m)``, ``b (B, T, H, m)``, ``h0 (nseq, H, m)`` or None, ``cu``
     int64 offsets or None; ``empty`` allocates outputs (the launcher's NaN-poisoning ``_empty``).
     Returns ``(h, h_final, None)`` (``scan._bd_forward``'s contract, no chunk products: forward
@@ -164,7 +164,7 @@ def bd_lookback_forward(A, b, h0, cu, tune, empty):
     ns = summary_stages(tune, 6)
     mp = next_pow2(m)
     dev = b.device
-    max_len = max_seq_len(T, cu)
+    max_len = max_seq_len(T, cu, max_len)
     nc = max(1, cdiv(max_len, ch))  # >= 1: chunk 0 writes h_final = h0 of empty sequences
     gh = cdiv(H, nt * (d // mp))
     ntile = nseq * gh * nc

@@ -177,7 +177,7 @@ def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, N
         _bd_fwd_kernel[grid](A, b, h, init, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH, NS=NS, **kw)
 
 
-def _bd_forward(A, b, h0, cu, chunk):
+def _bd_forward(A, b, h0, cu, chunk, max_len=None):
     B, T, H, m = b.shape
     nseq = B if cu is None else cu.numel() - 1
     mp, bh, nw, ns = _bd_cfg(m)
@@ -194,7 +194,7 @@ def _bd_forward(A, b, h0, cu, chunk):
             M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True,
             VARLEN=varlen, num_warps=nw, few=few)
         return h, final, None
-    nc = cdiv(max_seq_len(T, cu), chunk)
+    nc = cdiv(max_seq_len(T, cu, max_len), chunk)
     P = _empty((nseq, nc, H, m, m), torch.float32, dev)
     E = _empty((nseq, nc, H, m), torch.float32, dev)
     launch_summary(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, bh, nw, ns, varlen, TUNE, _fwd_variant())
@@ -292,10 +292,10 @@ def _diag_cfg(N, nseq, device, bwd=False):
     return bt, bn, nw, TUNE.get("num_stages_diag", 3)
 
 
-def _diag_forward(a, b, h0, cu, chunk, lookback=False):
+def _diag_forward(a, b, h0, cu, chunk, lookback=False, max_len=None):
     if lookback:  # one decoupled look-back pass (lookback.py); chunk only shapes P for a backward
         from .lookback import diag_lookback_forward
-        return diag_lookback_forward(a, b, h0, cu, chunk, TUNE, _empty, _diag_cfg)
+        return diag_lookback_forward(a, b, h0, cu, chunk, TUNE, _empty, _diag_cfg, max_len)
     B, T, N = b.shape
     nseq = B if cu is None else cu.numel() - 1
     bt, bn, nw, ns = _diag_cfg(N, nseq, b.device)
@@ -315,7 +315,7 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False):
             BT=bt, BN=bn, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True, STORE_P=False,
             VARLEN=varlen, num_warps=nw)
         return h, final, None
-    nc = cdiv(max_seq_len(T, cu), chunk)
+    nc = cdiv(max_seq_len(T, cu, max_len), chunk)
     P = _empty((nseq, nc, N), torch.float32, dev)
     E = _empty((nseq, nc, N), torch.float32, dev)
     _diag_fwd_kernel[(gn, nseq, nc)](
@@ -334,10 +334,10 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False):
     return h, final, P
 
 
-def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False):
+def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False, max_len=None):
     if lookback:  # one look-back pass (lookback_bwd.py; _diag_bwd_lookback): no chunks needed
         from .lookback_bwd import diag_lookback_backward
-        return diag_lookback_backward(a, h, h0, g, dhT, cu, TUNE, _empty)
+        return diag_lookback_backward(a, h, h0, g, dhT, cu, TUNE, _empty, max_len)
     B, T, N = h.shape
     nseq = B if cu is None else cu.numel() - 1
     bt, bn, nw, ns = _diag_cfg(N, nseq, h.device, bwd=True)
@@ -379,13 +379,14 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False):
 # ----------------------------------------------------------------------------- autograd
 class _ScanFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, A, b, h0, cu, chunk, diag, lookback=False, bwd_lookback=False):
+    def forward(ctx, A, b, h0, cu, chunk, diag, lookback=False, bwd_lookback=False, max_len=None):
         # the block look-back is forward-only: it returns no chunk products (P = None)
         lb = {"m2": bd2_lookback_forward, "m4": bd4_lookback_forward}.get(lookback, bd_lookback_forward)
-        h, final, P = (_diag_forward(A, b, h0, cu, chunk, lookback) if diag else
-                       lb(A, b, h0, cu, TUNE, _empty) if lookback else _bd_forward(A, b, h0, cu, chunk))
+        h, final, P = (_diag_forward(A, b, h0, cu, chunk, lookback, max_len) if diag else
+                       lb(A, b, h0, cu, TUNE, _empty, max_len) if lookback
+                       else _bd_forward(A, b, h0, cu, chunk, max_len))
         ctx.save_for_backward(A, h, h0, cu, P)
-        ctx.chunk, ctx.diag, ctx.bwd_lookback = chunk, diag, bwd_lookback
+        ctx.chunk, ctx.diag, ctx.bwd_lookback, ctx.max_len = chunk, diag, bwd_lookback, max_len
         ctx.h0_dtype = None if h0 is None else h0.dtype
         return h, final
 
@@ -395,13 +396,13 @@ class _ScanFn(torch.autograd.Function):
         g = torch.zeros_like(h) if dh is None else dh.contiguous()
         dhT = None if dfinal is None else dfinal.float().contiguous()
         if ctx.diag:
-            dA, db, dh0 = _diag_backward(A, h, h0, g, dhT, cu, ctx.chunk, P, ctx.bwd_lookback)
+            dA, db, dh0 = _diag_backward(A, h, h0, g, dhT, cu, ctx.chunk, P, ctx.bwd_lookback, ctx.max_len)
         elif ctx.bwd_lookback:  # m = 2, 4 with few programs (lookback2_bwd.py, lookback4_bwd.py)
             lbb = bd4_lookback_backward if h.shape[-1] == 4 else bd2_lookback_backward
-            dA, db, dh0 = lbb(A, h, h0, g, dhT, cu, TUNE, _empty)
+            dA, db, dh0 = lbb(A, h, h0, g, dhT, cu, TUNE, _empty, ctx.max_len)
         else:
             dA, db, dh0 = _bd_backward(A, h, h0, g, dhT, cu, ctx.chunk, P)
-        return dA, db, (dh0.to(ctx.h0_dtype) if h0 is not None else None), None, None, None, None, None
+        return dA, db, (dh0.to(ctx.h0_dtype) if h0 is not None else None), None, None, None, None, None, None
 
 
 def block_diagonal_scan(A, b, initial_state=None, output_final_state=False, cu_seqlens=None):
@@ -428,15 +429,15 @@ def block_diagonal_scan(A, b, initial_state=None, output_final_state=False, cu_s
         raise ValueError(f"block size m (b.shape[-1]) must be in 1..{MAX_M}, got {m}")
     if A.device != b.device:
         raise ValueError(f"A and b must be on one device, got A on {A.device}, b on {b.device}")
-    nseq = _check_common(b, "b", B, T, (H, m), initial_state, cu_seqlens)
+    nseq, max_len = _check_common(b, "b", B, T, (H, m), initial_state, cu_seqlens)
     h0 = initial_state.contiguous() if initial_state is not None else None
     cu = cu_seqlens.to(torch.int64).contiguous() if cu_seqlens is not None else None
     if m == 1:
         h, final = _diag_apply(A.view(B, T, H), b.view(B, T, H),
-                               None if h0 is None else h0.view(nseq, H), cu, nseq)
+                               None if h0 is None else h0.view(nseq, H), cu, nseq, max_len)
         h, final = h.view(B, T, H, 1), final.view(nseq, H, 1)
     else:
-        h, final = _bd_apply(A, b, h0, cu, nseq)
+        h, final = _bd_apply(A, b, h0, cu, nseq, max_len)
     return h, (final if output_final_state else None)
 
 
@@ -444,12 +445,12 @@ def _needs_grad(*xs):
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
 
 
-def _bd_apply(A, b, h0, cu, nseq):
+def _bd_apply(A, b, h0, cu, nseq, max_len):
     B, T, H, m = b.shape
     mp, bh, _, _ = _bd_cfg(m)
     grad = _needs_grad(A, b, h0)
     nprog, nsm = nseq * cdiv(H, bh), _num_sms(b.device)  # the ring kernels' programs
-    chunk = _choose_chunk(nprog, max_seq_len(T, cu), b.device, 1, m, grad)
+    chunk = _choose_chunk(nprog, max_len, b.device, 1, m, grad)
     lookback = not grad and bd_lookback_use(TUNE, m, chunk)
     bwd_lb = (bd2_bwd_lookback_use(TUNE, m, grad, nseq * cdiv(H, 32), nsm)
               or bd4_bwd_lookback_use(TUNE, m, grad, chunk, nprog, nsm))
@@ -457,17 +458,17 @@ def _bd_apply(A, b, h0, cu, nseq):
         lookback = "m2"  # lookback2.py (and lookback2_bwd.py) where measured faster
     elif m == 4 and not lookback and (bwd_lb or bd4_lookback_use(TUNE, m, grad, nprog, nsm)):
         lookback = "m4"  # lookback4.py (and lookback4_bwd.py) likewise
-    return _ScanFn.apply(A, b, h0, cu, None if lookback else chunk, False, lookback, bwd_lb)
+    return _ScanFn.apply(A, b, h0, cu, None if lookback else chunk, False, lookback, bwd_lb, max_len)
 
 
-def _diag_apply(a, b, h0, cu, nseq):
+def _diag_apply(a, b, h0, cu, nseq, max_len):
     B, T, N = b.shape
     if TUNE.get("diag_variant", "tile") == "ring":  # the block kernels with m = 1
         h, final = _bd_apply(a.view(B, T, N, 1, 1), b.view(B, T, N, 1),
-                             None if h0 is None else h0.view(nseq, N, 1), cu, nseq)
+                             None if h0 is None else h0.view(nseq, N, 1), cu, nseq, max_len)
         return h.view(B, T, N), final.view(nseq, N)
     bt, bn, _, _ = _diag_cfg(N, nseq, b.device)
-    nprog, max_len = nseq * cdiv(N, bn), max_seq_len(T, cu)
+    nprog = nseq * cdiv(N, bn)
     grad = _needs_grad(a, b, h0)
     bwd_prog = nseq * cdiv(N, _diag_cfg(N, nseq, b.device, bwd=True)[1])  # its own tiles
     bwd_lb = grad and _diag_bwd_lookback(nprog, max_len, b.device, bt, bwd_prog)
@@ -475,11 +476,12 @@ def _diag_apply(a, b, h0, cu, nseq):
     grad = grad and not bwd_lb
     if _diag_lookback(nprog, max_len, b.device, bt, grad):
         if not grad:  # one pass whatever the programs
-            return _ScanFn.apply(a, b, h0, cu, None, True, True, bwd_lb)
+            return _ScanFn.apply(a, b, h0, cu, None, True, True, bwd_lb, max_len)
         bt = max(bt, lookback_cfg(TUNE)[0])  # backward chunks aligned to the tiles: P comes from them
-        return _ScanFn.apply(a, b, h0, cu, _choose_chunk(nprog, max_len, b.device, bt, 1, grad), True, True)
+        chunk = _choose_chunk(nprog, max_len, b.device, bt, 1, grad)
+        return _ScanFn.apply(a, b, h0, cu, chunk, True, True, False, max_len)
     chunk = _choose_chunk(nprog, max_len, b.device, bt, 1, grad)
-    return _ScanFn.apply(a, b, h0, cu, chunk, True, False, bwd_lb)
+    return _ScanFn.apply(a, b, h0, cu, chunk, True, False, bwd_lb, max_len)
 
 
 def _diag_bwd_lookback(nprog, max_len, device, bt, bwd_prog) -> bool:
@@ -549,11 +551,11 @@ def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens
     if a.device != b.device:
         raise ValueError(f"a and b must be on one device, got a on {a.device}, b on {b.device}")
     B, T, N = b.shape if time_dim == 1 else (b.shape[0], b.shape[2], b.shape[1])
-    nseq = _check_common(b, "b", B, T, (N,), initial_state, cu_seqlens)
+    nseq, max_len = _check_common(b, "b", B, T, (N,), initial_state, cu_seqlens)
     h0 = initial_state.contiguous() if initial_state is not None else None
     cu = cu_seqlens.to(torch.int64).contiguous() if cu_seqlens is not None else None
     if time_dim == 1:
-        h, final = _diag_apply(a, b, h0, cu, nseq)
+        h, final = _diag_apply(a, b, h0, cu, nseq, max_len)
     else:
-        h, final = TimeMajorScanFn.apply(a, b, h0, cu, max_seq_len(T, cu), TUNE, _empty)
+        h, final = TimeMajorScanFn.apply(a, b, h0, cu, max_len, TUNE, _empty)
     return h, (final if output_final_state else None)

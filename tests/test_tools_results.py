@@ -167,6 +167,32 @@ def test_memcheck_kernels_block_lookback_cases(monkeypatch):
         assert len(calls) == n, (suffix, calls)
 
 
+def test_memcheck_kernels_tma_cases(monkeypatch):
+    """memcheck_kernels' TMA cases (m = 1 through tma.py, m = 2 and 4 through tma_blocks.py, varlen
+    and one sequence, forward+backward) run the TMA forwards and stay finite under the
+    interpreter with poisoned buffers, so compute-sanitizer sees those kernels too."""
+    import os
+
+    import torch
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter test (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA)")
+    from lrnn_scan.kernels.block_diagonal import tma, tma_blocks
+    mod = _tool("memcheck_kernels")
+    monkeypatch.setenv("LRNN_SCAN_POISON", "1")
+    for family, module, name, n in (("diagonal", tma, "diag_tma_forward", 3),
+                                    ("block_diagonal", tma_blocks, "bd_tma_forward", 4)):
+        calls = []
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, calls=calls: calls.append(1) or real(*a))
+        cases = [(c, r) for c, r in mod._cases(family, torch.device("cpu"), True) if c.endswith("_tma")]
+        assert len(cases) == n
+        for case, run in cases:
+            outs, inputs = run()
+            assert all(torch.isfinite(o).all() for o in outs if o is not None), case
+            assert not any(mod._grads(outs, inputs)), case
+        assert len(calls) == n, (family, calls)
+
+
 def test_delta_throughput_agreement_names_the_worst_difference():
     """delta_throughput's fla-vs-ours column: 0 for the same function, the right name and size for a
     perturbed gradient, NaN counted as worst."""

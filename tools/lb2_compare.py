@@ -46,7 +46,7 @@ def _ref(A, b, h0, cu):
 
 def _ring(A, b):
     """The forward without lookback2 (ring kernels, chunked where the rule chunks)."""
-    with S.tuned(dict(bd2_lookback=False)):
+    with S.tuned(dict(bd2_lookback=False, bd2_tma=False)):
         return S.block_diagonal_scan(A, b)
 
 
@@ -128,7 +128,7 @@ def bwd_rows(rounds, shapes):
                 return torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), dh)
         fns = {"default": lambda: fb({}),
                "lb2_bwd": lambda: fb(dict(bd2_bwd_lookback=True)),
-               "no_lb2_bwd": lambda: fb(dict(bd2_bwd_lookback=False)), "ring": lambda: fb(dict(bd2_lookback=False))}
+               "no_lb2_bwd": lambda: fb(dict(bd2_bwd_lookback=False)), "ring": lambda: fb(dict(bd2_lookback=False, bd2_tma=False))}
         ref = fns["no_lb2_bwd"]()
         e = max(_rel(x, y.double()) for x, y in zip(fns["lb2_bwd"](), ref))
         fails += not e < 1e-5

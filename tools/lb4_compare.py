@@ -78,7 +78,7 @@ def check():
 
 
 def _ring(A, b):
-    with S.tuned(dict(bd4_lookback=False)):
+    with S.tuned(dict(bd4_lookback=False, bd4_tma=False)):
         return S.block_diagonal_scan(A, b)
 
 
@@ -98,7 +98,7 @@ def rows_for(shape, bwd, rounds, configs):
                 return torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), dh)
         # since the nineteenth session the default takes lookback4_bwd.py with few ring programs
         # (bd4_bwd_lookback_use), so each column names its passes instead of leaning on the rule
-        fns = {"default": lambda: run({}), "ring": lambda: run(dict(bd4_lookback=False)),
+        fns = {"default": lambda: run({}), "ring": lambda: run(dict(bd4_lookback=False, bd4_tma=False)),
                "lb4": lambda: run(dict(bd4_lookback=True, bd4_bwd_lookback=False)),
                "lb4_bwd": lambda: run(dict(bd4_bwd_lookback=True))}
     else:

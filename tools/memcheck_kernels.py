@@ -72,15 +72,18 @@ def _cases(family, dev, small):
             (lookback_dot.py; the default for such forwards from m = 16 on where time would be
             chunked), or (``lookback="m2"``) through lookback2.py (m = 2), or (``"m2bwd"``)
             forward+backward through lookback2.py and lookback2_bwd.py, or (``"m4"``) a forward
-            through lookback4.py, or (``"m4bwd"``) forward+backward through lookback4*.py."""
-            cast = _leaf if lookback in (False, "m2bwd", "m4bwd") else _cast
+            through lookback4.py, or (``"m4bwd"``) forward+backward through lookback4*.py, or
+            (``"tma"``) forward+backward with the TMA forward of tma_blocks.py (m = 2, 4)."""
+            cast = _leaf if lookback in (False, "m2bwd", "m4bwd", "tma") else _cast
             nseq = 1 if cu is None else cu.numel() - 1
             # rows scaled by (0.5, 1): with m = 1 not one constant decay
             scale = 0.5 + 0.49 * torch.rand(1, T, H, m, 1, device=dev)
             A = cast(stable_blocks(1, T, H, m, m, scale=scale, device=dev), torch.float32)
             b = cast(torch.randn(1, T, H, m, device=dev), torch.float32)
             h0 = cast(torch.randn(nseq, H, m, device=dev), torch.float32)
-            tune = ({"bd2_bwd_lookback": True, **({"lb2_chunk": 8} if small else {})} if lookback == "m2bwd" else
+            tune = ({f"bd{m}_tma": True, "chunk": 0, **({f"tma{m}_bt": 16, f"tma{m}_bh": 8 // m} if small else {})}
+                    if lookback == "tma" else
+                    {"bd2_bwd_lookback": True, **({"lb2_chunk": 8} if small else {})} if lookback == "m2bwd" else
                     {"bd4_lookback": True, **({"lb4_chunk": 4} if small else {})} if lookback == "m4" else
                     {"bd4_bwd_lookback": True, **({"lb4_chunk": 4} if small else {})} if lookback == "m4bwd" else
                     {"bd2_lookback": True, **({"lb2_chunk": 8} if small else {})} if lookback == "m2" else
@@ -106,6 +109,9 @@ def _cases(family, dev, small):
                    lambda T=T, cu=cu: run(4, 4 if small else 192, T, cu, lookback="m4"))
             yield (f"m4_T{T}_{'varlen' if cu is not None else 'B1'}_lookback4_bwd",
                    lambda T=T, cu=cu: run(4, 4 if small else 192, T, cu, lookback="m4bwd"))
+            for m in (2, 4):
+                yield (f"m{m}_T{T}_{'varlen' if cu is not None else 'B1'}_tma",
+                       lambda m=m, T=T, cu=cu: run(m, (12 if small else 768) // m, T, cu, lookback="tma"))
     elif family == "diagonal":
         for T, cu in ((T_var, _cu(T_var, dev, small)), (T_long, None), (4 * T_long + 3, None)):
             def run(T=T, cu=cu):
@@ -116,6 +122,12 @@ def _cases(family, dev, small):
                 h0 = _leaf(torch.randn(nseq, N, device=dev), torch.float32)
                 return diagonal_scan(a, b, h0, True, cu), (a, b, h0)
             yield f"T{T}_{'varlen' if cu is not None else 'B1'}", run
+
+            def run_tma(run=run):       # the TMA forward (tma.py), forced
+                from lrnn_scan.kernels.block_diagonal import scan as S
+                with S.tuned({"diag_tma": True, "chunk": 0, **({"tma_bt": 16, "tma_bn": 8} if small else {})}):
+                    return run()
+            yield f"T{T}_{'varlen' if cu is not None else 'B1'}_tma", run_tma
 
             def run_tm(T=T, cu=cu):     # time contiguous (time_major.py): (1, N, T)
                 N = 24 if small else 768

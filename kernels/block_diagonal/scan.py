@@ -10,7 +10,8 @@ forward). Single-pass look-backs replace the chunked forward where measured fast
 (``lookback.py``), ``m = 2`` and ``4`` (``lookback2.py``, ``lookback4.py``; also one-pass forwards
 with few programs) and ``m >= 16`` (``lookback_dot.py``); with gradients the backward for ``m = 1``
 (``lookback_bwd.py``) and ``m = 2, 4`` with few programs (``lookback2_bwd.py``, ``lookback4_bwd.py``).
-The one-pass ``m = 1`` forward with few programs loads its tiles by TMA on Hopper (``tma.py``).
+The one-pass ``m = 1`` forward with few programs loads its tiles by TMA on Hopper (``tma.py``),
+and so do ``m = 2, 4`` in measured bands of programs per SM (``tma_blocks.py``).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from .lookback4 import bd4_lookback_forward, bd4_lookback_use
 from .lookback4_bwd import bd4_bwd_lookback_use, bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward, bd_lookback_use
 from . import tma
+from . import tma_blocks
 from .summary import launch_summary
 from .checks import _check_common, _check_float, _check_time_dim  # noqa: F401  (compile.py's too)
 from .time_major import TimeMajorScanFn
@@ -381,7 +383,8 @@ class _ScanFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, b, h0, cu, chunk, diag, lookback=False, bwd_lookback=False, max_len=None):
         # the block look-back is forward-only: it returns no chunk products (P = None)
-        lb = {"m2": bd2_lookback_forward, "m4": bd4_lookback_forward}.get(lookback, bd_lookback_forward)
+        lb = {"m2": bd2_lookback_forward, "m4": bd4_lookback_forward,
+              "tma": tma_blocks.bd_tma_forward}.get(lookback, bd_lookback_forward)
         h, final, P = (_diag_forward(A, b, h0, cu, chunk, lookback, max_len) if diag else
                        lb(A, b, h0, cu, TUNE, _empty, max_len) if lookback
                        else _bd_forward(A, b, h0, cu, chunk, max_len))
@@ -454,7 +457,10 @@ def _bd_apply(A, b, h0, cu, nseq, max_len):
     lookback = not grad and bd_lookback_use(TUNE, m, chunk)
     bwd_lb = (bd2_bwd_lookback_use(TUNE, m, grad, nseq * cdiv(H, 32), nsm)
               or bd4_bwd_lookback_use(TUNE, m, grad, chunk, nprog, nsm))
-    if m == 2 and not lookback and (bwd_lb or bd2_lookback_use(TUNE, chunk, nprog < nsm, grad)):
+    if (m in (2, 4) and not lookback and (not grad or chunk is None or bwd_lb)
+            and tma_blocks.bd_tma_config(A, b, nseq, TUNE, nsm) is not None):
+        lookback = "tma"  # few programs on Hopper: TMA loads (tma_blocks.py); no chunk products
+    elif m == 2 and not lookback and (bwd_lb or bd2_lookback_use(TUNE, chunk, nprog < nsm, grad)):
         lookback = "m2"  # lookback2.py (and lookback2_bwd.py) where measured faster
     elif m == 4 and not lookback and (bwd_lb or bd4_lookback_use(TUNE, m, grad, nprog, nsm)):
         lookback = "m4"  # lookback4.py (and lookback4_bwd.py) likewise

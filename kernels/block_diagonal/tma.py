@@ -39,19 +39,28 @@ except ImportError:  # pragma: no cover - both supported Tritons (3.6, 3.9) have
     TensorDescriptor = None
 
 
+@triton.jit
+def tma_seq(CU, s, T, VARLEN: tl.constexpr):
+    """``(bos, eos, sd)`` of sequence ``s``: its rows, and its index in the descriptors' first
+    axis (0 with ``cu_seqlens``: descriptors of shape ``(1, T_total, .)``; else ``s``, and a tile
+    never crosses into the next sequence)."""
+    if VARLEN:
+        bos = tl.load(CU + s).to(tl.int32)
+        eos = tl.load(CU + s + 1).to(tl.int32)
+        sd = s * 0
+    else:
+        bos = s * 0
+        eos = T + s * 0
+        sd = s
+    return bos, eos, sd
+
+
 @triton.jit(do_not_specialize=["T"])
 def _diag_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, N, BT: tl.constexpr, BN: tl.constexpr,
                          NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr):
     pid_n = tl.program_id(0)
     s = tl.program_id(1)
-    if VARLEN:  # descriptors of shape (1, T_total, N)
-        bos = tl.load(CU + s).to(tl.int32)
-        eos = tl.load(CU + s + 1).to(tl.int32)
-        sd = s * 0
-    else:       # (B, T, N): a tile never crosses into the next sequence
-        bos = 0
-        eos = T
-        sd = s
+    bos, eos, sd = tma_seq(CU, s, T, VARLEN)
     n0 = pid_n * BN
     n = n0 + tl.arange(0, BN)
     mn = n < N
@@ -86,8 +95,9 @@ def _major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
-def tma_usable(a: torch.Tensor, b: torch.Tensor, bn: int) -> bool:
-    """Whether ``a``, ``b`` (``(B, T, N)``) meet TMA's rules for ``(BT, bn)`` tiles (module doc)."""
+def tma_usable(a: torch.Tensor, b: torch.Tensor, box: int) -> bool:
+    """Whether ``a``, ``b`` (``(B, T, ...)``, read as ``(B, T, row)``) meet TMA's rules for tiles
+    ``box`` elements of ``b`` wide (module doc)."""
     if TensorDescriptor is None or a.dtype != b.dtype:
         return False
     if a.device.type == "cuda":
@@ -95,11 +105,12 @@ def tma_usable(a: torch.Tensor, b: torch.Tensor, bn: int) -> bool:
             return False
     elif os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return False
-    B, T, N = b.shape
+    B, T = b.shape[:2]
     size = b.element_size()
-    return (a.is_contiguous() and b.is_contiguous() and (N * size) % 16 == 0
+    return (a.is_contiguous() and b.is_contiguous()
+            and all(x.numel() == 0 or (x.stride(1) * size) % 16 == 0 for x in (a, b))
             and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
-            and bn * size >= 16 and T < 2 ** 31 - 1 and B < 2 ** 31 - 1)
+            and box * size >= 16 and T < 2 ** 31 - 1 and B < 2 ** 31 - 1)
 
 
 def tma_auto(N: int, nseq: int, sms: int) -> bool:
@@ -156,3 +167,4 @@ def diag_tma_forward(a, b, h0, cu, cfg, empty):
         desc(a), desc(b), h, h0 if h0 is not None else b, final, cu if cu is not None else b,
         T, N, BT=bt, BN=bn, NS=ns, HAS_INIT=h0 is not None, VARLEN=cu is not None, num_warps=nw)
     return h, final
+

@@ -292,6 +292,50 @@ def test_diag_tma_more_than_2_31_elements():
     assert rel(h[:, :, cols], hr[..., 0]) < 5e-3 and rel(hf[:, cols], hfr[..., 0]) < 1e-4
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9,
+                    reason="TMA needs compute capability 9+")
+@pytest.mark.parametrize("m,cfg", [(2, None), (2, (32, 8, 1, 3)), (2, (64, 2, 2, 4)), (4, None),
+                                   (4, (64, 2, 1, 3)), (4, (16, 8, 1, 5))])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+def test_block_tma(m, cfg, dtype, tol):
+    """The m = 2 and m = 4 TMA forwards (tma_blocks.py; None = the forced default configuration)
+    with gradients: one pass with h0 at B8 T3001 N768 and varlen with boundaries off the tiles."""
+    tune = bd.scan.TUNE
+    try:
+        tune.update({f"bd{m}_tma": True, "chunk": 0})
+        if cfg is not None:
+            tune.update({f"tma{m}_{k}": v for k, v in zip(("bt", "bh", "nw", "ns"), cfg)})
+        A, b = make(8, 3001, 768 // m, m, dtype, seed=900 + m)
+        check(A, b, torch.randn(8, 768 // m, m, device=DEV), None, tol)
+        cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
+        A, b = make(1, 6002, 768 // m, m, dtype, seed=910 + m)
+        check(A, b, torch.randn(5, 768 // m, m, device=DEV), cu, tol)
+    finally:
+        tune.clear()
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and (torch.cuda.get_device_capability()[0] < 9 or
+                                                   torch.cuda.get_device_properties(0).total_memory < 60e9),
+                    reason="TMA (compute capability 9+) and ~30 GB of GPU memory")
+@pytest.mark.parametrize("m", [2, 4])
+def test_block_tma_more_than_2_31_elements(m):
+    """bf16 ``(1, 2^21, 1040 / m, m)``: ``h`` alone has 2.2e9 elements (int64 store offsets, int32
+    TMA coordinates); the forward checked on two blocks against the fp64 reference."""
+    T, H = 2 ** 21, 1040 // m
+    A = torch.empty(1, T, H, m, m, device=DEV, dtype=torch.bfloat16).uniform_(-1 / m, 1 / m)
+    x = torch.empty(1, T, H, m, device=DEV, dtype=torch.bfloat16).normal_()
+    assert x.numel() > 2 ** 31
+    tune = bd.scan.TUNE
+    try:
+        tune.update({f"bd{m}_tma": True, "chunk": 0})
+        h, hf = bd.block_diagonal_scan(A, x, None, True)
+    finally:
+        tune.clear()
+    heads = torch.tensor([0, H - 1], device=DEV)
+    hr, hfr = ref_scan(A[:, :, heads].double(), x[:, :, heads].double(), None, None)
+    assert rel(h[:, :, heads], hr) < 5e-3 and rel(hf[:, heads], hfr) < 1e-4
+
+
 def _time_major_check(a, x, h0, cu, tol, rows=None):
     """``diagonal_scan(time_dim=2)`` on ``(B, N, T)``: outputs, final state and the gradients of
     ``a``, ``x``, ``h0`` against ``ref_scan`` on ``rows`` (all by default), NaN-poisoned outputs.

@@ -1,0 +1,178 @@
+"""Tests of the m = 2 and m = 4 forwards whose tiles are loaded by TMA (``tma_blocks.py``;
+``TUNE["bd2_tma"]`` / ``["bd4_tma"]``, "auto" by default: GPUs of compute capability 9+ with few
+programs).
+
+Triton interpreter (host-side tensor descriptors run there too) or a GPU, fp64 step-by-step
+reference, outputs NaN-poisoned before the kernels run (``LRNN_SCAN_POISON=1``). Near-orthogonal
+blocks (``make``): tile maps stay O(1), so a wrong carry or composition order reaches every later
+output. Small tiles (16 steps, 2-4 blocks) put sequence ends, varlen boundaries and the block edge
+inside tiles.
+"""
+import os
+
+os.environ["LRNN_SCAN_POISON"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod, tune_fixture  # noqa: E402
+from test_kernels_lookback import spy  # noqa: E402
+from test_kernels_lookback2 import check_forward  # noqa: E402
+from test_kernels_lookback_dot import make  # noqa: E402
+
+from lrnn_scan.kernels.block_diagonal import tma_blocks  # noqa: E402
+
+_GPU_TMA = DEV == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not _GPU_TMA,
+                                reason="needs TRITON_INTERPRET=1 or a GPU with TMA (sm_90+)")
+
+_tune = tune_fixture(dict(bd2_tma=True, tma2_bt=16, tma2_bh=4, bd4_tma=True, tma4_bt=16, tma4_bh=2,
+                          chunk=0))
+M = pytest.mark.parametrize("m", [2, 4])
+
+
+def launches(monkeypatch):
+    return spy(monkeypatch, tma_blocks, "bd_tma_forward")
+
+
+def forward(A, b, h0=None, cu=None):
+    return check_forward(tma_blocks.bd_tma_forward, A, b, h0, cu)
+
+
+def scan_error(A, b):
+    return rel(bd.block_diagonal_scan(A, b)[0], ref.block_diagonal_scan_ref(A.double(), b.double())[0])
+
+
+@M
+@pytest.mark.parametrize("T,H,h0,cfg", [(1, 6, True, (16, 4, 1, 3)), (17, 10, False, (16, 4, 1, 4)),
+                                        (64, 12, True, (16, 8, 2, 2)), (129, 10, False, (32, 8, 1, 3)),
+                                        (300, 18, True, (64, 2, 1, 3))])
+def test_forward(m, T, H, h0, cfg):
+    """Odd lengths (sequence ends inside tiles), block counts that end inside a tile, 1 or 2
+    warps, 2-4 pipeline stages; the kernel directly (``check_forward``: no chunk products)."""
+    scanmod.TUNE.update({f"tma{m}_{k}": v for k, v in zip(("bt", "bh", "nw", "ns"), cfg)})
+    A, b = make(2, T, H, m, seed=T + m)
+    e = forward(A, b, torch.randn(2, H, m).to(DEV) if h0 else None)
+    assert max(e) < 1e-5, e
+
+
+@M
+def test_varlen(m):
+    """Boundaries inside tiles (a tile runs on into the next sequence), an empty sequence (its
+    final state is h0), a one-step sequence, the last tile past ``T_total``."""
+    A, b = make(1, 129, 6, m, seed=3)
+    cu = torch.tensor([0, 7, 40, 40, 41, 100, 129], dtype=torch.int64, device=DEV)
+    for h0 in (torch.randn(6, 6, m).to(DEV), None):
+        e = forward(A, b, h0, cu)
+        assert max(e) < 1e-5, e
+
+
+@M
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision(m, dtype, monkeypatch):
+    """16-bit inputs and h through ``block_diagonal_scan`` (rows of 16-byte multiples), fp32
+    accumulation and final state: the error is the output rounding."""
+    calls = launches(monkeypatch)
+    A, b = make(2, 70, 12, m, dtype=dtype, seed=5)
+    h0 = torch.randn(2, 12, m).to(DEV)
+    h, hf = bd.block_diagonal_scan(A, b, h0, True)
+    hr, hfr = ref.block_diagonal_scan_ref(A.double(), b.double(), h0.double(), True)
+    assert h.dtype == dtype and hf.dtype == torch.float32
+    assert 0 < rel(h, hr) <= 5e-3 and rel(hf, hfr) <= 1e-5, (rel(h, hr), rel(hf, hfr))
+    assert len(calls) == 1
+
+
+@M
+def test_gradients(m, monkeypatch):
+    """Autograd with the TMA forward (the one-pass backward reads its ``h``), plain and varlen,
+    every gradient against the fp64 reference."""
+    calls = launches(monkeypatch)
+    for B, cu, nseq in ((2, None, 2), (1, torch.tensor([0, 5, 30, 30, 77], device=DEV), 4)):
+        A, b = make(B, 77, 6, m, seed=7)
+        h0 = torch.randn(nseq, 6, m).to(DEV)
+        ins = [x.clone().requires_grad_() for x in (A, b, h0)]
+        h, hf = bd.block_diagonal_scan(*ins, True, cu)
+        g, gf = torch.randn_like(h), torch.randn_like(hf)
+        grads = torch.autograd.grad((h * g).sum() + (hf * gf).sum(), ins)
+        ind = [x.detach().double().requires_grad_() for x in ins]
+        hr, hfr = ref.block_diagonal_scan_ref(*ind, True, cu)
+        want = torch.autograd.grad((hr * g.double()).sum() + (hfr * gf.double()).sum(), ind)
+        assert rel(h, hr) < 1e-5 and rel(hf, hfr) < 1e-5
+        for x, y in zip(grads, want):
+            assert rel(x, y) < 1e-5
+    assert len(calls) == 2
+
+
+def test_falls_back_where_tma_cannot(monkeypatch):
+    """Rows whose byte length is not a multiple of 16 (bf16 b, m = 2, H = 6), tiles narrower than
+    16 bytes or mixed dtypes: ``bd_tma_config`` refuses and the default forward runs, with the
+    same results; the kernel's own entry raises; m = 3 has no TMA kernel."""
+    calls = launches(monkeypatch)
+    A, b = make(2, 33, 6, 2, dtype=torch.bfloat16, seed=9)
+    assert tma_blocks.bd_tma_config(A, b, 2, scanmod.TUNE, 132) is None
+    assert scan_error(A, b) < 5e-3
+    A, b = make(2, 33, 8, 2, seed=9)
+    assert tma_blocks.bd_tma_config(A, b, 2, dict(bd2_tma=True, tma2_bh=1), 132) is None
+    assert tma_blocks.bd_tma_config(A, b, 2, dict(bd2_tma=True, tma2_bh=2), 132) is not None
+    assert tma_blocks.bd_tma_config(A.double(), b, 2, dict(bd2_tma=True), 132) is None
+    scanmod.TUNE["tma2_bh"] = 1
+    assert scan_error(A, b) < 1e-5
+    A3, b3 = make(2, 33, 8, 3, seed=9)
+    assert tma_blocks.bd_tma_config(A3, b3, 2, dict(bd3_tma=True), 132) is None
+    assert scan_error(A3, b3) < 1e-5
+    assert calls == []
+    with pytest.raises(ValueError, match="refused"):
+        tma_blocks.bd_tma_forward(A, b, None, None, scanmod.TUNE, scanmod._empty)
+
+
+@M
+def test_rule_and_config(m, monkeypatch):
+    """"auto" (the default) never runs on CPU tensors; True / False force; bad values refused;
+    the GPU rule counts default-size programs per SM."""
+    calls = launches(monkeypatch)
+    A, b = make(2, 40, 8, m, seed=1)
+    for mode, used in (("auto", False), (False, False), (True, True)):
+        scanmod.TUNE[f"bd{m}_tma"] = mode
+        calls.clear()
+        assert scan_error(A, b) < 1e-5
+        assert (len(calls) > 0) == used, mode
+    scanmod.TUNE[f"bd{m}_tma"] = "yes"
+    with pytest.raises(ValueError, match=f"bd{m}_tma"):
+        bd.block_diagonal_scan(A, b)
+    want = (32, 8 if m == 2 else 4, 1, 3)  # outside the bands (2 sequences, H = 8): the last band's
+    assert tma_blocks.bd_tma_config(A, b, 2, {f"bd{m}_tma": True}, 132) == want
+    assert tma_blocks.bd_tma_config(A, b, 2, {f"bd{m}_tma": True, f"tma{m}_bt": 16, f"tma{m}_ns": 4},
+                                    132) == (16, want[1], 1, 4)
+    # "auto" on a GPU of 132 SMs at N = 768: (BT, BH) by 4-block programs per SM
+    H = 768 // m
+    bands = ({4: None, 6: None, 8: (64, 4), 9: None, 10: (32, 8), 16: (32, 8), 20: None, 32: None}
+             if m == 2 else {2: None, 3: None, 4: (32, 2), 5: (32, 2), 6: (32, 4), 11: (32, 4), 16: None})
+    for nseq, cfg in bands.items():
+        assert tma_blocks.bd_tma_auto(m, H, nseq, 132) == cfg, (m, nseq)
+        x, y = make(nseq, 1, H, m)
+        auto = tma_blocks.bd_tma_config(x, y, nseq, {}, 132)  # CPU tensors: "auto" stays off
+        assert auto == (None if cfg is None or DEV == "cpu" else cfg + (1, 3)), (m, nseq, auto)
+        if cfg is not None:
+            assert tma_blocks.bd_tma_config(x, y, nseq, {f"bd{m}_tma": True}, 132)[:2] == cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU_TMA, reason="GPU sizes")
+@M
+def test_auto_on_the_gpu_at_few_programs(m, monkeypatch):
+    """On a GPU the default sends B8 T2048 N768 (fp32 and bf16) through TMA, with the kernel's
+    outputs checked against fp64, and leaves B8 T2048 N4096 (many programs) to the other
+    forwards."""
+    scanmod.TUNE.clear()
+    calls = launches(monkeypatch)
+    H = 768 // m
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 5e-3)):
+        A, b = make(8, 2048, H, m, dtype=dtype, seed=11, pool=4096)
+        assert max(forward(A, b, torch.randn(8, H, m, device=DEV))) < tol
+        calls.clear()
+        assert scan_error(A, b) < tol
+        assert len(calls) == 1
+    calls.clear()
+    A, b = make(8, 2048, 4096 // m, m, seed=13, pool=4096)
+    assert scan_error(A, b) < 1e-5
+    assert calls == []

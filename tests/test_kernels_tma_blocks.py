@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and no
                                 reason="needs TRITON_INTERPRET=1 or a GPU with TMA (sm_90+)")
 
 _tune = tune_fixture(dict(bd2_tma=True, tma2_bt=16, tma2_bh=4, bd4_tma=True, tma4_bt=16, tma4_bh=2,
-                          chunk=0))
+                          bd2_tma_bwd=True, bd4_tma_bwd=True, chunk=0))
 M = pytest.mark.parametrize("m", [2, 4])
 
 
@@ -82,25 +82,69 @@ def test_low_precision(m, dtype, monkeypatch):
     assert len(calls) == 1
 
 
+def grad_errors(A, b, h0, cu, final=True, tol=1e-5):
+    """Forward+backward through ``block_diagonal_scan`` (``h0`` None or ``final`` False: those
+    gradients absent), against fp64 autograd: every error below ``tol``, nothing NaN."""
+    ins = [x.clone().requires_grad_() for x in (A, b, h0) if x is not None]
+    h, hf = bd.block_diagonal_scan(ins[0], ins[1], ins[2] if h0 is not None else None, final, cu)
+    g = torch.randn(h.shape, device=DEV)
+    gf = torch.randn(hf.shape, device=DEV) if final else None
+    loss = (h.float() * g).sum() + ((hf * gf).sum() if final else 0)
+    grads = torch.autograd.grad(loss, ins)
+    ind = [x.detach().double().requires_grad_() for x in ins]
+    hr, hfr = ref.block_diagonal_scan_ref(ind[0], ind[1], ind[2] if h0 is not None else None, True, cu)
+    want = torch.autograd.grad((hr * g.double()).sum() + ((hfr * gf.double()).sum() if final else 0), ind)
+    errs = [rel(h, hr)] + ([rel(hf, hfr)] if final else []) + [rel(x, y) for x, y in zip(grads, want)]
+    assert not any(torch.isnan(x).any() for x in grads)
+    assert max(errs) < tol, errs
+
+
+def bwd_launches(monkeypatch):
+    from lrnn_scan.kernels.block_diagonal import tma_blocks_bwd
+    return spy(monkeypatch, tma_blocks_bwd, "bd_tma_backward")
+
+
 @M
 def test_gradients(m, monkeypatch):
-    """Autograd with the TMA forward (the one-pass backward reads its ``h``), plain and varlen,
-    every gradient against the fp64 reference."""
-    calls = launches(monkeypatch)
-    for B, cu, nseq in ((2, None, 2), (1, torch.tensor([0, 5, 30, 30, 77], device=DEV), 4)):
+    """Autograd with the TMA forward and backward (``tma_blocks_bwd.py``), plain and varlen
+    (an empty and a one-step sequence, boundaries inside tiles), every gradient against the fp64
+    reference; with ``bd<m>_tma_bwd`` False the one-pass backward reads the TMA forward's ``h``."""
+    calls, bcalls = launches(monkeypatch), bwd_launches(monkeypatch)
+    for B, cu, nseq in ((2, None, 2), (1, torch.tensor([0, 5, 30, 30, 31, 77], device=DEV), 5)):
         A, b = make(B, 77, 6, m, seed=7)
-        h0 = torch.randn(nseq, 6, m).to(DEV)
-        ins = [x.clone().requires_grad_() for x in (A, b, h0)]
-        h, hf = bd.block_diagonal_scan(*ins, True, cu)
-        g, gf = torch.randn_like(h), torch.randn_like(hf)
-        grads = torch.autograd.grad((h * g).sum() + (hf * gf).sum(), ins)
-        ind = [x.detach().double().requires_grad_() for x in ins]
-        hr, hfr = ref.block_diagonal_scan_ref(*ind, True, cu)
-        want = torch.autograd.grad((hr * g.double()).sum() + (hfr * gf.double()).sum(), ind)
-        assert rel(h, hr) < 1e-5 and rel(hf, hfr) < 1e-5
-        for x, y in zip(grads, want):
-            assert rel(x, y) < 1e-5
-    assert len(calls) == 2
+        grad_errors(A, b, torch.randn(nseq, 6, m).to(DEV), cu)
+    assert len(calls) == 2 and len(bcalls) == 2
+    scanmod.TUNE[f"bd{m}_tma_bwd"] = False
+    grad_errors(*make(2, 40, 6, m, seed=8), torch.randn(2, 6, m).to(DEV), None)
+    assert len(calls) == 3 and len(bcalls) == 2
+    scanmod.TUNE[f"bd{m}_tma_bwd"] = "yes"
+    with pytest.raises(ValueError, match=f"bd{m}_tma_bwd"):
+        grad_errors(*make(2, 40, 6, m, seed=8), None, None)
+
+
+@M
+@pytest.mark.parametrize("T,cfg,h0,final", [(1, (16, 3), True, True), (16, (16, 2), False, True),
+                                            (17, (32, 4), True, False), (100, (8, 3), False, False)])
+def test_backward(m, T, cfg, h0, final, monkeypatch):
+    """The TMA backward at odd lengths (one step; a sequence ending on or inside a tile), with
+    and without ``h0`` and the final state's gradient, its own tile length and stages
+    (``tma<m>_bwd_bt``, ``_ns``), blocks past ``H`` inside the tile."""
+    bcalls = bwd_launches(monkeypatch)
+    scanmod.TUNE.update({f"tma{m}_bwd_bt": cfg[0], f"tma{m}_bwd_ns": cfg[1]})
+    H = 6 if m == 2 else 5  # 16-byte rows of b; the last tile of blocks half past H
+    A, b = make(2, T, H, m, seed=T + m)
+    grad_errors(A, b, torch.randn(2, H, m).to(DEV) if h0 else None, None, final)
+    assert len(bcalls) == 1
+
+
+@M
+def test_backward_low_precision(m, monkeypatch):
+    """bf16 ``A``, ``b`` and ``h`` (so bf16 ``dh``), fp32 state: errors of 16-bit rounding."""
+    bcalls = bwd_launches(monkeypatch)
+    A, b = make(1, 50, 8, m, dtype=torch.bfloat16, seed=4)
+    cu = torch.tensor([0, 20, 50], device=DEV)
+    grad_errors(A, b, torch.randn(2, 8, m).to(DEV), cu, tol=2e-2)
+    assert len(bcalls) == 1
 
 
 def test_falls_back_where_tma_cannot(monkeypatch):
@@ -143,6 +187,12 @@ def test_rule_and_config(m, monkeypatch):
     assert tma_blocks.bd_tma_config(A, b, 2, {f"bd{m}_tma": True}, 132) == want
     assert tma_blocks.bd_tma_config(A, b, 2, {f"bd{m}_tma": True, f"tma{m}_bt": 16, f"tma{m}_ns": 4},
                                     132) == (16, want[1], 1, 4)
+    from lrnn_scan.kernels.block_diagonal.tma_blocks_bwd import bd_tma_bwd_use
+    # the TMA backward: "auto" only at m = 4 with 2-block tiles; True / False force
+    for cfg in ((32, 2, 1, 3), (32, 4, 1, 3), (64, 4, 1, 3), (32, 8, 1, 3)):
+        assert bd_tma_bwd_use({}, m, cfg) == (m == 4 and cfg[1] == 2)
+        assert bd_tma_bwd_use({f"bd{m}_tma_bwd": True}, m, cfg)
+        assert not bd_tma_bwd_use({f"bd{m}_tma_bwd": False}, m, cfg)
     # "auto" on a GPU of 132 SMs at N = 768: (BT, BH) by 4-block programs per SM
     H = 768 // m
     bands = ({4: None, 6: None, 8: (64, 4), 9: None, 10: (32, 8), 16: (32, 8), 20: None, 32: None}

@@ -168,17 +168,19 @@ def test_memcheck_kernels_block_lookback_cases(monkeypatch):
 
 
 def test_memcheck_kernels_tma_cases(monkeypatch):
-    """memcheck_kernels' TMA cases (m = 1 through tma.py, m = 2 and 4 through tma_blocks.py, varlen
-    and one sequence, forward+backward) run the TMA forwards and stay finite under the
+    """memcheck_kernels' TMA cases (m = 1 through tma.py, m = 2 and 4 through tma_blocks.py and
+    tma_blocks_bwd.py, varlen and one sequence, forward+backward) run the TMA forwards and stay finite under the
     interpreter with poisoned buffers, so compute-sanitizer sees those kernels too."""
     import os
 
     import torch
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("interpreter test (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA)")
-    from lrnn_scan.kernels.block_diagonal import tma, tma_blocks
+    from lrnn_scan.kernels.block_diagonal import tma, tma_blocks, tma_blocks_bwd
     mod = _tool("memcheck_kernels")
     monkeypatch.setenv("LRNN_SCAN_POISON", "1")
+    real_bwd, bwd_calls = tma_blocks_bwd.bd_tma_backward, []
+    monkeypatch.setattr(tma_blocks_bwd, "bd_tma_backward", lambda *a: bwd_calls.append(1) or real_bwd(*a))
     for family, module, name, n in (("diagonal", tma, "diag_tma_forward", 3),
                                     ("block_diagonal", tma_blocks, "bd_tma_forward", 4)):
         calls = []
@@ -191,6 +193,7 @@ def test_memcheck_kernels_tma_cases(monkeypatch):
             assert all(torch.isfinite(o).all() for o in outs if o is not None), case
             assert not any(mod._grads(outs, inputs)), case
         assert len(calls) == n, (family, calls)
+    assert len(bwd_calls) == 4  # the m = 2, 4 cases' backward by TMA (tma_blocks_bwd.py)
 
 
 def test_delta_throughput_agreement_names_the_worst_difference():

@@ -73,7 +73,7 @@ def _cases(family, dev, small):
             chunked), or (``lookback="m2"``) through lookback2.py (m = 2), or (``"m2bwd"``)
             forward+backward through lookback2.py and lookback2_bwd.py, or (``"m4"``) a forward
             through lookback4.py, or (``"m4bwd"``) forward+backward through lookback4*.py, or
-            (``"tma"``) forward+backward with the TMA forward of tma_blocks.py (m = 2, 4)."""
+            (``"tma"``) forward+backward by TMA (tma_blocks.py, tma_blocks_bwd.py; m = 2, 4)."""
             cast = _leaf if lookback in (False, "m2bwd", "m4bwd", "tma") else _cast
             nseq = 1 if cu is None else cu.numel() - 1
             # rows scaled by (0.5, 1): with m = 1 not one constant decay
@@ -81,7 +81,8 @@ def _cases(family, dev, small):
             A = cast(stable_blocks(1, T, H, m, m, scale=scale, device=dev), torch.float32)
             b = cast(torch.randn(1, T, H, m, device=dev), torch.float32)
             h0 = cast(torch.randn(nseq, H, m, device=dev), torch.float32)
-            tune = ({f"bd{m}_tma": True, "chunk": 0, **({f"tma{m}_bt": 16, f"tma{m}_bh": 8 // m} if small else {})}
+            tune = ({f"bd{m}_tma": True, f"bd{m}_tma_bwd": True, "chunk": 0,
+                     **({f"tma{m}_bt": 16, f"tma{m}_bh": 8 // m} if small else {})}
                     if lookback == "tma" else
                     {"bd2_bwd_lookback": True, **({"lb2_chunk": 8} if small else {})} if lookback == "m2bwd" else
                     {"bd4_lookback": True, **({"lb4_chunk": 4} if small else {})} if lookback == "m4" else

@@ -11,7 +11,8 @@ forward). Single-pass look-backs replace the chunked forward where measured fast
 with few programs) and ``m >= 16`` (``lookback_dot.py``); with gradients the backward for ``m = 1``
 (``lookback_bwd.py``) and ``m = 2, 4`` with few programs (``lookback2_bwd.py``, ``lookback4_bwd.py``).
 The one-pass ``m = 1`` forward with few programs loads its tiles by TMA on Hopper (``tma.py``),
-and so do ``m = 2, 4`` in measured bands of programs per SM (``tma_blocks.py``).
+and so do ``m = 2, 4`` in measured bands of programs per SM (``tma_blocks.py``; the backward
+by TMA, ``tma_blocks_bwd.py``, only at ``m = 4`` with 2-block tiles).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from .lookback4 import bd4_lookback_forward, bd4_lookback_use
 from .lookback4_bwd import bd4_bwd_lookback_use, bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward, bd_lookback_use
 from . import tma
-from . import tma_blocks
+from . import tma_blocks, tma_blocks_bwd
 from .summary import launch_summary
 from .checks import _check_common, _check_float, _check_time_dim  # noqa: F401  (compile.py's too)
 from .time_major import TimeMajorScanFn
@@ -400,6 +401,8 @@ class _ScanFn(torch.autograd.Function):
         dhT = None if dfinal is None else dfinal.float().contiguous()
         if ctx.diag:
             dA, db, dh0 = _diag_backward(A, h, h0, g, dhT, cu, ctx.chunk, P, ctx.bwd_lookback, ctx.max_len)
+        elif ctx.bwd_lookback == "tma":  # after the TMA forward (tma_blocks_bwd.py)
+            dA, db, dh0 = tma_blocks_bwd.bd_tma_backward(A, h, h0, g, dhT, cu, TUNE, _empty, ctx.max_len)
         elif ctx.bwd_lookback:  # m = 2, 4 with few programs (lookback2_bwd.py, lookback4_bwd.py)
             lbb = bd4_lookback_backward if h.shape[-1] == 4 else bd2_lookback_backward
             dA, db, dh0 = lbb(A, h, h0, g, dhT, cu, TUNE, _empty, ctx.max_len)
@@ -457,9 +460,12 @@ def _bd_apply(A, b, h0, cu, nseq, max_len):
     lookback = not grad and bd_lookback_use(TUNE, m, chunk)
     bwd_lb = (bd2_bwd_lookback_use(TUNE, m, grad, nseq * cdiv(H, 32), nsm)
               or bd4_bwd_lookback_use(TUNE, m, grad, chunk, nprog, nsm))
-    if (m in (2, 4) and not lookback and (not grad or chunk is None or bwd_lb)
-            and tma_blocks.bd_tma_config(A, b, nseq, TUNE, nsm) is not None):
+    tma_cfg = (tma_blocks.bd_tma_config(A, b, nseq, TUNE, nsm)
+               if m in (2, 4) and not lookback and (not grad or chunk is None or bwd_lb) else None)
+    if tma_cfg is not None:
         lookback = "tma"  # few programs on Hopper: TMA loads (tma_blocks.py); no chunk products
+        if grad and tma_blocks_bwd.bd_tma_bwd_use(TUNE, m, tma_cfg):
+            bwd_lb = "tma"  # its backward by TMA too where measured faster (tma_blocks_bwd.py)
     elif m == 2 and not lookback and (bwd_lb or bd2_lookback_use(TUNE, chunk, nprog < nsm, grad)):
         lookback = "m2"  # lookback2.py (and lookback2_bwd.py) where measured faster
     elif m == 4 and not lookback and (bwd_lb or bd4_lookback_use(TUNE, m, grad, nprog, nsm)):

@@ -55,6 +55,14 @@ def tma_seq(CU, s, T, VARLEN: tl.constexpr):
     return bos, eos, sd
 
 
+@triton.jit
+def tma_store_rows(Hout, hv, row0, t, ok, c, mc, W):
+    """Store the ``(BT, C)`` tile ``hv`` at rows ``row0 + t`` (int64) and columns ``c`` of ``Hout``
+    (rows of ``W`` elements), where ``ok`` (row in its sequence) and ``mc`` (column in range)."""
+    offs = (row0 + t.to(tl.int64))[:, None] * W + c[None, :]
+    tl.store(Hout + offs, hv.to(Hout.dtype.element_ty), mask=ok & mc[None, :])
+
+
 @triton.jit(do_not_specialize=["T"])
 def _diag_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, N, BT: tl.constexpr, BN: tl.constexpr,
                          NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr):
@@ -83,8 +91,7 @@ def _diag_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, N, BT: tl.constexpr, 
         P = tl.sum(tl.where(last, ca, 0.0), axis=0)
         E = tl.sum(tl.where(last, cb, 0.0), axis=0)
         hv = ca * x[None, :] + cb
-        offs = (row0 + t.to(tl.int64))[:, None] * N + n[None, :]
-        tl.store(Hout + offs, hv.to(Hout.dtype.element_ty), mask=ok & mn[None, :])
+        tma_store_rows(Hout, hv, row0, t, ok, n, mn, N)
         x = P * x + E
     tl.store(Final + s.to(tl.int64) * N + n, x, mask=mn)
 

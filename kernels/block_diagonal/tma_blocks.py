@@ -24,7 +24,7 @@ import triton.language as tl
 from .._host import cdiv, num_sms
 from .lookback2 import _affine2_combine
 from .lookback4 import _affine4_combine, _load_state4
-from .tma import TensorDescriptor, tma_seq, tma_usable
+from .tma import TensorDescriptor, tma_seq, tma_store_rows, tma_usable
 
 __all__ = ["bd_tma_auto", "bd_tma_config", "bd_tma_forward"]
 
@@ -46,13 +46,24 @@ def _split4(x, BT: tl.constexpr, BH: tl.constexpr):
 
 
 @triton.jit
-def _last_rows(sc, last, K: tl.constexpr):
-    """Row ``BT - 1`` (where ``last``) of each of the ``K`` ``(BT, BH)`` tensors of ``sc``
-    (exact: adds zeros)."""
+def _pick_rows(sc, row, K: tl.constexpr):
+    """The row where ``row`` (a ``(BT, 1)`` mask with one true entry) of each of the ``K``
+    ``(BT, BH)`` tensors of ``sc`` (exact: adds zeros)."""
     out = ()
     for k in tl.static_range(K):
-        out = out + (tl.sum(tl.where(last, sc[k], 0.0), axis=0),)
+        out = out + (tl.sum(tl.where(row, sc[k], 0.0), axis=0),)
     return out
+
+
+@triton.jit
+def _frame(H, BT: tl.constexpr, BH: tl.constexpr, M: tl.constexpr):
+    """This program's blocks ``kb`` (``k0`` the first; ``mk``: below ``H``), its channels ``c`` of
+    ``b`` and ``h`` (``mc``: below ``M H``), and the mask of a tile's last row."""
+    k0 = tl.program_id(0) * BH
+    kb = k0 + tl.arange(0, BH)
+    c = M * k0 + tl.arange(0, M * BH)
+    last = (tl.arange(0, BT) == BT - 1)[:, None]
+    return k0, kb, kb < H, c, c < M * H, last
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -60,16 +71,10 @@ def _bd2_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, H, BT: tl.constexpr, B
                         NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr):
     """``m = 2``: ``A`` as ``(rows, 4 H)`` (a block's row-major ``a11 a12 a21 a22``), ``b`` and ``h``
     ``(rows, 2 H)``, ``Init``/``Final`` ``(nseq, H, 2)``."""
-    pid_h = tl.program_id(0)
     s = tl.program_id(1)
     bos, eos, sd = tma_seq(CU, s, T, VARLEN)
-    k0 = pid_h * BH
-    kb = k0 + tl.arange(0, BH)
-    mk = kb < H
-    c = 2 * k0 + tl.arange(0, 2 * BH)  # the tile's channels of b and h
-    mc = c < 2 * H
+    k0, kb, mk, c, mc, last = _frame(H, BT, BH, 2)
     r = tl.arange(0, BT)
-    last = (r == BT - 1)[:, None]
     sbase = s.to(tl.int64) * 2 * H
     x1 = tl.zeros([BH], dtype=tl.float32)
     x2 = tl.zeros([BH], dtype=tl.float32)
@@ -90,10 +95,8 @@ def _bd2_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, H, BT: tl.constexpr, B
                                   tl.where(ok, b1, 0.0), tl.where(ok, b2, 0.0)), 0, _affine2_combine)
         h1 = sc[0] * x1[None, :] + sc[1] * x2[None, :] + sc[4]
         h2 = sc[2] * x1[None, :] + sc[3] * x2[None, :] + sc[5]
-        offs = (row0 + t.to(tl.int64))[:, None] * (2 * H) + c[None, :]
-        hv = tl.join(h1, h2).reshape(BT, 2 * BH)
-        tl.store(Hout + offs, hv.to(Hout.dtype.element_ty), mask=ok & mc[None, :])
-        p = _last_rows(sc, last, 6)  # the tile's map, reduced off the chain
+        tma_store_rows(Hout, tl.join(h1, h2).reshape(BT, 2 * BH), row0, t, ok, c, mc, 2 * H)
+        p = _pick_rows(sc, last, 6)  # the tile's map, reduced off the chain
         x1, x2 = p[0] * x1 + p[1] * x2 + p[4], p[2] * x1 + p[3] * x2 + p[5]
     tl.store(Final + sbase + 2 * kb, x1, mask=mk)
     tl.store(Final + sbase + 2 * kb + 1, x2, mask=mk)
@@ -119,16 +122,10 @@ def _bd4_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, H, BT: tl.constexpr, B
                         NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr):
     """``m = 4``: ``A`` as ``(rows, 16 H)``, ``b`` and ``h`` ``(rows, 4 H)``, ``Init``/``Final``
     ``(nseq, H, 4)``; maps are 20-tuples (``P`` row-major, then ``e``; ``lookback4.py``)."""
-    pid_h = tl.program_id(0)
     s = tl.program_id(1)
     bos, eos, sd = tma_seq(CU, s, T, VARLEN)
-    k0 = pid_h * BH
-    kb = k0 + tl.arange(0, BH)
-    mk = kb < H
-    c = 4 * k0 + tl.arange(0, 4 * BH)
-    mc = c < 4 * H
+    k0, kb, mk, c, mc, last = _frame(H, BT, BH, 4)
     r = tl.arange(0, BT)
-    last = (r == BT - 1)[:, None]
     so = s.to(tl.int64) * 4 * H + 4 * kb
     x0 = tl.zeros([BH], dtype=tl.float32)
     x1 = tl.zeros([BH], dtype=tl.float32)
@@ -150,9 +147,8 @@ def _bd4_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, H, BT: tl.constexpr, B
             hs = hs + (sc[4 * k] * x0[None, :] + sc[4 * k + 1] * x1[None, :] + sc[4 * k + 2] * x2[None, :]
                        + sc[4 * k + 3] * x3[None, :] + sc[16 + k],)
         hv = tl.join(tl.join(hs[0], hs[2]), tl.join(hs[1], hs[3])).reshape(BT, 4 * BH)  # [.., k] = h_k
-        offs = (row0 + t.to(tl.int64))[:, None] * (4 * H) + c[None, :]
-        tl.store(Hout + offs, hv.to(Hout.dtype.element_ty), mask=ok & mc[None, :])
-        p = _last_rows(sc, last, 20)
+        tma_store_rows(Hout, hv, row0, t, ok, c, mc, 4 * H)
+        p = _pick_rows(sc, last, 20)
         x0, x1, x2, x3 = (p[0] * x0 + p[1] * x1 + p[2] * x2 + p[3] * x3 + p[16],
                           p[4] * x0 + p[5] * x1 + p[6] * x2 + p[7] * x3 + p[17],
                           p[8] * x0 + p[9] * x1 + p[10] * x2 + p[11] * x3 + p[18],

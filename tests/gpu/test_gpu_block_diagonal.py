@@ -294,15 +294,17 @@ def test_diag_tma_more_than_2_31_elements():
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9,
                     reason="TMA needs compute capability 9+")
-@pytest.mark.parametrize("m,cfg", [(2, None), (2, (32, 8, 1, 3)), (2, (64, 2, 2, 4)), (4, None),
-                                   (4, (64, 2, 1, 3)), (4, (16, 8, 1, 5))])
+@pytest.mark.parametrize("m,cfg,tma_bwd", [(2, None, True), (2, None, False), (2, (32, 8, 1, 3), True),
+                                           (2, (64, 2, 2, 4), True), (4, None, True), (4, None, False),
+                                           (4, (64, 2, 1, 3), True), (4, (16, 8, 1, 5), True)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
-def test_block_tma(m, cfg, dtype, tol):
+def test_block_tma(m, cfg, tma_bwd, dtype, tol):
     """The m = 2 and m = 4 TMA forwards (tma_blocks.py; None = the forced default configuration)
-    with gradients: one pass with h0 at B8 T3001 N768 and varlen with boundaries off the tiles."""
+    with gradients, by the TMA backward (tma_blocks_bwd.py) or the other one: one pass with h0 at
+    B8 T3001 N768 and varlen with boundaries off the tiles."""
     tune = bd.scan.TUNE
     try:
-        tune.update({f"bd{m}_tma": True, "chunk": 0})
+        tune.update({f"bd{m}_tma": True, f"bd{m}_tma_bwd": tma_bwd, "chunk": 0})
         if cfg is not None:
             tune.update({f"tma{m}_{k}": v for k, v in zip(("bt", "bh", "nw", "ns"), cfg)})
         A, b = make(8, 3001, 768 // m, m, dtype, seed=900 + m)

@@ -1,0 +1,239 @@
+"""The ``m = 2`` and ``m = 4`` backward (adjoint scan) with tiles loaded by TMA: ``tma_blocks.py``'s
+scheme in reverse time.
+
+With ``mu_t = dL/dh_t`` in full (direct gradient ``g_t`` plus what flows back):
+``mu_t = A_{t+1}^T mu_{t+1} + g_t`` with ``mu_{eos} = dh_final`` entering through the identity,
+``dA_t = mu_t h_{t-1}^T``, ``db_t = mu_t``, ``dh0 = A_{bos}^T mu_{bos}`` (``math.md`` section 4).
+A program walks its sequence's ``(BT, BH)`` tiles from the last to the first. Per tile the
+descriptors load ``A`` one row ahead (rows ``ts + 1 ..``: the transition ``A_{t+1}``, transposed
+by picking entries), ``g`` and ``h`` one row behind (rows ``ts - 1 ..``: ``h_{t-1}``; TMA fills
+zeros before row 0, and the row before ``bos`` is replaced by ``h0``). A reversed
+``tl.associative_scan`` composes the maps ``mu -> A_{t+1}^T mu + g_t`` from each row to the
+tile's end, so ``mu_t = C_t x + e_t`` with ``x = mu`` entering from the right; the tile's map
+(its first row) is reduced off the chain. Rows at or past ``eos`` and the transition out of
+the sequence's last row are identity steps. ``dA`` and ``db`` are stored with masked int64
+offsets; ``dh0`` from ``A_{bos}`` (plain loads) once the walk is done (``dh_final`` for an empty
+sequence).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._host import cdiv, num_sms
+from .lookback2 import _affine2_combine
+from .lookback4 import _affine4_combine, _load_state4
+from .tma import TensorDescriptor, _major, tma_seq, tma_store_rows
+from .tma_blocks import _frame, _pick_rows, _split2, _split4, bd_tma_config
+
+__all__ = ["bd_tma_backward", "bd_tma_bwd_usable", "bd_tma_bwd_use"]
+
+
+@triton.jit
+def _join4(x0, x1, x2, x3):
+    """``(..., 4)`` with entry ``k`` from ``x_k`` (entries may carry trailing axes)."""
+    return tl.join(tl.join(x0, x2), tl.join(x1, x3))
+
+
+@triton.jit(do_not_specialize=["T"])
+def _bd2_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, CU, T, H, BT: tl.constexpr,
+                        BH: tl.constexpr, NS: tl.constexpr, HAS_H0: tl.constexpr,
+                        HAS_DHT: tl.constexpr, VARLEN: tl.constexpr):
+    """``m = 2``: descriptors ``DA`` over ``A`` ``(rows, 4 H)``, ``DH`` over ``h``, ``DG`` over ``g``
+    ``(rows, 2 H)``; ``A`` plain (``dh0``); ``H0``, ``DHT``, ``dH0`` ``(nseq, H, 2)`` fp32."""
+    s = tl.program_id(1)
+    bos, eos, sd = tma_seq(CU, s, T, VARLEN)
+    k0, kb, mk, c, mc, last = _frame(H, BT, BH, 2)
+    r = tl.arange(0, BT)
+    first = (r == 0)[:, None]
+    so = s.to(tl.int64) * 2 * H + 2 * kb
+    x1 = tl.zeros([BH], dtype=tl.float32)
+    x2 = tl.zeros([BH], dtype=tl.float32)
+    if HAS_DHT:
+        x1 = tl.load(DHT + so, mask=mk, other=0.0)
+        x2 = tl.load(DHT + so + 1, mask=mk, other=0.0)
+    p1 = tl.zeros([BH], dtype=tl.float32)
+    p2 = tl.zeros([BH], dtype=tl.float32)
+    if HAS_H0:
+        p1 = tl.load(H0 + so, mask=mk, other=0.0).to(tl.float32)
+        p2 = tl.load(H0 + so + 1, mask=mk, other=0.0).to(tl.float32)
+    row0 = sd.to(tl.int64) * T
+    ca = 4 * k0 + tl.arange(0, 4 * BH)  # the tile's columns of dA
+    n = tl.cdiv(eos - bos, BT)
+    for i in tl.range(0, n, num_stages=NS):
+        ts = bos + (n - 1 - i) * BT
+        t = ts + r
+        ok = (t < eos)[:, None]
+        step = (t + 1 < eos)[:, None]  # A_{t+1} belongs to the sequence
+        col0, col1 = tl.split(DA.load([sd, ts + 1, 4 * k0]).reshape(BT, BH, 2, 2))
+        a11, a21 = _split2(col0, BT, BH)
+        a12, a22 = _split2(col1, BT, BH)
+        g1, g2 = _split2(DG.load([sd, ts, 2 * k0]).reshape(BT, BH, 2), BT, BH)
+        sc = tl.associative_scan((tl.where(step, a11, 1.0), tl.where(step, a21, 0.0),  # A^T
+                                  tl.where(step, a12, 0.0), tl.where(step, a22, 1.0),
+                                  tl.where(ok, g1, 0.0), tl.where(ok, g2, 0.0)), 0, _affine2_combine,
+                                 reverse=True)
+        mu1 = sc[0] * x1[None, :] + sc[1] * x2[None, :] + sc[4]
+        mu2 = sc[2] * x1[None, :] + sc[3] * x2[None, :] + sc[5]
+        q1, q2 = _split2(DH.load([sd, ts - 1, 2 * k0]).reshape(BT, BH, 2), BT, BH)
+        at_bos = (t == bos)[:, None]
+        q1 = tl.where(at_bos, p1[None, :], q1)  # h_{bos-1} = h0
+        q2 = tl.where(at_bos, p2[None, :], q2)
+        tma_store_rows(dB, tl.join(mu1, mu2).reshape(BT, 2 * BH), row0, t, ok, c, mc, 2 * H)
+        da = tl.join(tl.join(mu1 * q1, mu2 * q1), tl.join(mu1 * q2, mu2 * q2)).reshape(BT, 4 * BH)
+        tma_store_rows(dA, da, row0, t, ok, ca, ca < 4 * H, 4 * H)
+        p = _pick_rows(sc, first, 6)
+        x1, x2 = p[0] * x1 + p[1] * x2 + p[4], p[2] * x1 + p[3] * x2 + p[5]
+    ab = A + ((row0 + bos) * H + kb) * 4
+    nonempty = mk & (tl.zeros([BH], dtype=tl.int32) + (eos - bos) > 0)  # a (BH,) mask
+    b11 = tl.load(ab, mask=nonempty, other=1.0).to(tl.float32)  # empty: dh0 = dh_final
+    b12 = tl.load(ab + 1, mask=nonempty, other=0.0).to(tl.float32)
+    b21 = tl.load(ab + 2, mask=nonempty, other=0.0).to(tl.float32)
+    b22 = tl.load(ab + 3, mask=nonempty, other=1.0).to(tl.float32)
+    tl.store(dH0 + so, b11 * x1 + b21 * x2, mask=mk)
+    tl.store(dH0 + so + 1, b12 * x1 + b22 * x2, mask=mk)
+
+
+@triton.jit
+def _blocks4_t(x, ok, BT: tl.constexpr, BH: tl.constexpr):
+    """A loaded ``A`` tile as the transposed blocks' 16 entries (row-major of ``A^T``), fp32,
+    the identity where ``ok`` is false."""
+    ce, co = tl.split(x.reshape(BT, BH, 4, 2, 2))
+    c0, c2 = tl.split(ce)
+    c1, c3 = tl.split(co)
+    cols = (_split4(c0, BT, BH), _split4(c1, BT, BH), _split4(c2, BT, BH), _split4(c3, BT, BH))
+    out = ()
+    for i in tl.static_range(4):
+        for j in tl.static_range(4):  # (A^T)[i][j] = A[j][i] = column i's entry j
+            out = out + (tl.where(ok, cols[i][j], 1.0 if i == j else 0.0),)
+    return out
+
+
+@triton.jit(do_not_specialize=["T"])
+def _bd4_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, CU, T, H, BT: tl.constexpr,
+                        BH: tl.constexpr, NS: tl.constexpr, HAS_H0: tl.constexpr,
+                        HAS_DHT: tl.constexpr, VARLEN: tl.constexpr):
+    """``m = 4``: as ``_bd2_bwd_tma_kernel`` with ``A`` ``(rows, 16 H)`` and 20-tuple maps."""
+    s = tl.program_id(1)
+    bos, eos, sd = tma_seq(CU, s, T, VARLEN)
+    k0, kb, mk, c, mc, last = _frame(H, BT, BH, 4)
+    r = tl.arange(0, BT)
+    first = (r == 0)[:, None]
+    so = s.to(tl.int64) * 4 * H + 4 * kb
+    x0 = tl.zeros([BH], dtype=tl.float32)
+    x1 = tl.zeros([BH], dtype=tl.float32)
+    x2 = tl.zeros([BH], dtype=tl.float32)
+    x3 = tl.zeros([BH], dtype=tl.float32)
+    if HAS_DHT:
+        x0, x1, x2, x3 = _load_state4(DHT, so, mk)
+    p0 = tl.zeros([BH], dtype=tl.float32)
+    p1 = tl.zeros([BH], dtype=tl.float32)
+    p2 = tl.zeros([BH], dtype=tl.float32)
+    p3 = tl.zeros([BH], dtype=tl.float32)
+    if HAS_H0:
+        p0, p1, p2, p3 = _load_state4(H0, so, mk)
+    row0 = sd.to(tl.int64) * T
+    ca = 16 * k0 + tl.arange(0, 16 * BH)
+    n = tl.cdiv(eos - bos, BT)
+    for i in tl.range(0, n, num_stages=NS):
+        ts = bos + (n - 1 - i) * BT
+        t = ts + r
+        ok = (t < eos)[:, None]
+        g0, g1, g2, g3 = _split4(DG.load([sd, ts, 4 * k0]).reshape(BT, BH, 4), BT, BH)
+        sc = tl.associative_scan(_blocks4_t(DA.load([sd, ts + 1, 16 * k0]), (t + 1 < eos)[:, None], BT, BH)
+                                 + (tl.where(ok, g0, 0.0), tl.where(ok, g1, 0.0),
+                                    tl.where(ok, g2, 0.0), tl.where(ok, g3, 0.0)), 0, _affine4_combine,
+                                 reverse=True)
+        mu = ()
+        for k in tl.static_range(4):
+            mu = mu + (sc[4 * k] * x0[None, :] + sc[4 * k + 1] * x1[None, :] + sc[4 * k + 2] * x2[None, :]
+                       + sc[4 * k + 3] * x3[None, :] + sc[16 + k],)
+        q = _split4(DH.load([sd, ts - 1, 4 * k0]).reshape(BT, BH, 4), BT, BH)
+        at_bos = (t == bos)[:, None]
+        q = (tl.where(at_bos, p0[None, :], q[0]), tl.where(at_bos, p1[None, :], q[1]),
+             tl.where(at_bos, p2[None, :], q[2]), tl.where(at_bos, p3[None, :], q[3]))  # h0
+        tma_store_rows(dB, _join4(mu[0], mu[1], mu[2], mu[3]).reshape(BT, 4 * BH), row0, t, ok, c, mc, 4 * H)
+        # dA[i][j] = mu_i q_j, row-major: the last join runs over j (README of this folder)
+        cols = ()
+        for j in tl.static_range(4):
+            cols = cols + (_join4(mu[0] * q[j], mu[1] * q[j], mu[2] * q[j], mu[3] * q[j]),)
+        da = _join4(cols[0], cols[1], cols[2], cols[3]).reshape(BT, 16 * BH)
+        tma_store_rows(dA, da, row0, t, ok, ca, ca < 16 * H, 16 * H)
+        p = _pick_rows(sc, first, 20)
+        x0, x1, x2, x3 = (p[0] * x0 + p[1] * x1 + p[2] * x2 + p[3] * x3 + p[16],
+                          p[4] * x0 + p[5] * x1 + p[6] * x2 + p[7] * x3 + p[17],
+                          p[8] * x0 + p[9] * x1 + p[10] * x2 + p[11] * x3 + p[18],
+                          p[12] * x0 + p[13] * x1 + p[14] * x2 + p[15] * x3 + p[19])
+    ab = A + ((row0 + bos) * H + kb) * 16
+    nonempty = mk & (tl.zeros([BH], dtype=tl.int32) + (eos - bos) > 0)  # a (BH,) mask
+    xs = (x0, x1, x2, x3)
+    for j in tl.static_range(4):  # dh0_j = sum_i A_bos[i][j] x_i (identity when empty)
+        acc = tl.zeros([BH], dtype=tl.float32)
+        for k in tl.static_range(4):
+            a = tl.load(ab + 4 * k + j, mask=nonempty, other=1.0 if k == j else 0.0).to(tl.float32)
+            acc += a * xs[k]
+        tl.store(dH0 + so + j, acc, mask=mk)
+
+
+_KERNELS = {2: _bd2_bwd_tma_kernel, 4: _bd4_bwd_tma_kernel}
+
+
+def bd_tma_bwd_use(tune: dict, m: int, cfg) -> bool:
+    """Whether a scan whose forward runs by TMA with configuration ``cfg`` (``bd_tma_config``)
+    takes this backward too (``scan._bd_apply``). ``tune["bd<m>_tma_bwd"]``: "auto" (default: at
+    ``m = 4`` with 2-block tiles, ``bd_tma_auto``'s first band), True or False (the look-back or
+    one-pass backward, reading the TMA forward's ``h``).
+
+    H100, fp32, CUDA graphs, medians of 3 rounds, forward+backward as % of a copy of its bytes,
+    TMA backward against the other backward after the TMA forward (RESULTS.md, twenty-fourth
+    session): ``m = 4`` B5 T2048 N768 54 against 48, B4 T4096 N768 48 / 48, B8 T2048 N768 46 / 53,
+    B11 T2048 N768 56 / 62; ``m = 2`` B8 T2048 N768 56 (61 with 32-step tiles) / 63, B10 63 / 64,
+    B16 T1024 60 / 64, B8 T2048 N1536 60 / 66. Not profiled; the reverse scan loads three tiles and
+    stores ``m + 1`` values a block and step where the forward stores one."""
+    mode = tune.get(f"bd{m}_tma_bwd", "auto")
+    if mode not in (True, False, "auto"):
+        raise ValueError(f'TUNE["bd{m}_tma_bwd"] must be "auto", True or False, got {mode!r}')
+    return mode is True or (mode == "auto" and m == 4 and cfg[1] == 2)
+
+
+def bd_tma_bwd_usable(A, h, g) -> bool:
+    """Whether ``A``, ``h`` and ``g`` meet TMA's rules (``tma.py``) for the backward's tiles:
+    contiguous, 16-byte-aligned bases and rows, tiles at least 16 bytes wide, a CUDA device of
+    compute capability 9+ (or the interpreter: ``bd_tma_config`` checked it)."""
+    if TensorDescriptor is None or not all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (A, h, g)):
+        return False
+    if h.is_cuda and _major(h.device.index if h.device.index is not None else torch.cuda.current_device()) < 9:
+        return False
+    return all((x.stride(1) * x.element_size()) % 16 == 0 for x in (A, h, g))
+
+
+def bd_tma_backward(A, h, h0, g, dhT, cu, tune, empty, max_len=None):
+    """``(dA, db, dh0)`` of the ``m = 2`` or ``4`` scan by TMA (the signature of the look-back
+    backwards; ``max_len`` unused): ``A`` ``(B, T, H, m, m)``, ``h`` (the forward's output), ``g``
+    (``dL/dh``) ``(B, T, H, m)``, ``h0`` and ``dhT`` ``(nseq, H, m)`` or None. The tile
+    configuration is the forward's (``bd_tma_config`` with ``tune``; keys ``tma<m>_bwd_bt``,
+    ``tma<m>_bwd_ns`` override its tile length and stages). Raises where TMA cannot run."""
+    B, T, H, m = h.shape
+    nseq = B if cu is None else cu.numel() - 1
+    cfg = bd_tma_config(A, h, nseq, {**tune, f"bd{m}_tma": True}, num_sms(h.device))
+    if cfg is None or not bd_tma_bwd_usable(A, h, g) or min(x.element_size() for x in (h, g)) * m * cfg[1] < 16:
+        raise ValueError(f"bd_tma_backward: TMA refused these inputs (m = {m})")
+    bt, bh, nw, ns = cfg
+    bt = tune.get(f"tma{m}_bwd_bt", bt)
+    ns = tune.get(f"tma{m}_bwd_ns", ns)
+
+    def desc(x, width):
+        return TensorDescriptor(x, shape=[B, T, width * H], strides=[T * width * H, width * H, 1],
+                                block_shape=[1, bt, width * bh])
+
+    dev = h.device
+    dA = empty(A.shape, A.dtype, dev)
+    db = empty(h.shape, h.dtype, dev)
+    dh0 = empty((nseq, H, m), torch.float32, dev)
+    _KERNELS[m][(cdiv(H, bh), nseq)](
+        desc(A, m * m), desc(h, m), desc(g, m), A, h0 if h0 is not None else dh0,
+        dhT if dhT is not None else dh0, dA, db, dh0, cu if cu is not None else dh0, T, H,
+        BT=bt, BH=bh, NS=ns, HAS_H0=h0 is not None, HAS_DHT=dhT is not None,
+        VARLEN=cu is not None, num_warps=nw)
+    return dA, db, dh0

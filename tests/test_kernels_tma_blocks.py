@@ -169,6 +169,25 @@ def test_falls_back_where_tma_cannot(monkeypatch):
         tma_blocks.bd_tma_forward(A, b, None, None, scanmod.TUNE, scanmod._empty)
 
 
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_empty_time_axis_falls_back(m, monkeypatch):
+    """T = 0 with TMA forced (m = 1 through ``tma.py``): no descriptor of size 0 is built; the
+    other kernels return an empty ``h``, ``h_final = h0`` and ``dh0 = dh_final``."""
+    calls = launches(monkeypatch)
+    scanmod.TUNE.update(diag_tma=True)
+    A, b = make(2, 0, 8, m, seed=1)
+    h0 = torch.randn(2, 8, m).to(DEV).requires_grad_()
+    if m == 1:
+        h, hf = bd.diagonal_scan(A[..., 0, 0], b[..., 0], h0[..., 0], True)
+        hf = hf[..., None]
+    else:
+        h, hf = bd.block_diagonal_scan(A, b, h0, True)
+    assert h.shape[1] == 0 and torch.equal(hf, h0.detach())
+    gf = torch.randn_like(hf)
+    (dh0,) = torch.autograd.grad((hf * gf).sum(), h0)
+    assert torch.equal(dh0, gf) and calls == []
+
+
 @M
 def test_rule_and_config(m, monkeypatch):
     """"auto" (the default) never runs on CPU tensors; True / False force; bad values refused;

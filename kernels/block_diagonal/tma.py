@@ -104,7 +104,7 @@ def _major(index: int) -> int:
 
 def tma_usable(a: torch.Tensor, b: torch.Tensor, box: int) -> bool:
     """Whether ``a``, ``b`` (``(B, T, ...)``, read as ``(B, T, row)``) meet TMA's rules for tiles
-    ``box`` elements of ``b`` wide (module doc)."""
+    ``box`` elements of ``b`` wide (module doc) and are not empty."""
     if TensorDescriptor is None or a.dtype != b.dtype:
         return False
     if a.device.type == "cuda":
@@ -114,8 +114,8 @@ def tma_usable(a: torch.Tensor, b: torch.Tensor, box: int) -> bool:
         return False
     B, T = b.shape[:2]
     size = b.element_size()
-    return (a.is_contiguous() and b.is_contiguous()
-            and all(x.numel() == 0 or (x.stride(1) * size) % 16 == 0 for x in (a, b))
+    return (a.numel() > 0 and b.numel() > 0 and a.is_contiguous() and b.is_contiguous()  # T = 0:
+            and all((x.stride(1) * size) % 16 == 0 for x in (a, b))  # no descriptor of size 0
             and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
             and box * size >= 16 and T < 2 ** 31 - 1 and B < 2 ** 31 - 1)
 
@@ -174,4 +174,3 @@ def diag_tma_forward(a, b, h0, cu, cfg, empty):
         desc(a), desc(b), h, h0 if h0 is not None else b, final, cu if cu is not None else b,
         T, N, BT=bt, BN=bn, NS=ns, HAS_INIT=h0 is not None, VARLEN=cu is not None, num_warps=nw)
     return h, final
-

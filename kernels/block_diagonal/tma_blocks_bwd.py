@@ -154,7 +154,7 @@ def _bd4_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, CU, T, H, BT: tl.co
         q = (tl.where(at_bos, p0[None, :], q[0]), tl.where(at_bos, p1[None, :], q[1]),
              tl.where(at_bos, p2[None, :], q[2]), tl.where(at_bos, p3[None, :], q[3]))  # h0
         tma_store_rows(dB, _join4(mu[0], mu[1], mu[2], mu[3]).reshape(BT, 4 * BH), row0, t, ok, c, mc, 4 * H)
-        # dA[i][j] = mu_i q_j, row-major: the last join runs over j (README of this folder)
+        # dA[i][j] = mu_i q_j, row-major: the outer join (the fastest axis of the result) runs over j
         cols = ()
         for j in tl.static_range(4):
             cols = cols + (_join4(mu[0] * q[j], mu[1] * q[j], mu[2] * q[j], mu[3] * q[j]),)
@@ -199,9 +199,10 @@ def bd_tma_bwd_use(tune: dict, m: int, cfg) -> bool:
 
 def bd_tma_bwd_usable(A, h, g) -> bool:
     """Whether ``A``, ``h`` and ``g`` meet TMA's rules (``tma.py``) for the backward's tiles:
-    contiguous, 16-byte-aligned bases and rows, tiles at least 16 bytes wide, a CUDA device of
+    not empty, contiguous, 16-byte-aligned bases and rows, tiles at least 16 bytes wide, a CUDA device of
     compute capability 9+ (or the interpreter: ``bd_tma_config`` checked it)."""
-    if TensorDescriptor is None or not all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (A, h, g)):
+    if TensorDescriptor is None or not all(x.numel() > 0 and x.is_contiguous() and x.data_ptr() % 16 == 0
+                                           for x in (A, h, g)):
         return False
     if h.is_cuda and _major(h.device.index if h.device.index is not None else torch.cuda.current_device()) < 9:
         return False

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .._host import cdiv, num_sms
 from .lookback2 import _affine2_combine
-from .lookback4 import _affine4_combine, _load_state4
+from .lookback4 import _affine4_combine
 from .tma import TensorDescriptor, tma_seq, tma_store_rows, tma_usable
 
 __all__ = ["bd_tma_auto", "bd_tma_config", "bd_tma_forward"]
@@ -56,6 +56,19 @@ def _pick_rows(sc, row, K: tl.constexpr):
 
 
 @triton.jit
+def _state(X, so, mk, HAS: tl.constexpr, M: tl.constexpr):
+    """The ``M`` entries of per-block states at ``X + so`` (``(BH,)`` offsets, ``mk`` the valid
+    blocks) as fp32 tensors, or zeros without ``HAS``."""
+    out = ()
+    for k in tl.static_range(M):
+        if HAS:
+            out = out + (tl.load(X + so + k, mask=mk, other=0.0).to(tl.float32),)
+        else:
+            out = out + (tl.zeros_like(so).to(tl.float32),)
+    return out
+
+
+@triton.jit
 def _frame(H, BT: tl.constexpr, BH: tl.constexpr, M: tl.constexpr):
     """This program's blocks ``kb`` (``k0`` the first; ``mk``: below ``H``), its channels ``c`` of
     ``b`` and ``h`` (``mc``: below ``M H``), and the mask of a tile's last row."""
@@ -75,12 +88,8 @@ def _bd2_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, H, BT: tl.constexpr, B
     bos, eos, sd = tma_seq(CU, s, T, VARLEN)
     k0, kb, mk, c, mc, last = _frame(H, BT, BH, 2)
     r = tl.arange(0, BT)
-    sbase = s.to(tl.int64) * 2 * H
-    x1 = tl.zeros([BH], dtype=tl.float32)
-    x2 = tl.zeros([BH], dtype=tl.float32)
-    if HAS_INIT:
-        x1 = tl.load(Init + sbase + 2 * kb, mask=mk, other=0.0).to(tl.float32)
-        x2 = tl.load(Init + sbase + 2 * kb + 1, mask=mk, other=0.0).to(tl.float32)
+    so = s.to(tl.int64) * 2 * H + 2 * kb
+    x1, x2 = _state(Init, so, mk, HAS_INIT, 2)
     row0 = sd.to(tl.int64) * T
     for i in tl.range(0, tl.cdiv(eos - bos, BT), num_stages=NS):
         ts = bos + i * BT
@@ -98,8 +107,8 @@ def _bd2_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, H, BT: tl.constexpr, B
         tma_store_rows(Hout, tl.join(h1, h2).reshape(BT, 2 * BH), row0, t, ok, c, mc, 2 * H)
         p = _pick_rows(sc, last, 6)  # the tile's map, reduced off the chain
         x1, x2 = p[0] * x1 + p[1] * x2 + p[4], p[2] * x1 + p[3] * x2 + p[5]
-    tl.store(Final + sbase + 2 * kb, x1, mask=mk)
-    tl.store(Final + sbase + 2 * kb + 1, x2, mask=mk)
+    tl.store(Final + so, x1, mask=mk)
+    tl.store(Final + so + 1, x2, mask=mk)
 
 
 @triton.jit
@@ -127,12 +136,7 @@ def _bd4_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, H, BT: tl.constexpr, B
     k0, kb, mk, c, mc, last = _frame(H, BT, BH, 4)
     r = tl.arange(0, BT)
     so = s.to(tl.int64) * 4 * H + 4 * kb
-    x0 = tl.zeros([BH], dtype=tl.float32)
-    x1 = tl.zeros([BH], dtype=tl.float32)
-    x2 = tl.zeros([BH], dtype=tl.float32)
-    x3 = tl.zeros([BH], dtype=tl.float32)
-    if HAS_INIT:
-        x0, x1, x2, x3 = _load_state4(Init, so, mk)
+    x0, x1, x2, x3 = _state(Init, so, mk, HAS_INIT, 4)
     row0 = sd.to(tl.int64) * T
     for i in tl.range(0, tl.cdiv(eos - bos, BT), num_stages=NS):
         ts = bos + i * BT

@@ -23,9 +23,9 @@ import triton.language as tl
 
 from .._host import cdiv, num_sms
 from .lookback2 import _affine2_combine
-from .lookback4 import _affine4_combine, _load_state4
+from .lookback4 import _affine4_combine
 from .tma import TensorDescriptor, _major, tma_seq, tma_store_rows
-from .tma_blocks import _frame, _pick_rows, _split2, _split4, bd_tma_config
+from .tma_blocks import _frame, _pick_rows, _split2, _split4, _state, bd_tma_config
 
 __all__ = ["bd_tma_backward", "bd_tma_bwd_usable", "bd_tma_bwd_use"]
 
@@ -48,16 +48,8 @@ def _bd2_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, CU, T, H, BT: tl.co
     r = tl.arange(0, BT)
     first = (r == 0)[:, None]
     so = s.to(tl.int64) * 2 * H + 2 * kb
-    x1 = tl.zeros([BH], dtype=tl.float32)
-    x2 = tl.zeros([BH], dtype=tl.float32)
-    if HAS_DHT:
-        x1 = tl.load(DHT + so, mask=mk, other=0.0)
-        x2 = tl.load(DHT + so + 1, mask=mk, other=0.0)
-    p1 = tl.zeros([BH], dtype=tl.float32)
-    p2 = tl.zeros([BH], dtype=tl.float32)
-    if HAS_H0:
-        p1 = tl.load(H0 + so, mask=mk, other=0.0).to(tl.float32)
-        p2 = tl.load(H0 + so + 1, mask=mk, other=0.0).to(tl.float32)
+    x1, x2 = _state(DHT, so, mk, HAS_DHT, 2)  # mu entering the last tile: dh_final
+    p1, p2 = _state(H0, so, mk, HAS_H0, 2)
     row0 = sd.to(tl.int64) * T
     ca = 4 * k0 + tl.arange(0, 4 * BH)  # the tile's columns of dA
     n = tl.cdiv(eos - bos, BT)
@@ -121,18 +113,8 @@ def _bd4_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, CU, T, H, BT: tl.co
     r = tl.arange(0, BT)
     first = (r == 0)[:, None]
     so = s.to(tl.int64) * 4 * H + 4 * kb
-    x0 = tl.zeros([BH], dtype=tl.float32)
-    x1 = tl.zeros([BH], dtype=tl.float32)
-    x2 = tl.zeros([BH], dtype=tl.float32)
-    x3 = tl.zeros([BH], dtype=tl.float32)
-    if HAS_DHT:
-        x0, x1, x2, x3 = _load_state4(DHT, so, mk)
-    p0 = tl.zeros([BH], dtype=tl.float32)
-    p1 = tl.zeros([BH], dtype=tl.float32)
-    p2 = tl.zeros([BH], dtype=tl.float32)
-    p3 = tl.zeros([BH], dtype=tl.float32)
-    if HAS_H0:
-        p0, p1, p2, p3 = _load_state4(H0, so, mk)
+    x0, x1, x2, x3 = _state(DHT, so, mk, HAS_DHT, 4)
+    p0, p1, p2, p3 = _state(H0, so, mk, HAS_H0, 4)
     row0 = sd.to(tl.int64) * T
     ca = 16 * k0 + tl.arange(0, 16 * BH)
     n = tl.cdiv(eos - bos, BT)

@@ -110,6 +110,7 @@ def test_gradients(m, monkeypatch):
     (an empty and a one-step sequence, boundaries inside tiles), every gradient against the fp64
     reference; with ``bd<m>_tma_bwd`` False the one-pass backward reads the TMA forward's ``h``."""
     calls, bcalls = launches(monkeypatch), bwd_launches(monkeypatch)
+    scanmod.TUNE[f"tma{m}_bwd_tstore"] = True  # varlen keeps the masked stores (rows past eos)
     for B, cu, nseq in ((2, None, 2), (1, torch.tensor([0, 5, 30, 30, 31, 77], device=DEV), 5)):
         A, b = make(B, 77, 6, m, seed=7)
         grad_errors(A, b, torch.randn(nseq, 6, m).to(DEV), cu)
@@ -123,14 +124,19 @@ def test_gradients(m, monkeypatch):
 
 
 @M
-@pytest.mark.parametrize("T,cfg,h0,final", [(1, (16, 3), True, True), (16, (16, 2), False, True),
-                                            (17, (32, 4), True, False), (100, (8, 3), False, False)])
-def test_backward(m, T, cfg, h0, final, monkeypatch):
+@pytest.mark.parametrize("T,cfg,h0,final,tstore", [(1, (16, 3), True, True, False), (16, (16, 2), False, True, True),
+                                                   (17, (32, 4), True, False, True),
+                                                   (100, (8, 3, 1), False, False, False)])
+def test_backward(m, T, cfg, h0, final, tstore, monkeypatch):
     """The TMA backward at odd lengths (one step; a sequence ending on or inside a tile), with
     and without ``h0`` and the final state's gradient, its own tile length and stages
-    (``tma<m>_bwd_bt``, ``_ns``), blocks past ``H`` inside the tile."""
+    (``tma<m>_bwd_bt``, ``_ns``; a third entry sets ``_bh``, other than the forward's, to the
+    fewest blocks whose fp32 rows fill TMA's 16 bytes), blocks past ``H`` inside the tile, ``dA`` / ``db`` stored by
+    masked stores or by TMA (``tma<m>_bwd_tstore``: the tile past ``T`` clipped)."""
     bcalls = bwd_launches(monkeypatch)
-    scanmod.TUNE.update({f"tma{m}_bwd_bt": cfg[0], f"tma{m}_bwd_ns": cfg[1]})
+    scanmod.TUNE.update({f"tma{m}_bwd_bt": cfg[0], f"tma{m}_bwd_ns": cfg[1], f"tma{m}_bwd_tstore": tstore})
+    if len(cfg) > 2:
+        scanmod.TUNE[f"tma{m}_bwd_bh"] = 4 // m  # 16-byte rows of fp32 h: 2 blocks at m = 2, 1 at m = 4
     H = 6 if m == 2 else 5  # 16-byte rows of b; the last tile of blocks half past H
     A, b = make(2, T, H, m, seed=T + m)
     grad_errors(A, b, torch.randn(2, H, m).to(DEV) if h0 else None, None, final)

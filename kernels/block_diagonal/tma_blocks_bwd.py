@@ -36,10 +36,23 @@ def _join4(x0, x1, x2, x3):
     return tl.join(tl.join(x0, x2), tl.join(x1, x3))
 
 
+@triton.jit
+def _store_grads(dA, dB, SA, SB, da, db, row0, sd, ts, t, ok, c, mc, ca, W, k0, M: tl.constexpr,
+                 TSTORE: tl.constexpr):
+    """Store a tile's ``dA`` ``(BT, M² BH)`` and ``db`` ``(BT, M BH)``: by TMA (descriptors ``SA``,
+    ``SB``; rows past ``T`` are clipped, so only without varlen) or with masked stores."""
+    if TSTORE:
+        SB.store([sd, ts, M * k0], db.reshape(1, db.shape[0], db.shape[1]).to(SB.dtype))
+        SA.store([sd, ts, M * M * k0], da.reshape(1, da.shape[0], da.shape[1]).to(SA.dtype))
+    else:
+        tma_store_rows(dB, db, row0, t, ok, c, mc, W)
+        tma_store_rows(dA, da, row0, t, ok, ca, ca < M * W, M * W)
+
+
 @triton.jit(do_not_specialize=["T"])
-def _bd2_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, CU, T, H, BT: tl.constexpr,
+def _bd2_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, SA, SB, CU, T, H, BT: tl.constexpr,
                         BH: tl.constexpr, NS: tl.constexpr, HAS_H0: tl.constexpr,
-                        HAS_DHT: tl.constexpr, VARLEN: tl.constexpr):
+                        HAS_DHT: tl.constexpr, VARLEN: tl.constexpr, TSTORE: tl.constexpr):
     """``m = 2``: descriptors ``DA`` over ``A`` ``(rows, 4 H)``, ``DH`` over ``h``, ``DG`` over ``g``
     ``(rows, 2 H)``; ``A`` plain (``dh0``); ``H0``, ``DHT``, ``dH0`` ``(nseq, H, 2)`` fp32."""
     s = tl.program_id(1)
@@ -72,9 +85,9 @@ def _bd2_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, CU, T, H, BT: tl.co
         at_bos = (t == bos)[:, None]
         q1 = tl.where(at_bos, p1[None, :], q1)  # h_{bos-1} = h0
         q2 = tl.where(at_bos, p2[None, :], q2)
-        tma_store_rows(dB, tl.join(mu1, mu2).reshape(BT, 2 * BH), row0, t, ok, c, mc, 2 * H)
         da = tl.join(tl.join(mu1 * q1, mu2 * q1), tl.join(mu1 * q2, mu2 * q2)).reshape(BT, 4 * BH)
-        tma_store_rows(dA, da, row0, t, ok, ca, ca < 4 * H, 4 * H)
+        _store_grads(dA, dB, SA, SB, da, tl.join(mu1, mu2).reshape(BT, 2 * BH), row0, sd, ts, t, ok,
+                     c, mc, ca, 2 * H, k0, 2, TSTORE)
         p = _pick_rows(sc, first, 6)
         x1, x2 = p[0] * x1 + p[1] * x2 + p[4], p[2] * x1 + p[3] * x2 + p[5]
     ab = A + ((row0 + bos) * H + kb) * 4
@@ -103,9 +116,9 @@ def _blocks4_t(x, ok, BT: tl.constexpr, BH: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["T"])
-def _bd4_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, CU, T, H, BT: tl.constexpr,
+def _bd4_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, SA, SB, CU, T, H, BT: tl.constexpr,
                         BH: tl.constexpr, NS: tl.constexpr, HAS_H0: tl.constexpr,
-                        HAS_DHT: tl.constexpr, VARLEN: tl.constexpr):
+                        HAS_DHT: tl.constexpr, VARLEN: tl.constexpr, TSTORE: tl.constexpr):
     """``m = 4``: as ``_bd2_bwd_tma_kernel`` with ``A`` ``(rows, 16 H)`` and 20-tuple maps."""
     s = tl.program_id(1)
     bos, eos, sd = tma_seq(CU, s, T, VARLEN)
@@ -135,13 +148,13 @@ def _bd4_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, CU, T, H, BT: tl.co
         at_bos = (t == bos)[:, None]
         q = (tl.where(at_bos, p0[None, :], q[0]), tl.where(at_bos, p1[None, :], q[1]),
              tl.where(at_bos, p2[None, :], q[2]), tl.where(at_bos, p3[None, :], q[3]))  # h0
-        tma_store_rows(dB, _join4(mu[0], mu[1], mu[2], mu[3]).reshape(BT, 4 * BH), row0, t, ok, c, mc, 4 * H)
         # dA[i][j] = mu_i q_j, row-major: the outer join (the fastest axis of the result) runs over j
         cols = ()
         for j in tl.static_range(4):
             cols = cols + (_join4(mu[0] * q[j], mu[1] * q[j], mu[2] * q[j], mu[3] * q[j]),)
         da = _join4(cols[0], cols[1], cols[2], cols[3]).reshape(BT, 16 * BH)
-        tma_store_rows(dA, da, row0, t, ok, ca, ca < 16 * H, 16 * H)
+        _store_grads(dA, dB, SA, SB, da, _join4(mu[0], mu[1], mu[2], mu[3]).reshape(BT, 4 * BH), row0, sd,
+                     ts, t, ok, c, mc, ca, 4 * H, k0, 4, TSTORE)
         p = _pick_rows(sc, first, 20)
         x0, x1, x2, x3 = (p[0] * x0 + p[1] * x1 + p[2] * x2 + p[3] * x3 + p[16],
                           p[4] * x0 + p[5] * x1 + p[6] * x2 + p[7] * x3 + p[17],
@@ -196,15 +209,18 @@ def bd_tma_backward(A, h, h0, g, dhT, cu, tune, empty, max_len=None):
     backwards; ``max_len`` unused): ``A`` ``(B, T, H, m, m)``, ``h`` (the forward's output), ``g``
     (``dL/dh``) ``(B, T, H, m)``, ``h0`` and ``dhT`` ``(nseq, H, m)`` or None. The tile
     configuration is the forward's (``bd_tma_config`` with ``tune``; keys ``tma<m>_bwd_bt``,
-    ``tma<m>_bwd_ns`` override its tile length and stages). Raises where TMA cannot run."""
+    ``_bh``, ``_nw``, ``_ns`` override its tile length, blocks, warps and stages;
+    ``tma<m>_bwd_tstore`` True stores ``dA`` and ``db`` by TMA where there is no varlen).
+    Raises where TMA cannot run."""
     B, T, H, m = h.shape
     nseq = B if cu is None else cu.numel() - 1
     cfg = bd_tma_config(A, h, nseq, {**tune, f"bd{m}_tma": True}, num_sms(h.device))
-    if cfg is None or not bd_tma_bwd_usable(A, h, g) or min(x.element_size() for x in (h, g)) * m * cfg[1] < 16:
+    if cfg is None:
         raise ValueError(f"bd_tma_backward: TMA refused these inputs (m = {m})")
-    bt, bh, nw, ns = cfg
-    bt = tune.get(f"tma{m}_bwd_bt", bt)
-    ns = tune.get(f"tma{m}_bwd_ns", ns)
+    bt, bh, nw, ns = (tune.get(f"tma{m}_bwd_{k}", v) for k, v in zip(("bt", "bh", "nw", "ns"), cfg))
+    if not bd_tma_bwd_usable(A, h, g) or min(x.element_size() for x in (h, g)) * m * bh < 16:
+        raise ValueError(f"bd_tma_backward: TMA refused these inputs (m = {m}, {bh} blocks a tile)")
+    tstore = bool(tune.get(f"tma{m}_bwd_tstore", False)) and cu is None  # varlen: rows past eos are the next sequence's
 
     def desc(x, width):
         return TensorDescriptor(x, shape=[B, T, width * H], strides=[T * width * H, width * H, 1],
@@ -216,7 +232,8 @@ def bd_tma_backward(A, h, h0, g, dhT, cu, tune, empty, max_len=None):
     dh0 = empty((nseq, H, m), torch.float32, dev)
     _KERNELS[m][(cdiv(H, bh), nseq)](
         desc(A, m * m), desc(h, m), desc(g, m), A, h0 if h0 is not None else dh0,
-        dhT if dhT is not None else dh0, dA, db, dh0, cu if cu is not None else dh0, T, H,
+        dhT if dhT is not None else dh0, dA, db, dh0, desc(dA, m * m) if tstore else dh0,
+        desc(db, m) if tstore else dh0, cu if cu is not None else dh0, T, H,
         BT=bt, BH=bh, NS=ns, HAS_H0=h0 is not None, HAS_DHT=dhT is not None,
-        VARLEN=cu is not None, num_warps=nw)
+        VARLEN=cu is not None, TSTORE=tstore, num_warps=nw)
     return dA, db, dh0

@@ -44,13 +44,14 @@ def scan_error(A, b):
 
 
 @M
-@pytest.mark.parametrize("T,H,h0,cfg", [(1, 6, True, (16, 4, 1, 3)), (17, 10, False, (16, 4, 1, 4)),
-                                        (64, 12, True, (16, 8, 2, 2)), (129, 10, False, (32, 8, 1, 3)),
-                                        (300, 18, True, (64, 2, 1, 3))])
+@pytest.mark.parametrize("T,H,h0,cfg", [(1, 6, True, (16, 4, 1, 3, True)), (17, 10, False, (16, 4, 1, 4, True)),
+                                        (64, 12, True, (16, 8, 2, 2, False)), (129, 10, False, (32, 8, 1, 3, False)),
+                                        (300, 18, True, (64, 2, 1, 3, True))])
 def test_forward(m, T, H, h0, cfg):
     """Odd lengths (sequence ends inside tiles), block counts that end inside a tile, 1 or 2
-    warps, 2-4 pipeline stages; the kernel directly (``check_forward``: no chunk products)."""
-    scanmod.TUNE.update({f"tma{m}_{k}": v for k, v in zip(("bt", "bh", "nw", "ns"), cfg)})
+    warps, 2-4 pipeline stages, ``h`` stored by masked stores or by TMA (``tma<m>_tstore``: the
+    last tile clipped at ``T``); the kernel directly (``check_forward``: no chunk products)."""
+    scanmod.TUNE.update({f"tma{m}_{k}": v for k, v in zip(("bt", "bh", "nw", "ns", "tstore"), cfg)})
     A, b = make(2, T, H, m, seed=T + m)
     e = forward(A, b, torch.randn(2, H, m).to(DEV) if h0 else None)
     assert max(e) < 1e-5, e
@@ -62,6 +63,7 @@ def test_varlen(m):
     final state is h0), a one-step sequence, the last tile past ``T_total``."""
     A, b = make(1, 129, 6, m, seed=3)
     cu = torch.tensor([0, 7, 40, 40, 41, 100, 129], dtype=torch.int64, device=DEV)
+    scanmod.TUNE[f"tma{m}_tstore"] = True  # not taken with varlen: masked stores
     for h0 in (torch.randn(6, 6, m).to(DEV), None):
         e = forward(A, b, h0, cu)
         assert max(e) < 1e-5, e

@@ -63,6 +63,17 @@ def tma_store_rows(Hout, hv, row0, t, ok, c, mc, W):
     tl.store(Hout + offs, hv.to(Hout.dtype.element_ty), mask=ok & mc[None, :])
 
 
+@triton.jit
+def tma_tile_store(Hout, SH, hv, row0, sd, ts, t, ok, c, mc, W, c0, TSTORE: tl.constexpr):
+    """Store the ``(BT, C)`` tile ``hv`` of rows ``ts ..`` of batch row ``sd``: by TMA through the
+    descriptor ``SH`` (``(B, T, W)``, columns from ``c0``; rows past ``T`` are clipped, so only
+    without varlen, where rows past ``eos`` are the next sequence's) or ``tma_store_rows``."""
+    if TSTORE:
+        SH.store([sd, ts, c0], hv.reshape(1, hv.shape[0], hv.shape[1]).to(SH.dtype))
+    else:
+        tma_store_rows(Hout, hv, row0, t, ok, c, mc, W)
+
+
 @triton.jit(do_not_specialize=["T"])
 def _diag_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, N, BT: tl.constexpr, BN: tl.constexpr,
                          NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr):

@@ -24,7 +24,7 @@ import triton.language as tl
 from .._host import cdiv, num_sms
 from .lookback2 import _affine2_combine
 from .lookback4 import _affine4_combine
-from .tma import TensorDescriptor, tma_seq, tma_store_rows, tma_usable
+from .tma import TensorDescriptor, tma_seq, tma_tile_store, tma_usable
 
 __all__ = ["bd_tma_auto", "bd_tma_config", "bd_tma_forward"]
 
@@ -80,8 +80,9 @@ def _frame(H, BT: tl.constexpr, BH: tl.constexpr, M: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["T"])
-def _bd2_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, H, BT: tl.constexpr, BH: tl.constexpr,
-                        NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr):
+def _bd2_fwd_tma_kernel(DA, DB, Hout, SH, Init, Final, CU, T, H, BT: tl.constexpr, BH: tl.constexpr,
+                        NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr,
+                        TSTORE: tl.constexpr):
     """``m = 2``: ``A`` as ``(rows, 4 H)`` (a block's row-major ``a11 a12 a21 a22``), ``b`` and ``h``
     ``(rows, 2 H)``, ``Init``/``Final`` ``(nseq, H, 2)``."""
     s = tl.program_id(1)
@@ -104,7 +105,8 @@ def _bd2_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, H, BT: tl.constexpr, B
                                   tl.where(ok, b1, 0.0), tl.where(ok, b2, 0.0)), 0, _affine2_combine)
         h1 = sc[0] * x1[None, :] + sc[1] * x2[None, :] + sc[4]
         h2 = sc[2] * x1[None, :] + sc[3] * x2[None, :] + sc[5]
-        tma_store_rows(Hout, tl.join(h1, h2).reshape(BT, 2 * BH), row0, t, ok, c, mc, 2 * H)
+        hv = tl.join(h1, h2).reshape(BT, 2 * BH)
+        tma_tile_store(Hout, SH, hv, row0, sd, ts, t, ok, c, mc, 2 * H, 2 * k0, TSTORE)
         p = _pick_rows(sc, last, 6)  # the tile's map, reduced off the chain
         x1, x2 = p[0] * x1 + p[1] * x2 + p[4], p[2] * x1 + p[3] * x2 + p[5]
     tl.store(Final + so, x1, mask=mk)
@@ -127,8 +129,9 @@ def _blocks4(x, ok, BT: tl.constexpr, BH: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["T"])
-def _bd4_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, H, BT: tl.constexpr, BH: tl.constexpr,
-                        NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr):
+def _bd4_fwd_tma_kernel(DA, DB, Hout, SH, Init, Final, CU, T, H, BT: tl.constexpr, BH: tl.constexpr,
+                        NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr,
+                        TSTORE: tl.constexpr):
     """``m = 4``: ``A`` as ``(rows, 16 H)``, ``b`` and ``h`` ``(rows, 4 H)``, ``Init``/``Final``
     ``(nseq, H, 4)``; maps are 20-tuples (``P`` row-major, then ``e``; ``lookback4.py``)."""
     s = tl.program_id(1)
@@ -151,7 +154,7 @@ def _bd4_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, H, BT: tl.constexpr, B
             hs = hs + (sc[4 * k] * x0[None, :] + sc[4 * k + 1] * x1[None, :] + sc[4 * k + 2] * x2[None, :]
                        + sc[4 * k + 3] * x3[None, :] + sc[16 + k],)
         hv = tl.join(tl.join(hs[0], hs[2]), tl.join(hs[1], hs[3])).reshape(BT, 4 * BH)  # [.., k] = h_k
-        tma_store_rows(Hout, hv, row0, t, ok, c, mc, 4 * H)
+        tma_tile_store(Hout, SH, hv, row0, sd, ts, t, ok, c, mc, 4 * H, 4 * k0, TSTORE)
         p = _pick_rows(sc, last, 20)
         x0, x1, x2, x3 = (p[0] * x0 + p[1] * x1 + p[2] * x2 + p[3] * x3 + p[16],
                           p[4] * x0 + p[5] * x1 + p[6] * x2 + p[7] * x3 + p[17],
@@ -251,8 +254,9 @@ def bd_tma_forward(A, b, h0, cu, tune, empty, max_len=None):
 
     h = empty(b.shape, b.dtype, b.device)
     final = empty((nseq, H, m), torch.float32, b.device)
+    tstore = bool(tune.get(f"tma{m}_tstore", False)) and cu is None  # varlen: masked stores
     _KERNELS[m][(cdiv(H, bh), nseq)](
-        desc(A, m * m), desc(b, m), h, h0 if h0 is not None else b, final,
+        desc(A, m * m), desc(b, m), h, desc(h, m) if tstore else h, h0 if h0 is not None else b, final,
         cu if cu is not None else b, T, H, BT=bt, BH=bh, NS=ns, HAS_INIT=h0 is not None,
-        VARLEN=cu is not None, num_warps=nw)
+        VARLEN=cu is not None, TSTORE=tstore, num_warps=nw)
     return h, final, None

@@ -24,7 +24,7 @@ import triton.language as tl
 from .._host import cdiv, num_sms
 from .lookback2 import _affine2_combine
 from .lookback4 import _affine4_combine
-from .tma import TensorDescriptor, _major, tma_seq, tma_store_rows
+from .tma import TensorDescriptor, _major, tma_seq, tma_tile_store
 from .tma_blocks import _frame, _pick_rows, _split2, _split4, _state, bd_tma_config
 
 __all__ = ["bd_tma_backward", "bd_tma_bwd_usable", "bd_tma_bwd_use"]
@@ -34,19 +34,6 @@ __all__ = ["bd_tma_backward", "bd_tma_bwd_usable", "bd_tma_bwd_use"]
 def _join4(x0, x1, x2, x3):
     """``(..., 4)`` with entry ``k`` from ``x_k`` (entries may carry trailing axes)."""
     return tl.join(tl.join(x0, x2), tl.join(x1, x3))
-
-
-@triton.jit
-def _store_grads(dA, dB, SA, SB, da, db, row0, sd, ts, t, ok, c, mc, ca, W, k0, M: tl.constexpr,
-                 TSTORE: tl.constexpr):
-    """Store a tile's ``dA`` ``(BT, M² BH)`` and ``db`` ``(BT, M BH)``: by TMA (descriptors ``SA``,
-    ``SB``; rows past ``T`` are clipped, so only without varlen) or with masked stores."""
-    if TSTORE:
-        SB.store([sd, ts, M * k0], db.reshape(1, db.shape[0], db.shape[1]).to(SB.dtype))
-        SA.store([sd, ts, M * M * k0], da.reshape(1, da.shape[0], da.shape[1]).to(SA.dtype))
-    else:
-        tma_store_rows(dB, db, row0, t, ok, c, mc, W)
-        tma_store_rows(dA, da, row0, t, ok, ca, ca < M * W, M * W)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -86,8 +73,9 @@ def _bd2_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, SA, SB, CU, T, H, B
         q1 = tl.where(at_bos, p1[None, :], q1)  # h_{bos-1} = h0
         q2 = tl.where(at_bos, p2[None, :], q2)
         da = tl.join(tl.join(mu1 * q1, mu2 * q1), tl.join(mu1 * q2, mu2 * q2)).reshape(BT, 4 * BH)
-        _store_grads(dA, dB, SA, SB, da, tl.join(mu1, mu2).reshape(BT, 2 * BH), row0, sd, ts, t, ok,
-                     c, mc, ca, 2 * H, k0, 2, TSTORE)
+        tma_tile_store(dB, SB, tl.join(mu1, mu2).reshape(BT, 2 * BH), row0, sd, ts, t, ok, c, mc, 2 * H,
+                       2 * k0, TSTORE)
+        tma_tile_store(dA, SA, da, row0, sd, ts, t, ok, ca, ca < 4 * H, 4 * H, 4 * k0, TSTORE)
         p = _pick_rows(sc, first, 6)
         x1, x2 = p[0] * x1 + p[1] * x2 + p[4], p[2] * x1 + p[3] * x2 + p[5]
     ab = A + ((row0 + bos) * H + kb) * 4
@@ -153,8 +141,9 @@ def _bd4_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, SA, SB, CU, T, H, B
         for j in tl.static_range(4):
             cols = cols + (_join4(mu[0] * q[j], mu[1] * q[j], mu[2] * q[j], mu[3] * q[j]),)
         da = _join4(cols[0], cols[1], cols[2], cols[3]).reshape(BT, 16 * BH)
-        _store_grads(dA, dB, SA, SB, da, _join4(mu[0], mu[1], mu[2], mu[3]).reshape(BT, 4 * BH), row0, sd,
-                     ts, t, ok, c, mc, ca, 4 * H, k0, 4, TSTORE)
+        tma_tile_store(dB, SB, _join4(mu[0], mu[1], mu[2], mu[3]).reshape(BT, 4 * BH), row0, sd, ts, t, ok,
+                       c, mc, 4 * H, 4 * k0, TSTORE)
+        tma_tile_store(dA, SA, da, row0, sd, ts, t, ok, ca, ca < 16 * H, 16 * H, 16 * k0, TSTORE)
         p = _pick_rows(sc, first, 20)
         x0, x1, x2, x3 = (p[0] * x0 + p[1] * x1 + p[2] * x2 + p[3] * x3 + p[16],
                           p[4] * x0 + p[5] * x1 + p[6] * x2 + p[7] * x3 + p[17],

@@ -214,12 +214,20 @@ def test_rule_and_config(m, monkeypatch):
     assert tma_blocks.bd_tma_config(A, b, 2, {f"bd{m}_tma": True}, 132) == want
     assert tma_blocks.bd_tma_config(A, b, 2, {f"bd{m}_tma": True, f"tma{m}_bt": 16, f"tma{m}_ns": 4},
                                     132) == (16, want[1], 1, 4)
-    from lrnn_scan.kernels.block_diagonal.tma_blocks_bwd import bd_tma_bwd_use
-    # the TMA backward: "auto" only at m = 4 with 2-block tiles; True / False force
-    for cfg in ((32, 2, 1, 3), (32, 4, 1, 3), (64, 4, 1, 3), (32, 8, 1, 3)):
-        assert bd_tma_bwd_use({}, m, cfg) == (m == 4 and cfg[1] == 2)
-        assert bd_tma_bwd_use({f"bd{m}_tma_bwd": True}, m, cfg)
-        assert not bd_tma_bwd_use({f"bd{m}_tma_bwd": False}, m, cfg)
+    from lrnn_scan.kernels.block_diagonal.tma_blocks_bwd import bd_tma_bwd_config, bd_tma_bwd_use
+    # the TMA backward: "auto" only at m = 4; True / False force
+    assert bd_tma_bwd_use({}, m) == (m == 4)
+    assert bd_tma_bwd_use({f"bd{m}_tma_bwd": True}, m) and not bd_tma_bwd_use({f"bd{m}_tma_bwd": False}, m)
+    # its tiles: the forward's at m = 2; at m = 4 two blocks, 32 steps below P = 3.5, 16 from there
+    # (B8 / B11 T2048 N768 on 132 SMs: P = 2.9 / 4.0); TMA stores without varlen; keys override
+    fwd = (64, 4, 1, 3)
+    for nseq, bt in ((8, 32), (11, 16)):
+        want = fwd + (True,) if m == 2 else (bt, 2, 1, 3, True)
+        assert bd_tma_bwd_config(m, 192, nseq, fwd, {}, 132, False) == want
+        assert bd_tma_bwd_config(m, 192, nseq, fwd, {}, 132, True)[4] is False
+    over = {f"tma{m}_bwd_bt": 8, f"tma{m}_bwd_bh": 1, f"tma{m}_bwd_nw": 2, f"tma{m}_bwd_ns": 5,
+            f"tma{m}_bwd_tstore": False}
+    assert bd_tma_bwd_config(m, 192, 8, fwd, over, 132, False) == (8, 1, 2, 5, False)
     # "auto" on a GPU of 132 SMs at N = 768: (BT, BH) by 4-block programs per SM
     H = 768 // m
     bands = ({4: None, 6: None, 8: (64, 4), 9: None, 10: (32, 8), 16: (32, 8), 20: None, 32: None}

@@ -464,7 +464,7 @@ def _bd_apply(A, b, h0, cu, nseq, max_len):
                if m in (2, 4) and not lookback and (not grad or chunk is None or bwd_lb) else None)
     if tma_cfg is not None:
         lookback = "tma"  # few programs on Hopper: TMA loads (tma_blocks.py); no chunk products
-        if grad and tma_blocks_bwd.bd_tma_bwd_use(TUNE, m, tma_cfg):
+        if grad and tma_blocks_bwd.bd_tma_bwd_use(TUNE, m):
             bwd_lb = "tma"  # its backward by TMA too where measured faster (tma_blocks_bwd.py)
     elif m == 2 and not lookback and (bwd_lb or bd2_lookback_use(TUNE, chunk, nprog < nsm, grad)):
         lookback = "m2"  # lookback2.py (and lookback2_bwd.py) where measured faster

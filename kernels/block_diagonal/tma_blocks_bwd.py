@@ -27,7 +27,7 @@ from .lookback4 import _affine4_combine
 from .tma import TensorDescriptor, _major, tma_seq, tma_tile_store
 from .tma_blocks import _frame, _pick_rows, _split2, _split4, _state, bd_tma_config
 
-__all__ = ["bd_tma_backward", "bd_tma_bwd_usable", "bd_tma_bwd_use"]
+__all__ = ["bd_tma_backward", "bd_tma_bwd_config", "bd_tma_bwd_usable", "bd_tma_bwd_use"]
 
 
 @triton.jit
@@ -163,22 +163,39 @@ def _bd4_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, SA, SB, CU, T, H, B
 _KERNELS = {2: _bd2_bwd_tma_kernel, 4: _bd4_bwd_tma_kernel}
 
 
-def bd_tma_bwd_use(tune: dict, m: int, cfg) -> bool:
-    """Whether a scan whose forward runs by TMA with configuration ``cfg`` (``bd_tma_config``)
-    takes this backward too (``scan._bd_apply``). ``tune["bd<m>_tma_bwd"]``: "auto" (default: at
-    ``m = 4`` with 2-block tiles, ``bd_tma_auto``'s first band), True or False (the look-back or
-    one-pass backward, reading the TMA forward's ``h``).
+def bd_tma_bwd_use(tune: dict, m: int) -> bool:
+    """Whether a scan whose forward runs by TMA (``bd_tma_config``) takes this backward too
+    (``scan._bd_apply``). ``tune["bd<m>_tma_bwd"]``: "auto" (default: at ``m = 4``), True or
+    False (the look-back or one-pass backward, reading the TMA forward's ``h``).
 
     H100, fp32, CUDA graphs, medians of 3 rounds, forward+backward as % of a copy of its bytes,
-    TMA backward against the other backward after the TMA forward (RESULTS.md, twenty-fourth
-    session): ``m = 4`` B5 T2048 N768 54 against 48, B4 T4096 N768 48 / 48, B8 T2048 N768 46 / 53,
-    B11 T2048 N768 56 / 62; ``m = 2`` B8 T2048 N768 56 (61 with 32-step tiles) / 63, B10 63 / 64,
-    B16 T1024 60 / 64, B8 T2048 N1536 60 / 66. Not profiled; the reverse scan loads three tiles and
-    stores ``m + 1`` values a block and step where the forward stores one."""
+    this backward (``bd_tma_bwd_config``'s tiles, TMA stores) against the other after the TMA
+    forward (RESULTS.md, twenty-fifth session), T2048 N768: ``m = 4`` B5 56 against 54, B6 50 / 47,
+    B8 59 / 53, B10 60 / 60, B11 65 / 62, B4 T4096 49 / 48. At ``m = 2`` it loses: B8 62 (32-step
+    tiles) / 63, B16 T1024 61 / 64; twenty-fourth session: B10 63 / 64, B8 N1536 60 / 66."""
     mode = tune.get(f"bd{m}_tma_bwd", "auto")
     if mode not in (True, False, "auto"):
         raise ValueError(f'TUNE["bd{m}_tma_bwd"] must be "auto", True or False, got {mode!r}')
-    return mode is True or (mode == "auto" and m == 4 and cfg[1] == 2)
+    return mode is True or (mode == "auto" and m == 4)
+
+
+def bd_tma_bwd_config(m: int, H: int, nseq: int, fwd_cfg, tune: dict, sms: int, varlen: bool):
+    """``(BT, BH, num_warps, num_stages, tma_store)`` of this backward. At ``m = 2`` the forward's
+    ``fwd_cfg`` (``bd_tma_config``); at ``m = 4`` 2-block tiles of 32 steps below 3.5 four-block
+    programs per SM (``P`` of ``bd_tma_auto``), of 16 steps from there, one warp, the forward's
+    stages. ``dA`` and ``db`` go out by TMA stores where there is no varlen (the tile past ``T``
+    is clipped; with varlen rows past ``eos`` belong to the next sequence: masked stores). Keys
+    ``tma<m>_bwd_bt``, ``_bh``, ``_nw``, ``_ns``, ``_tstore`` override.
+
+    Why (H100, fp32, fwd+bwd % of copy, RESULTS.md, twenty-fifth session): the forward's 4-block
+    tiles at B8 T2048 N768 gave 46-47 %, 2 blocks 59 (1 block 43, 2 warps 48); 16-step tiles 58 at
+    B8, 60 / 65 at B10 / B11 against 56 / 60 with 32 steps, 64 steps 43-55; TMA stores 0-2 points
+    above masked ones (B5 56 / 54, B6 50 / 48)."""
+    bt, bh, nw, ns = fwd_cfg
+    if m == 4:
+        bh, bt, nw = 2, 32 if nseq * cdiv(H, 4) / sms < 3.5 else 16, 1
+    bt, bh, nw, ns = (tune.get(f"tma{m}_bwd_{k}", v) for k, v in zip(("bt", "bh", "nw", "ns"), (bt, bh, nw, ns)))
+    return bt, bh, nw, ns, bool(tune.get(f"tma{m}_bwd_tstore", True)) and not varlen
 
 
 def bd_tma_bwd_usable(A, h, g) -> bool:
@@ -196,20 +213,16 @@ def bd_tma_bwd_usable(A, h, g) -> bool:
 def bd_tma_backward(A, h, h0, g, dhT, cu, tune, empty, max_len=None):
     """``(dA, db, dh0)`` of the ``m = 2`` or ``4`` scan by TMA (the signature of the look-back
     backwards; ``max_len`` unused): ``A`` ``(B, T, H, m, m)``, ``h`` (the forward's output), ``g``
-    (``dL/dh``) ``(B, T, H, m)``, ``h0`` and ``dhT`` ``(nseq, H, m)`` or None. The tile
-    configuration is the forward's (``bd_tma_config`` with ``tune``; keys ``tma<m>_bwd_bt``,
-    ``_bh``, ``_nw``, ``_ns`` override its tile length, blocks, warps and stages;
-    ``tma<m>_bwd_tstore`` True stores ``dA`` and ``db`` by TMA where there is no varlen).
-    Raises where TMA cannot run."""
+    (``dL/dh``) ``(B, T, H, m)``, ``h0`` and ``dhT`` ``(nseq, H, m)`` or None; tiles from
+    ``bd_tma_bwd_config``. Raises where TMA cannot run."""
     B, T, H, m = h.shape
     nseq = B if cu is None else cu.numel() - 1
-    cfg = bd_tma_config(A, h, nseq, {**tune, f"bd{m}_tma": True}, num_sms(h.device))
-    if cfg is None:
+    fwd_cfg = bd_tma_config(A, h, nseq, {**tune, f"bd{m}_tma": True}, num_sms(h.device))
+    if fwd_cfg is None:
         raise ValueError(f"bd_tma_backward: TMA refused these inputs (m = {m})")
-    bt, bh, nw, ns = (tune.get(f"tma{m}_bwd_{k}", v) for k, v in zip(("bt", "bh", "nw", "ns"), cfg))
+    bt, bh, nw, ns, tstore = bd_tma_bwd_config(m, H, nseq, fwd_cfg, tune, num_sms(h.device), cu is not None)
     if not bd_tma_bwd_usable(A, h, g) or min(x.element_size() for x in (h, g)) * m * bh < 16:
         raise ValueError(f"bd_tma_backward: TMA refused these inputs (m = {m}, {bh} blocks a tile)")
-    tstore = bool(tune.get(f"tma{m}_bwd_tstore", False)) and cu is None  # varlen: rows past eos are the next sequence's
 
     def desc(x, width):
         return TensorDescriptor(x, shape=[B, T, width * H], strides=[T * width * H, width * H, 1],

@@ -402,7 +402,10 @@ class _ScanFn(torch.autograd.Function):
         if ctx.diag:
             dA, db, dh0 = _diag_backward(A, h, h0, g, dhT, cu, ctx.chunk, P, ctx.bwd_lookback, ctx.max_len)
         elif ctx.bwd_lookback == "tma":  # after the TMA forward (tma_blocks_bwd.py)
-            dA, db, dh0 = tma_blocks_bwd.bd_tma_backward(A, h, h0, g, dhT, cu, TUNE, _empty, ctx.max_len)
+            if tma_blocks_bwd.bd_tma_bwd_usable(A, h, g):
+                dA, db, dh0 = tma_blocks_bwd.bd_tma_backward(A, h, h0, g, dhT, cu, TUNE, _empty, ctx.max_len)
+            else:  # e.g. an incoming gradient off 16-byte alignment: the one-pass backward
+                dA, db, dh0 = _bd_backward(A, h, h0, g, dhT, cu, None, P)
         elif ctx.bwd_lookback:  # m = 2, 4 with few programs (lookback2_bwd.py, lookback4_bwd.py)
             lbb = bd4_lookback_backward if h.shape[-1] == 4 else bd2_lookback_backward
             dA, db, dh0 = lbb(A, h, h0, g, dhT, cu, TUNE, _empty, ctx.max_len)

@@ -12,12 +12,14 @@
 #   by their chain of 2048 steps (B16 T1024, the same bytes, reaches 93-94 %); smaller block
 #   groups, deeper pipelines, time chunks and whole blocks in one thread (commit 80dbcc4) lost.
 #   Twenty-fourth session (H100, one H200 call): the m = 2, 4 TMA forwards (tma_blocks.py) and
-#   backward (tma_blocks_bwd.py) ran tune, scan, memcheck (0 errors) and their tests. Owed, no
-#   failure seen but cut by the stage limits: the rest of tests/gpu -k block_tma with both
-#   backwards (call 8: 11 of 16 ran), tests/test_kernels_lookback2.py and _lookback4.py in full
-#   (call 4 stopped at ~60 %); the TMA backward rule on an H200 (timed on the H100 only):
-#     PYTEST_FILES=tests/gpu/test_gpu_block_diagonal.py PYTEST_K=block_tma STAGE_TIMEOUT=500 pytest
-#     TUNE_ARGS="--m 4 --bwd --shapes 4x4096x768 5x2048x768 8x2048x768 --tune on=bd4_tma_bwd:true off=bd4_tma_bwd:false" tune
+#   backward (tma_blocks_bwd.py) ran tune, scan, memcheck (0 errors) and their tests.
+#   Twenty-fifth session (H100 only: two calls for nvidia-h200 got H100s): the m = 4 TMA backward
+#   became the default after the TMA forward (bd_tma_bwd_config); everything it owed ran (-k
+#   block_tma 18 + 32 passed, lookback2/4 files 87 passed, test_kernels_tma_blocks.py 38 passed on
+#   the final source, memcheck 0 errors). Owed: the m = 4 backward rule on an H200, e.g.
+#     TUNE_ARGS="--m 4 --bwd --shapes 5x2048x768 8x2048x768 11x2048x768 --tune off=bd4_tma_bwd:false" tune
+#   and the rest of tests/gpu -k tma (m = 1 rows, unchanged since they last passed: call 4 stopped
+#   at 65 of 138 with no failure).
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):
 #     tools/gpu_pair.sh "TUNE_ARGS=--m,4,--bwd,--shapes,8x2048x768,--tune,off=bd4_bwd_lookback:false tune" ""
 #   Leads for issue 3, each to be timed against the default in one call (tools/lb2_compare.py

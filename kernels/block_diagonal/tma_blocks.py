@@ -69,6 +69,17 @@ def _state(X, so, mk, HAS: tl.constexpr, M: tl.constexpr):
 
 
 @triton.jit
+def _apply4(p, x0, x1, x2, x3):
+    """The 4 x 4 affine map ``p`` (a 20-tuple: ``P`` row-major, then ``e``) applied to
+    ``(x0, x1, x2, x3)``: ``sum_j P_kj x_j + e_k`` as a 4-tuple. (The offset first, so that
+    every product fuses into an FMA, did not time faster: RESULTS.md, twenty-fifth session.)"""
+    return (p[0] * x0 + p[1] * x1 + p[2] * x2 + p[3] * x3 + p[16],
+            p[4] * x0 + p[5] * x1 + p[6] * x2 + p[7] * x3 + p[17],
+            p[8] * x0 + p[9] * x1 + p[10] * x2 + p[11] * x3 + p[18],
+            p[12] * x0 + p[13] * x1 + p[14] * x2 + p[15] * x3 + p[19])
+
+
+@triton.jit
 def _frame(H, BT: tl.constexpr, BH: tl.constexpr, M: tl.constexpr):
     """This program's blocks ``kb`` (``k0`` the first; ``mk``: below ``H``), its channels ``c`` of
     ``b`` and ``h`` (``mc``: below ``M H``), and the mask of a tile's last row."""
@@ -149,17 +160,11 @@ def _bd4_fwd_tma_kernel(DA, DB, Hout, SH, Init, Final, CU, T, H, BT: tl.constexp
         sc = tl.associative_scan(_blocks4(DA.load([sd, ts, 16 * k0]), ok, BT, BH)
                                  + (tl.where(ok, b0, 0.0), tl.where(ok, b1, 0.0),
                                     tl.where(ok, b2, 0.0), tl.where(ok, b3, 0.0)), 0, _affine4_combine)
-        hs = ()
-        for k in tl.static_range(4):
-            hs = hs + (sc[4 * k] * x0[None, :] + sc[4 * k + 1] * x1[None, :] + sc[4 * k + 2] * x2[None, :]
-                       + sc[4 * k + 3] * x3[None, :] + sc[16 + k],)
+        hs = _apply4(sc, x0[None, :], x1[None, :], x2[None, :], x3[None, :])
         hv = tl.join(tl.join(hs[0], hs[2]), tl.join(hs[1], hs[3])).reshape(BT, 4 * BH)  # [.., k] = h_k
         tma_tile_store(Hout, SH, hv, row0, sd, ts, t, ok, c, mc, 4 * H, 4 * k0, TSTORE)
         p = _pick_rows(sc, last, 20)
-        x0, x1, x2, x3 = (p[0] * x0 + p[1] * x1 + p[2] * x2 + p[3] * x3 + p[16],
-                          p[4] * x0 + p[5] * x1 + p[6] * x2 + p[7] * x3 + p[17],
-                          p[8] * x0 + p[9] * x1 + p[10] * x2 + p[11] * x3 + p[18],
-                          p[12] * x0 + p[13] * x1 + p[14] * x2 + p[15] * x3 + p[19])
+        x0, x1, x2, x3 = _apply4(p, x0, x1, x2, x3)
     for k in tl.static_range(4):
         tl.store(Final + so + k, (x0, x1, x2, x3)[k], mask=mk)
 

@@ -25,7 +25,7 @@ from .._host import cdiv, num_sms
 from .lookback2 import _affine2_combine
 from .lookback4 import _affine4_combine
 from .tma import TensorDescriptor, _major, tma_seq, tma_tile_store
-from .tma_blocks import _frame, _pick_rows, _split2, _split4, _state, bd_tma_config
+from .tma_blocks import _apply4, _frame, _pick_rows, _split2, _split4, _state, bd_tma_config
 
 __all__ = ["bd_tma_backward", "bd_tma_bwd_config", "bd_tma_bwd_usable", "bd_tma_bwd_use"]
 
@@ -128,10 +128,7 @@ def _bd4_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, SA, SB, CU, T, H, B
                                  + (tl.where(ok, g0, 0.0), tl.where(ok, g1, 0.0),
                                     tl.where(ok, g2, 0.0), tl.where(ok, g3, 0.0)), 0, _affine4_combine,
                                  reverse=True)
-        mu = ()
-        for k in tl.static_range(4):
-            mu = mu + (sc[4 * k] * x0[None, :] + sc[4 * k + 1] * x1[None, :] + sc[4 * k + 2] * x2[None, :]
-                       + sc[4 * k + 3] * x3[None, :] + sc[16 + k],)
+        mu = _apply4(sc, x0[None, :], x1[None, :], x2[None, :], x3[None, :])
         q = _split4(DH.load([sd, ts - 1, 4 * k0]).reshape(BT, BH, 4), BT, BH)
         at_bos = (t == bos)[:, None]
         q = (tl.where(at_bos, p0[None, :], q[0]), tl.where(at_bos, p1[None, :], q[1]),
@@ -145,10 +142,7 @@ def _bd4_bwd_tma_kernel(DA, DH, DG, A, H0, DHT, dA, dB, dH0, SA, SB, CU, T, H, B
                        c, mc, 4 * H, 4 * k0, TSTORE)
         tma_tile_store(dA, SA, da, row0, sd, ts, t, ok, ca, ca < 16 * H, 16 * H, 16 * k0, TSTORE)
         p = _pick_rows(sc, first, 20)
-        x0, x1, x2, x3 = (p[0] * x0 + p[1] * x1 + p[2] * x2 + p[3] * x3 + p[16],
-                          p[4] * x0 + p[5] * x1 + p[6] * x2 + p[7] * x3 + p[17],
-                          p[8] * x0 + p[9] * x1 + p[10] * x2 + p[11] * x3 + p[18],
-                          p[12] * x0 + p[13] * x1 + p[14] * x2 + p[15] * x3 + p[19])
+        x0, x1, x2, x3 = _apply4(p, x0, x1, x2, x3)
     ab = A + ((row0 + bos) * H + kb) * 16
     nonempty = mk & (tl.zeros([BH], dtype=tl.int32) + (eos - bos) > 0)  # a (BH,) mask
     xs = (x0, x1, x2, x3)

@@ -44,8 +44,10 @@ def scan_error(A, b):
 
 
 @M
-@pytest.mark.parametrize("T,H,h0,cfg", [(1, 6, True, (16, 4, 1, 3, True)), (17, 10, False, (16, 4, 1, 4, True)),
-                                        (64, 12, True, (16, 8, 2, 2, False)), (129, 10, False, (32, 8, 1, 3, False)),
+@pytest.mark.parametrize("T,H,h0,cfg", [(1, 6, True, (16, 4, 1, 3, True)),
+                                        (17, 10, False, (16, 4, 1, 4, True)),
+                                        (64, 12, True, (16, 8, 2, 2, False)),
+                                        (129, 10, False, (32, 8, 1, 3, False)),
                                         (300, 18, True, (64, 2, 1, 3, True))])
 def test_forward(m, T, H, h0, cfg):
     """Odd lengths (sequence ends inside tiles), block counts that end inside a tile, 1 or 2
@@ -126,15 +128,17 @@ def test_gradients(m, monkeypatch):
 
 
 @M
-@pytest.mark.parametrize("T,cfg,h0,final,tstore", [(1, (16, 3), True, True, False), (16, (16, 2), False, True, True),
+@pytest.mark.parametrize("T,cfg,h0,final,tstore", [(1, (16, 3), True, True, False),
+                                                   (16, (16, 2), False, True, True),
                                                    (17, (32, 4), True, False, True),
                                                    (100, (8, 3, 1), False, False, False)])
 def test_backward(m, T, cfg, h0, final, tstore, monkeypatch):
     """The TMA backward at odd lengths (one step; a sequence ending on or inside a tile), with
     and without ``h0`` and the final state's gradient, its own tile length and stages
     (``tma<m>_bwd_bt``, ``_ns``; a third entry sets ``_bh``, other than the forward's, to the
-    fewest blocks whose fp32 rows fill TMA's 16 bytes), blocks past ``H`` inside the tile, ``dA`` / ``db`` stored by
-    masked stores or by TMA (``tma<m>_bwd_tstore``: the tile past ``T`` clipped)."""
+    fewest blocks whose fp32 rows fill TMA's 16 bytes), blocks past ``H`` inside the tile,
+    ``dA`` / ``db`` stored by masked stores or by TMA (``tma<m>_bwd_tstore``: the tile past ``T``
+    clipped)."""
     bcalls = bwd_launches(monkeypatch)
     scanmod.TUNE.update({f"tma{m}_bwd_bt": cfg[0], f"tma{m}_bwd_ns": cfg[1], f"tma{m}_bwd_tstore": tstore})
     if len(cfg) > 2:

@@ -188,7 +188,8 @@ def bd_tma_bwd_config(m: int, H: int, nseq: int, fwd_cfg, tune: dict, sms: int, 
     bt, bh, nw, ns = fwd_cfg
     if m == 4:
         bh, bt, nw = 2, 32 if nseq * cdiv(H, 4) / sms < 3.5 else 16, 1
-    bt, bh, nw, ns = (tune.get(f"tma{m}_bwd_{k}", v) for k, v in zip(("bt", "bh", "nw", "ns"), (bt, bh, nw, ns)))
+    keys = ("bt", "bh", "nw", "ns")
+    bt, bh, nw, ns = (tune.get(f"tma{m}_bwd_{k}", v) for k, v in zip(keys, (bt, bh, nw, ns)))
     return bt, bh, nw, ns, bool(tune.get(f"tma{m}_bwd_tstore", True)) and not varlen
 
 

@@ -12,7 +12,7 @@ with few programs) and ``m >= 16`` (``lookback_dot.py``); with gradients the bac
 (``lookback_bwd.py``) and ``m = 2, 4`` with few programs (``lookback2_bwd.py``, ``lookback4_bwd.py``).
 The one-pass ``m = 1`` forward with few programs loads its tiles by TMA on Hopper (``tma.py``),
 and so do ``m = 2, 4`` in measured bands of programs per SM (``tma_blocks.py``; the backward
-by TMA, ``tma_blocks_bwd.py``, only at ``m = 4`` with 2-block tiles).
+by TMA, ``tma_blocks_bwd.py``, at ``m = 4`` after the TMA forward).
 """
 from __future__ import annotations
 

@@ -44,16 +44,18 @@ def scan_error(A, b):
 
 
 @M
-@pytest.mark.parametrize("T,H,h0,cfg", [(1, 6, True, (16, 4, 1, 3, True)),
-                                        (17, 10, False, (16, 4, 1, 4, True)),
-                                        (64, 12, True, (16, 8, 2, 2, False)),
-                                        (129, 10, False, (32, 8, 1, 3, False)),
-                                        (300, 18, True, (64, 2, 1, 3, True))])
+@pytest.mark.parametrize("T,H,h0,cfg", [(1, 6, True, (16, 4, 1, 3, True, True)),
+                                        (17, 10, False, (16, 4, 1, 4, True, False)),
+                                        (64, 12, True, (16, 8, 2, 2, False, True)),
+                                        (129, 10, False, (32, 8, 1, 3, False, False)),
+                                        (300, 18, True, (64, 2, 1, 3, True, True))])
 def test_forward(m, T, H, h0, cfg):
     """Odd lengths (sequence ends inside tiles), block counts that end inside a tile, 1 or 2
     warps, 2-4 pipeline stages, ``h`` stored by masked stores or by TMA (``tma<m>_tstore``: the
-    last tile clipped at ``T``); the kernel directly (``check_forward``: no chunk products)."""
-    scanmod.TUNE.update({f"tma{m}_{k}": v for k, v in zip(("bt", "bh", "nw", "ns", "tstore"), cfg)})
+    last tile clipped at ``T``), the carry as the tile's map or its last ``h`` (``_carry_h``);
+    the kernel directly (``check_forward``: no chunk products)."""
+    keys = ("bt", "bh", "nw", "ns", "tstore", "carry_h")
+    scanmod.TUNE.update({f"tma{m}_{k}": v for k, v in zip(keys, cfg)})
     A, b = make(2, T, H, m, seed=T + m)
     e = forward(A, b, torch.randn(2, H, m).to(DEV) if h0 else None)
     assert max(e) < 1e-5, e
@@ -62,11 +64,13 @@ def test_forward(m, T, H, h0, cfg):
 @M
 def test_varlen(m):
     """Boundaries inside tiles (a tile runs on into the next sequence), an empty sequence (its
-    final state is h0), a one-step sequence, the last tile past ``T_total``."""
+    final state is h0), a one-step sequence, the last tile past ``T_total``; the second pass
+    carries the tile's last ``h`` (``tma<m>_carry_h``: the identity steps past ``eos`` keep it)."""
     A, b = make(1, 129, 6, m, seed=3)
     cu = torch.tensor([0, 7, 40, 40, 41, 100, 129], dtype=torch.int64, device=DEV)
     scanmod.TUNE[f"tma{m}_tstore"] = True  # not taken with varlen: masked stores
     for h0 in (torch.randn(6, 6, m).to(DEV), None):
+        scanmod.TUNE[f"tma{m}_carry_h"] = h0 is None
         e = forward(A, b, h0, cu)
         assert max(e) < 1e-5, e
 
@@ -109,12 +113,16 @@ def bwd_launches(monkeypatch):
 
 
 @M
-def test_gradients(m, monkeypatch):
+@pytest.mark.parametrize("flip", [False, True])
+def test_gradients(m, flip, monkeypatch):
     """Autograd with the TMA forward and backward (``tma_blocks_bwd.py``), plain and varlen
     (an empty and a one-step sequence, boundaries inside tiles), every gradient against the fp64
-    reference; with ``bd<m>_tma_bwd`` False the one-pass backward reads the TMA forward's ``h``."""
+    reference, with and without the time-reversed scan and ``mu`` as the carry
+    (``tma<m>_bwd_flip``, ``_carry_mu``); with ``bd<m>_tma_bwd`` False the one-pass backward
+    reads the TMA forward's ``h``."""
     calls, bcalls = launches(monkeypatch), bwd_launches(monkeypatch)
     scanmod.TUNE[f"tma{m}_bwd_tstore"] = True  # varlen keeps the masked stores (rows past eos)
+    scanmod.TUNE.update({f"tma{m}_bwd_flip": flip, f"tma{m}_bwd_carry_mu": flip})
     for B, cu, nseq in ((2, None, 2), (1, torch.tensor([0, 5, 30, 30, 31, 77], device=DEV), 5)):
         A, b = make(B, 77, 6, m, seed=7)
         grad_errors(A, b, torch.randn(nseq, 6, m).to(DEV), cu)
@@ -128,19 +136,20 @@ def test_gradients(m, monkeypatch):
 
 
 @M
-@pytest.mark.parametrize("T,cfg,h0,final,tstore", [(1, (16, 3), True, True, False),
-                                                   (16, (16, 2), False, True, True),
-                                                   (17, (32, 4), True, False, True),
-                                                   (100, (8, 3, 1), False, False, False)])
-def test_backward(m, T, cfg, h0, final, tstore, monkeypatch):
+@pytest.mark.parametrize("T,cfg,h0,final,tstore,flip,carry_mu", [(1, (16, 3), True, True, False, False, True),
+                                                                 (16, (16, 2), False, True, True, True, False),
+                                                                 (17, (32, 4), True, False, True, True, True),
+                                                                 (100, (8, 3, 1), False, False, False, False, False)])
+def test_backward(m, T, cfg, h0, final, tstore, flip, carry_mu, monkeypatch):
     """The TMA backward at odd lengths (one step; a sequence ending on or inside a tile), with
     and without ``h0`` and the final state's gradient, its own tile length and stages
     (``tma<m>_bwd_bt``, ``_ns``; a third entry sets ``_bh``, other than the forward's, to the
     fewest blocks whose fp32 rows fill TMA's 16 bytes), blocks past ``H`` inside the tile,
     ``dA`` / ``db`` stored by masked stores or by TMA (``tma<m>_bwd_tstore``: the tile past ``T``
-    clipped)."""
+    clipped), the reversed scan and the carry each on and off (``_flip``, ``_carry_mu``)."""
     bcalls = bwd_launches(monkeypatch)
-    scanmod.TUNE.update({f"tma{m}_bwd_bt": cfg[0], f"tma{m}_bwd_ns": cfg[1], f"tma{m}_bwd_tstore": tstore})
+    scanmod.TUNE.update({f"tma{m}_bwd_bt": cfg[0], f"tma{m}_bwd_ns": cfg[1], f"tma{m}_bwd_tstore": tstore,
+                         f"tma{m}_bwd_flip": flip, f"tma{m}_bwd_carry_mu": carry_mu})
     if len(cfg) > 2:
         scanmod.TUNE[f"tma{m}_bwd_bh"] = 4 // m  # 16-byte rows of fp32 h: 2 blocks at m = 2, 1 at m = 4
     H = 6 if m == 2 else 5  # 16-byte rows of b; the last tile of blocks half past H
@@ -240,16 +249,17 @@ def test_rule_and_config(m, monkeypatch):
     # the TMA backward: "auto" only at m = 4; True / False force
     assert bd_tma_bwd_use({}, m) == (m == 4)
     assert bd_tma_bwd_use({f"bd{m}_tma_bwd": True}, m) and not bd_tma_bwd_use({f"bd{m}_tma_bwd": False}, m)
-    # its tiles: the forward's at m = 2; at m = 4 two blocks, 32 steps below P = 3.5, 16 from there
-    # (B8 / B11 T2048 N768 on 132 SMs: P = 2.9 / 4.0); TMA stores without varlen; keys override
+    # its tiles: the forward's at m = 2; at m = 4 two blocks, 32 steps below P = 2.4, 16 from there
+    # (B6 / B7 T2048 N768 on 132 SMs: P = 2.2 / 2.5); TMA stores without varlen; the reversed
+    # tile and mu as the carry; keys override
     fwd = (64, 4, 1, 3)
-    for nseq, bt in ((8, 32), (11, 16)):
-        want = fwd + (True,) if m == 2 else (bt, 2, 1, 3, True)
+    for nseq, bt in ((6, 32), (7, 16)):
+        want = fwd + (True, True, True) if m == 2 else (bt, 2, 1, 3, True, True, True)
         assert bd_tma_bwd_config(m, 192, nseq, fwd, {}, 132, False) == want
         assert bd_tma_bwd_config(m, 192, nseq, fwd, {}, 132, True)[4] is False
     over = {f"tma{m}_bwd_bt": 8, f"tma{m}_bwd_bh": 1, f"tma{m}_bwd_nw": 2, f"tma{m}_bwd_ns": 5,
-            f"tma{m}_bwd_tstore": False}
-    assert bd_tma_bwd_config(m, 192, 8, fwd, over, 132, False) == (8, 1, 2, 5, False)
+            f"tma{m}_bwd_tstore": False, f"tma{m}_bwd_flip": False, f"tma{m}_bwd_carry_mu": False}
+    assert bd_tma_bwd_config(m, 192, 8, fwd, over, 132, False) == (8, 1, 2, 5, False, False, False)
     # "auto" on a GPU of 132 SMs at N = 768: (BT, BH) by 4-block programs per SM
     H = 768 // m
     bands = ({4: None, 6: None, 8: (64, 4), 9: None, 10: (32, 8), 16: (32, 8), 20: None, 32: None}

@@ -6,9 +6,11 @@ same-size copy on an H100. Here, as in ``tma.py``'s ``m = 1`` kernel, a program 
 of one sequence on one warp, walking its time axis in ``(BT, BH)`` tiles that Triton's pipeliner
 loads by TMA ``NS - 1`` tiles ahead; per tile, ``tl.associative_scan`` over time composes the
 blocks' affine maps (6 scalars a 2 x 2 block, 20 a 4 x 4 one; combine ``(P, e) then (Q, f) =
-(Q P, Q e + f)``), so from the state ``x`` entering the tile ``h_t = P_t x + e_t``. The tile's map
-(its last row) is reduced before ``x`` is used, so the chain from tile to tile is one ``m x m``
-mat-vec. Numbers: ``bd_tma_auto``.
+(Q P, Q e + f)``), so from the state ``x`` entering the tile ``h_t = P_t x + e_t``. The next tile
+starts from the tile's last ``h``, picked across lanes (``CARRY_H``, default): a pick of ``m``
+values where the tile's map (its last row, reduced before ``x`` is used: a shorter chain) is
+``m^2 + m``; fewer instructions won (H100, twenty-sixth session: m = 4 forward B6 T2048 N768 78
+against 71 % of copy, B8 94 / 91; m = 2 0-2 points). Numbers: ``bd_tma_auto``.
 
 Descriptors view ``A`` ``(B, T, H, m, m)`` as ``(B, T, m^2 H)`` and ``b`` as ``(B, T, m H)``
 (``(1, T_total, .)`` with ``cu_seqlens``); a loaded tile is reshaped to ``(BT, BH, m, m)`` and
@@ -93,7 +95,7 @@ def _frame(H, BT: tl.constexpr, BH: tl.constexpr, M: tl.constexpr):
 @triton.jit(do_not_specialize=["T"])
 def _bd2_fwd_tma_kernel(DA, DB, Hout, SH, Init, Final, CU, T, H, BT: tl.constexpr, BH: tl.constexpr,
                         NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr,
-                        TSTORE: tl.constexpr):
+                        TSTORE: tl.constexpr, CARRY_H: tl.constexpr):
     """``m = 2``: ``A`` as ``(rows, 4 H)`` (a block's row-major ``a11 a12 a21 a22``), ``b`` and ``h``
     ``(rows, 2 H)``, ``Init``/``Final`` ``(nseq, H, 2)``."""
     s = tl.program_id(1)
@@ -118,8 +120,11 @@ def _bd2_fwd_tma_kernel(DA, DB, Hout, SH, Init, Final, CU, T, H, BT: tl.constexp
         h2 = sc[2] * x1[None, :] + sc[3] * x2[None, :] + sc[5]
         hv = tl.join(h1, h2).reshape(BT, 2 * BH)
         tma_tile_store(Hout, SH, hv, row0, sd, ts, t, ok, c, mc, 2 * H, 2 * k0, TSTORE)
-        p = _pick_rows(sc, last, 6)  # the tile's map, reduced off the chain
-        x1, x2 = p[0] * x1 + p[1] * x2 + p[4], p[2] * x1 + p[3] * x2 + p[5]
+        if CARRY_H:  # the tile's last state (a pick of 2 values)
+            x1, x2 = _pick_rows((h1, h2), last, 2)
+        else:
+            p = _pick_rows(sc, last, 6)  # the tile's map, reduced off the chain
+            x1, x2 = p[0] * x1 + p[1] * x2 + p[4], p[2] * x1 + p[3] * x2 + p[5]
     tl.store(Final + so, x1, mask=mk)
     tl.store(Final + so + 1, x2, mask=mk)
 
@@ -142,7 +147,7 @@ def _blocks4(x, ok, BT: tl.constexpr, BH: tl.constexpr):
 @triton.jit(do_not_specialize=["T"])
 def _bd4_fwd_tma_kernel(DA, DB, Hout, SH, Init, Final, CU, T, H, BT: tl.constexpr, BH: tl.constexpr,
                         NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr,
-                        TSTORE: tl.constexpr):
+                        TSTORE: tl.constexpr, CARRY_H: tl.constexpr):
     """``m = 4``: ``A`` as ``(rows, 16 H)``, ``b`` and ``h`` ``(rows, 4 H)``, ``Init``/``Final``
     ``(nseq, H, 4)``; maps are 20-tuples (``P`` row-major, then ``e``; ``lookback4.py``)."""
     s = tl.program_id(1)
@@ -163,8 +168,10 @@ def _bd4_fwd_tma_kernel(DA, DB, Hout, SH, Init, Final, CU, T, H, BT: tl.constexp
         hs = _apply4(sc, x0[None, :], x1[None, :], x2[None, :], x3[None, :])
         hv = tl.join(tl.join(hs[0], hs[2]), tl.join(hs[1], hs[3])).reshape(BT, 4 * BH)  # [.., k] = h_k
         tma_tile_store(Hout, SH, hv, row0, sd, ts, t, ok, c, mc, 4 * H, 4 * k0, TSTORE)
-        p = _pick_rows(sc, last, 20)
-        x0, x1, x2, x3 = _apply4(p, x0, x1, x2, x3)
+        if CARRY_H:
+            x0, x1, x2, x3 = _pick_rows(hs, last, 4)
+        else:
+            x0, x1, x2, x3 = _apply4(_pick_rows(sc, last, 20), x0, x1, x2, x3)
     for k in tl.static_range(4):
         tl.store(Final + so + k, (x0, x1, x2, x3)[k], mask=mk)
 
@@ -245,7 +252,9 @@ def bd_tma_forward(A, b, h0, cu, tune, empty, max_len=None):
     """``(h, final, None)`` of the ``m = 2`` or ``4`` forward by TMA (the signature of the
     look-back forwards; ``max_len`` unused): ``A`` ``(B, T, H, m, m)``, ``b``, ``h``
     ``(B, T, H, m)`` (``B == 1`` with ``cu_seqlens``), ``final`` fp32 ``(nseq, H, m)``; ``empty``
-    the scan's allocator. Raises where ``bd_tma_config`` refuses."""
+    the scan's allocator. Raises where ``bd_tma_config`` refuses. ``tune["tma<m>_tstore"]``
+    (opt-in, measured slower): ``h`` stored by TMA without varlen; ``tune["tma<m>_carry_h"]``
+    (default True): the carry is the tile's last ``h`` (module docstring), False: the tile's map."""
     B, T, H, m = b.shape
     nseq = B if cu is None else cu.numel() - 1
     cfg = bd_tma_config(A, b, nseq, tune, num_sms(b.device))
@@ -263,5 +272,6 @@ def bd_tma_forward(A, b, h0, cu, tune, empty, max_len=None):
     _KERNELS[m][(cdiv(H, bh), nseq)](
         desc(A, m * m), desc(b, m), h, desc(h, m) if tstore else h, h0 if h0 is not None else b, final,
         cu if cu is not None else b, T, H, BT=bt, BH=bh, NS=ns, HAS_INIT=h0 is not None,
-        VARLEN=cu is not None, TSTORE=tstore, num_warps=nw)
+        VARLEN=cu is not None, TSTORE=tstore, CARRY_H=bool(tune.get(f"tma{m}_carry_h", True)),
+        num_warps=nw)
     return h, final, None

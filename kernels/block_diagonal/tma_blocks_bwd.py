@@ -202,8 +202,11 @@ def bd_tma_bwd_use(tune: dict, m: int) -> bool:
     H100, fp32, CUDA graphs, medians of 3 rounds, forward+backward as % of a copy of its bytes,
     this backward (``bd_tma_bwd_config``'s tiles, TMA stores) against the other after the TMA
     forward (RESULTS.md, twenty-fifth session), T2048 N768: ``m = 4`` B5 56 against 54, B6 50 / 47,
-    B8 59 / 53, B10 60 / 60, B11 65 / 62, B4 T4096 49 / 48. At ``m = 2`` it loses: B8 62 (32-step
-    tiles) / 63, B16 T1024 61 / 64; twenty-fourth session: B10 63 / 64, B8 N1536 60 / 66."""
+    B8 59 / 53, B10 60 / 60, B11 65 / 62, B4 T4096 49 / 48; twenty-sixth session, with ``FLIP`` and
+    ``CARRY_MU`` (``bd_tma_bwd_config``), this backward gains 2-9 points more (B8 63-64). At
+    ``m = 2`` it loses: B8 62 (32-step tiles) / 63, B16 T1024 61 / 64; twenty-fourth session: B10
+    63 / 64, B8 N1536 60 / 66; with ``FLIP`` and ``CARRY_MU`` B8 56 / 63, B16 T1024 61 / 64, B10
+    65 / 64 (twenty-sixth)."""
     mode = tune.get(f"bd{m}_tma_bwd", "auto")
     if mode not in (True, False, "auto"):
         raise ValueError(f'TUNE["bd{m}_tma_bwd"] must be "auto", True or False, got {mode!r}')

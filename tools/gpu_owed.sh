@@ -16,8 +16,11 @@
 #   Twenty-fifth session (H100 only: two calls for nvidia-h200 got H100s): the m = 4 TMA backward
 #   became the default after the TMA forward (bd_tma_bwd_config); everything it owed ran (-k
 #   block_tma 18 + 32 passed, lookback2/4 files 87 passed, test_kernels_tma_blocks.py 38 passed on
-#   the final source, memcheck 0 errors). Owed: the m = 4 backward rule on an H200, e.g.
-#     TUNE_ARGS="--m 4 --bwd --shapes 5x2048x768 8x2048x768 11x2048x768 --tune off=bd4_tma_bwd:false" tune
+#   the final source, memcheck 0 errors). Twenty-sixth (H100 only again): the TMA backward's scan on
+#   the reversed tile and the state carries (tma<m>_bwd_flip, _carry_mu, tma<m>_carry_h) ran tune,
+#   scan, memcheck (0 errors), test_kernels_tma_blocks.py (40) and -k block_tma (18). Owed: the
+#   m = 4 rules on an H200 (the tile-length threshold P = 2.4 and the three knobs), e.g.
+#     TUNE_ARGS="--m 4 --bwd --shapes 5x2048x768 7x2048x768 8x2048x768 11x2048x768 --tune old=tma4_bwd_flip:false+tma4_bwd_carry_mu:false+tma4_carry_h:false b32=tma4_bwd_bt:32 b16=tma4_bwd_bt:16" tune
 #   and the rest of tests/gpu -k tma (m = 1 rows, unchanged since they last passed: call 4 stopped
 #   at 65 of 138 with no failure).
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):

@@ -30,6 +30,7 @@ from .lookback2_bwd import bd2_bwd_lookback_use, bd2_lookback_backward
 from .lookback4 import bd4_lookback_forward, bd4_lookback_use
 from .lookback4_bwd import bd4_bwd_lookback_use, bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward, bd_lookback_use
+from .rows import bd_rows_forward, bd_rows_use
 from . import tma
 from . import tma_blocks, tma_blocks_bwd
 from .summary import launch_summary
@@ -192,6 +193,9 @@ def _bd_forward(A, b, h0, cu, chunk, max_len=None):
     cu_arg = cu if varlen else dummy
     if chunk is None:
         few = cdiv(H, bh) * nseq < 3 * _num_sms(dev)
+        if bd_rows_use(TUNE, m, few):  # one row a lane, shuffles for the state (rows.py)
+            bd_rows_forward(A, b, h0, cu, h, final, TUNE)
+            return h, final, None
         _fwd_launch((cdiv(H, bh), nseq, 1),
             A, b, h, h0 if h0 is not None else dummy, final, cu_arg, T, H, max(T, 1), 1,
             M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True,

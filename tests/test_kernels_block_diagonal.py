@@ -294,6 +294,29 @@ def test_bwd_v1_stages(monkeypatch):
     assert seen and all(ns == scanmod._bd_cfg(4)[3] for _, ns in seen), seen
 
 
+@pytest.mark.parametrize("sms, want", [(1, 10), (2, 16)])
+def test_bwd_v1_stages_m16(monkeypatch, sms, want):
+    """m = 9..16 with at least 2.75 programs per SM: 10 stages, else 16 (``_bwd_deep_stages``);
+    ``TUNE['bwd_ns']`` overrides."""
+    seen = []
+    real = scanmod._bd_bwd_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append(kw["NS"])
+                return real[grid](*args, **kw)
+            return launch
+    monkeypatch.setattr(scanmod, "_bd_bwd_kernel", Spy())
+    monkeypatch.setattr(scanmod, "_num_sms", lambda dev: sms)
+    A, b = make(3, 5, 1, 16, seed=4)                         # 3 programs (one 16 x 16 block each)
+    run_check(A, b, torch.randn(3, 1, 16).to(DEV), None, 1e-5)
+    assert seen == [want], seen
+    assert scanmod._bwd_deep_stages(8, 3, 1) == 16           # m = 8 keeps 16
+    scanmod.TUNE.update(bwd_ns=7)
+    assert scanmod._bwd_deep_stages(16, 3, 1) == 7
+
+
 def test_max_seq_len():
     """``_host.max_seq_len``: T without offsets, else the longest sequence; 0 with no sequence."""
     from lrnn_scan.kernels._host import max_seq_len

@@ -30,7 +30,6 @@ from .lookback2_bwd import bd2_bwd_lookback_use, bd2_lookback_backward
 from .lookback4 import bd4_lookback_forward, bd4_lookback_use
 from .lookback4_bwd import bd4_bwd_lookback_use, bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward, bd_lookback_use
-from .rows import bd_rows_forward, bd_rows_use
 from . import tma
 from . import tma_blocks, tma_blocks_bwd
 from .summary import launch_summary
@@ -167,7 +166,20 @@ def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
         _bd_bwd_kernel_g4[grid](*args, M=M, MP=MP, BH=BH, **kw)
     else:  # few programs: a deep pipeline (_bwd_variant); TUNE['num_stages'] overrides
         deep = nprog < _BWD_FEW and "num_stages" not in TUNE
-        _bd_bwd_kernel[grid](*args, M=M, MP=MP, BH=BH, NS=TUNE.get("bwd_ns", 16) if deep else NS, **kw)
+        ns = _bwd_deep_stages(MP, nprog, _num_sms(args[0].device)) if deep else NS
+        _bd_bwd_kernel[grid](*args, M=M, MP=MP, BH=BH, NS=ns, **kw)
+
+
+def _bwd_deep_stages(mp, nprog, nsm):
+    """Pipeline stages of the one-step backward with few programs: 16, and 10 for ``m`` in 9..16
+    from 2.75 programs per SM on; ``TUNE['bwd_ns']`` overrides. H100, fp32 fwd+bwd, N768 T2048,
+    CUDA-graph medians of 3 rounds, ms, 16 against 10 stages (RESULTS.md, twenty-seventh session):
+    B6 (2.2 programs per SM) 0.871 / 0.892, B7 (2.5) 0.903 / 0.924, B8 (2.9) 1.004 / 0.980,
+    B9 (3.3) 1.225 / 1.148, B10 (3.6) 1.289 / 1.247, B12 (4.4) 1.579 / 1.529; B4 T4096 (1.45):
+    16 the best of 8-20. At m = 8 10 or 12 stages were slower from B6 to B10."""
+    if "bwd_ns" in TUNE:
+        return TUNE["bwd_ns"]
+    return 10 if mp == 16 and nprog >= 2.75 * nsm else 16
 
 
 def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, NS, few=False, **kw):
@@ -193,9 +205,6 @@ def _bd_forward(A, b, h0, cu, chunk, max_len=None):
     cu_arg = cu if varlen else dummy
     if chunk is None:
         few = cdiv(H, bh) * nseq < 3 * _num_sms(dev)
-        if bd_rows_use(TUNE, m, few):  # one row a lane, shuffles for the state (rows.py)
-            bd_rows_forward(A, b, h0, cu, h, final, TUNE)
-            return h, final, None
         _fwd_launch((cdiv(H, bh), nseq, 1),
             A, b, h, h0 if h0 is not None else dummy, final, cu_arg, T, H, max(T, 1), 1,
             M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True,

@@ -23,6 +23,11 @@
 #     TUNE_ARGS="--m 4 --bwd --shapes 5x2048x768 7x2048x768 8x2048x768 11x2048x768 --tune old=tma4_bwd_flip:false+tma4_bwd_carry_mu:false+tma4_carry_h:false b32=tma4_bwd_bt:32 b16=tma4_bwd_bt:16" tune
 #   and the rest of tests/gpu -k tma (m = 1 rows, unchanged since they last passed: call 4 stopped
 #   at 65 of 138 with no failure).
+#   Twenty-seventh (H100 only): m = 16 backward stages by programs per SM and the m = 8 gather ring
+#   (fwd.py GATHER) became defaults. Owed: the scan stage with the gather ring (SCAN_ARGS="--shapes
+#   8x2048x768": its m = 8 rows were timed before it), then
+#     PYTEST_FILES=tests/test_kernels_block_diagonal.py PYTEST_K="ring_gather or v1_stages" pytest
+#   (ran on the H100 with passing dots only; the stage limit cut pytest's summary line).
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):
 #     tools/gpu_pair.sh "TUNE_ARGS=--m,4,--bwd,--shapes,8x2048x768,--tune,off=bd4_bwd_lookback:false tune" ""
 #   Leads for issue 3, each to be timed against the default in one call (tools/lb2_compare.py

@@ -11,7 +11,8 @@ not prefetch the one-step loop: ``num_stages`` 3 and 6 timed the same). Time off
   h_t = A_t h_{t-1} + b_t, state from ``Init[s, c]`` (chunk carry or h0); a ring of ``4R``
   in-flight steps with vectorised loads, hand-pipelined groups of 4 steps, one step per iteration.
   ``_bd_fwd_ring`` with ``SUMMARY`` also computes chunk summaries, one column of ``[P | E]`` per
-  program.
+  program; with ``GATHER`` (the default at ``m = 8``, ``scan._ring_gather``) the new state goes
+  back to the lanes by warp shuffles (``tl.gather``) instead of through shared memory.
 * ``_bd_summary_kernel``: per chunk, the product ``P = A_{t1-1} ... A_{t0}`` and the local end
   state ``E`` (zero start), carried together as the columns of ``S = [P | E]`` in one program.
 * ``_diag_fwd_kernel``: the m = 1 case on ``(BT, BN)`` tiles with ``tl.associative_scan`` over time.
@@ -265,14 +266,24 @@ def _ring_ld(A, Bv, t, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM):
 
 
 @triton.jit
-def _ring_step(A, Bv, Hout, a, b, x, t, t1, tn, offs_a, offs_s, mask_a, mask_s, HM, HMM, bscale,
-               MP: tl.constexpr, BH: tl.constexpr, STORE_H: tl.constexpr):
-    """Step ``t`` with the slot ``(a, b)``, then refill the slot with step ``tn``."""
-    a3 = tl.reshape(a.to(tl.float32), (BH, MP, MP))
-    xn = tl.sum(a3 * x[:, None, :], axis=2) + b.to(tl.float32) * bscale
-    if STORE_H:
-        tl.store(Hout + t * HM + offs_s, xn.to(Hout.dtype.element_ty), mask=tl.where(t < t1, mask_s, False))
-    x = tl.where(t < t1, xn, x)
+def _ring_step(A, Bv, Hout, a, b, x, t, t1, tn, offs_a, offs_s, mask_a, mask_s, HM, HMM, bscale, idx,
+               MP: tl.constexpr, BH: tl.constexpr, STORE_H: tl.constexpr, GATHER: tl.constexpr):
+    """Step ``t`` with the slot ``(a, b)``, then refill the slot with step ``tn``. ``GATHER``:
+    ``a`` is ``(BH * MP, MP)`` (a block row per tensor row), ``b`` and ``offs_s`` ``(BH * MP,)``,
+    and ``x`` is the state broadcast along rows (``x[r, j] = h[block(r), j]``), rebuilt from the
+    row sums by ``tl.gather`` along the rows (``idx[r, j] = MP * block(r) + j``): Triton 3.6
+    lowers it to ``shfl.idx`` where the rows of a block share a warp (``_bd_fwd_ring``)."""
+    if GATHER:
+        xn = tl.sum(a.to(tl.float32) * x, axis=1) + b.to(tl.float32)
+        if STORE_H:
+            tl.store(Hout + t * HM + offs_s, xn.to(Hout.dtype.element_ty), mask=tl.where(t < t1, mask_s, False))
+        x = tl.where(t < t1, tl.gather(tl.broadcast_to(xn[:, None], (BH * MP, MP)), idx, 0), x)
+    else:
+        a3 = tl.reshape(a.to(tl.float32), (BH, MP, MP))
+        xn = tl.sum(a3 * x[:, None, :], axis=2) + b.to(tl.float32) * bscale
+        if STORE_H:
+            tl.store(Hout + t * HM + offs_s, xn.to(Hout.dtype.element_ty), mask=tl.where(t < t1, mask_s, False))
+        x = tl.where(t < t1, xn, x)
     a, b = _ring_ld(A, Bv, tn, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
     return x, a, b
 
@@ -281,7 +292,7 @@ def _ring_step(A, Bv, Hout, a, b, x, t, t1, tn, offs_a, offs_s, mask_a, mask_s, 
 def _bd_fwd_ring(A, Bv, Hout, Init, Final, Pout, CU, T, H, CHUNK, NC,
                  M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, R: tl.constexpr,
                  SUMMARY: tl.constexpr, HAS_INIT: tl.constexpr, STORE_H: tl.constexpr,
-                 STORE_FINAL: tl.constexpr, VARLEN: tl.constexpr):
+                 STORE_FINAL: tl.constexpr, VARLEN: tl.constexpr, GATHER: tl.constexpr = False):
     """Software-pipelined ring: ``4R`` slots, each refilled with step ``t + 4R`` right after step
     ``t`` used it, so ``4R - 1`` steps of loads stay in flight (``_bd_fwd_kernel_g4`` oscillates
     between 4 and 8). ``A`` is loaded as ``(BH, MP*MP)`` rows, contiguous when ``M == MP``: 16-byte
@@ -310,7 +321,22 @@ def _bd_fwd_ring(A, Bv, Hout, Init, Final, Pout, CU, T, H, CHUNK, NC,
     HMM = HM * M
     sc = s.to(tl.int64) * NC + c
     bscale = (col == M).to(tl.float32)
-    if SUMMARY:
+    idx = offs_s  # unused unless GATHER
+    if GATHER:  # rows of blocks (M == MP, not SUMMARY): the sum of a row is in-warp, the state
+        # goes back to the lanes by shuffles, not through shared memory (``_ring_step``)
+        r = tl.arange(0, BH * MP)
+        j = tl.arange(0, MP)
+        mask_s = pid_h * BH + r // MP < H
+        offs_s = pid_h * (BH * M) + r
+        offs_a = offs_s[:, None] * M + j[None, :]
+        mask_a = mask_s[:, None] & (j < M)[None, :]
+        idx = ((r // MP) * MP)[:, None] + j[None, :]
+        blk = (pid_h * (BH * M) + idx).to(tl.int64)  # h(block(r))[j] within a time row
+        if HAS_INIT:
+            x = tl.load(Init + sc * HM + blk, mask=mask_a, other=0.0).to(tl.float32)
+        else:
+            x = tl.zeros([BH * MP, MP], dtype=tl.float32)
+    elif SUMMARY:
         x = tl.zeros([BH, MP], dtype=tl.float32) + (i == col).to(tl.float32)[None, :]
     elif HAS_INIT:
         x0 = tl.load(Init + sc * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32)
@@ -363,77 +389,80 @@ def _bd_fwd_ring(A, Bv, Hout, Init, Final, Pout, CU, T, H, CHUNK, NC,
         a31, b31 = _ring_ld(A, Bv, t0 + 31, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
     for ts in range(t0, t1, D):
         x, a0, b0 = _ring_step(A, Bv, Hout, a0, b0, x, ts + 0, t1, ts + D + 0, offs_a,
-            offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
         x, a1, b1 = _ring_step(A, Bv, Hout, a1, b1, x, ts + 1, t1, ts + D + 1, offs_a,
-            offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
         x, a2, b2 = _ring_step(A, Bv, Hout, a2, b2, x, ts + 2, t1, ts + D + 2, offs_a,
-            offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
         x, a3, b3 = _ring_step(A, Bv, Hout, a3, b3, x, ts + 3, t1, ts + D + 3, offs_a,
-            offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+            offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
         if R >= 2:
             x, a4, b4 = _ring_step(A, Bv, Hout, a4, b4, x, ts + 4, t1, ts + D + 4, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a5, b5 = _ring_step(A, Bv, Hout, a5, b5, x, ts + 5, t1, ts + D + 5, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a6, b6 = _ring_step(A, Bv, Hout, a6, b6, x, ts + 6, t1, ts + D + 6, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a7, b7 = _ring_step(A, Bv, Hout, a7, b7, x, ts + 7, t1, ts + D + 7, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
         if R >= 4:
             x, a8, b8 = _ring_step(A, Bv, Hout, a8, b8, x, ts + 8, t1, ts + D + 8, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a9, b9 = _ring_step(A, Bv, Hout, a9, b9, x, ts + 9, t1, ts + D + 9, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a10, b10 = _ring_step(A, Bv, Hout, a10, b10, x, ts + 10, t1, ts + D + 10, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a11, b11 = _ring_step(A, Bv, Hout, a11, b11, x, ts + 11, t1, ts + D + 11, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a12, b12 = _ring_step(A, Bv, Hout, a12, b12, x, ts + 12, t1, ts + D + 12, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a13, b13 = _ring_step(A, Bv, Hout, a13, b13, x, ts + 13, t1, ts + D + 13, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a14, b14 = _ring_step(A, Bv, Hout, a14, b14, x, ts + 14, t1, ts + D + 14, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a15, b15 = _ring_step(A, Bv, Hout, a15, b15, x, ts + 15, t1, ts + D + 15, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
         if R >= 8:
             x, a16, b16 = _ring_step(A, Bv, Hout, a16, b16, x, ts + 16, t1, ts + D + 16, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a17, b17 = _ring_step(A, Bv, Hout, a17, b17, x, ts + 17, t1, ts + D + 17, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a18, b18 = _ring_step(A, Bv, Hout, a18, b18, x, ts + 18, t1, ts + D + 18, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a19, b19 = _ring_step(A, Bv, Hout, a19, b19, x, ts + 19, t1, ts + D + 19, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a20, b20 = _ring_step(A, Bv, Hout, a20, b20, x, ts + 20, t1, ts + D + 20, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a21, b21 = _ring_step(A, Bv, Hout, a21, b21, x, ts + 21, t1, ts + D + 21, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a22, b22 = _ring_step(A, Bv, Hout, a22, b22, x, ts + 22, t1, ts + D + 22, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a23, b23 = _ring_step(A, Bv, Hout, a23, b23, x, ts + 23, t1, ts + D + 23, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a24, b24 = _ring_step(A, Bv, Hout, a24, b24, x, ts + 24, t1, ts + D + 24, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a25, b25 = _ring_step(A, Bv, Hout, a25, b25, x, ts + 25, t1, ts + D + 25, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a26, b26 = _ring_step(A, Bv, Hout, a26, b26, x, ts + 26, t1, ts + D + 26, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a27, b27 = _ring_step(A, Bv, Hout, a27, b27, x, ts + 27, t1, ts + D + 27, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a28, b28 = _ring_step(A, Bv, Hout, a28, b28, x, ts + 28, t1, ts + D + 28, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a29, b29 = _ring_step(A, Bv, Hout, a29, b29, x, ts + 29, t1, ts + D + 29, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a30, b30 = _ring_step(A, Bv, Hout, a30, b30, x, ts + 30, t1, ts + D + 30, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
             x, a31, b31 = _ring_step(A, Bv, Hout, a31, b31, x, ts + 31, t1, ts + D + 31, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, bscale, MP, BH, STORE_H)
+                offs_s, mask_a, mask_s, HM, HMM, bscale, idx, MP, BH, STORE_H, GATHER)
     if SUMMARY:
         offs_c = (hb[:, None] * (M * M) + i[None, :] * M + col)
         if col < M:
             tl.store(Pout + sc * HMM + offs_c, x, mask=mask_s)
         else:
             tl.store(Final + sc * HM + offs_s, x, mask=mask_s)
+    elif GATHER:
+        if STORE_FINAL:  # the block's first row holds its state
+            tl.store(Final + sc * HM + blk, x, mask=mask_a & ((r % MP) == 0)[:, None])
     elif STORE_FINAL:
         tl.store(Final + sc * HM + offs_s, x, mask=mask_s)

@@ -182,11 +182,21 @@ def _bwd_deep_stages(mp, nprog, nsm):
     return 10 if mp == 16 and nprog >= 2.75 * nsm else 16
 
 
+def _ring_gather(m, mp):
+    """Whether the ring forward passes the state by shuffles (``fwd._ring_step``'s ``GATHER``):
+    ``TUNE['ring_gather']`` ``"auto"`` (default) for ``m = 8``, True for any ``m == mp``, False
+    never."""
+    mode = TUNE.get("ring_gather", "auto")
+    if mode not in (False, True, "auto"):
+        raise ValueError(f"TUNE['ring_gather'] must be 'auto', False or True, got {mode!r}")
+    return m == mp and (m == 8 if mode == "auto" else mode)
+
+
 def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, NS, few=False, **kw):
     var = _fwd_variant(few and M <= 16)
     if var.startswith("ring"):
         _bd_fwd_ring[grid](A, b, h, init, final, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH,
-                           R=int(var[4:]), SUMMARY=False, **kw)
+                           R=int(var[4:]), SUMMARY=False, GATHER=_ring_gather(M, MP), **kw)
     elif var == "g4":
         _bd_fwd_kernel_g4[grid](A, b, h, init, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH, **kw)
     else:

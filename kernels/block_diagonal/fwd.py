@@ -322,6 +322,7 @@ def _bd_fwd_ring(A, Bv, Hout, Init, Final, Pout, CU, T, H, CHUNK, NC,
     sc = s.to(tl.int64) * NC + c
     bscale = (col == M).to(tl.float32)
     idx = offs_s  # unused unless GATHER
+    tl.static_assert(not GATHER or (M == MP and not SUMMARY), "GATHER needs M == MP and no SUMMARY")
     if GATHER:  # rows of blocks (M == MP, not SUMMARY): the sum of a row is in-warp, the state
         # goes back to the lanes by shuffles, not through shared memory (``_ring_step``)
         r = tl.arange(0, BH * MP)

@@ -217,8 +217,6 @@ def _finish(args, fails, rows, m=2, tool=None, stem=None):
     out.parent.mkdir(parents=True, exist_ok=True)  # a missing --out folder lost a whole GPU run once
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(meta)
-    for key, row in (rows.items() if isinstance(rows, dict) else enumerate(rows)):
-        print(json.dumps({"row": key, **row} if isinstance(row, dict) else {"row": key, "value": row}))  # also on stdout
     return 1 if fails else 0
 
 

@@ -275,15 +275,13 @@ def _ring_step(A, Bv, Hout, a, b, x, t, t1, tn, offs_a, offs_s, mask_a, mask_s, 
     lowers it to ``shfl.idx`` where the rows of a block share a warp (``_bd_fwd_ring``)."""
     if GATHER:
         xn = tl.sum(a.to(tl.float32) * x, axis=1) + b.to(tl.float32)
-        if STORE_H:
-            tl.store(Hout + t * HM + offs_s, xn.to(Hout.dtype.element_ty), mask=tl.where(t < t1, mask_s, False))
-        x = tl.where(t < t1, tl.gather(tl.broadcast_to(xn[:, None], (BH * MP, MP)), idx, 0), x)
     else:
-        a3 = tl.reshape(a.to(tl.float32), (BH, MP, MP))
-        xn = tl.sum(a3 * x[:, None, :], axis=2) + b.to(tl.float32) * bscale
-        if STORE_H:
-            tl.store(Hout + t * HM + offs_s, xn.to(Hout.dtype.element_ty), mask=tl.where(t < t1, mask_s, False))
-        x = tl.where(t < t1, xn, x)
+        xn = tl.sum(tl.reshape(a.to(tl.float32), (BH, MP, MP)) * x[:, None, :], axis=2) + b.to(tl.float32) * bscale
+    if STORE_H:
+        tl.store(Hout + t * HM + offs_s, xn.to(Hout.dtype.element_ty), mask=tl.where(t < t1, mask_s, False))
+    if GATHER:  # the row sums back to every lane of their block
+        xn = tl.gather(tl.broadcast_to(xn[:, None], (BH * MP, MP)), idx, 0)
+    x = tl.where(t < t1, xn, x)
     a, b = _ring_ld(A, Bv, tn, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
     return x, a, b
 
@@ -332,9 +330,9 @@ def _bd_fwd_ring(A, Bv, Hout, Init, Final, Pout, CU, T, H, CHUNK, NC,
         offs_a = offs_s[:, None] * M + j[None, :]
         mask_a = mask_s[:, None] & (j < M)[None, :]
         idx = ((r // MP) * MP)[:, None] + j[None, :]
-        blk = (pid_h * (BH * M) + idx).to(tl.int64)  # h(block(r))[j] within a time row
+        offs_x = (pid_h * (BH * M) + idx).to(tl.int64)  # of h(block(r))[j] within a time row
         if HAS_INIT:
-            x = tl.load(Init + sc * HM + blk, mask=mask_a, other=0.0).to(tl.float32)
+            x = tl.load(Init + sc * HM + offs_x, mask=mask_a, other=0.0).to(tl.float32)
         else:
             x = tl.zeros([BH * MP, MP], dtype=tl.float32)
     elif SUMMARY:
@@ -464,6 +462,6 @@ def _bd_fwd_ring(A, Bv, Hout, Init, Final, Pout, CU, T, H, CHUNK, NC,
             tl.store(Final + sc * HM + offs_s, x, mask=mask_s)
     elif GATHER:
         if STORE_FINAL:  # the block's first row holds its state
-            tl.store(Final + sc * HM + blk, x, mask=mask_a & ((r % MP) == 0)[:, None])
+            tl.store(Final + sc * HM + offs_x, x, mask=mask_a & ((r % MP) == 0)[:, None])
     elif STORE_FINAL:
         tl.store(Final + sc * HM + offs_s, x, mask=mask_s)

@@ -465,16 +465,13 @@ def test_summary_dot_bad_tune():
 _NO_LB = dict(bd2_lookback=False, bd2_bwd_lookback=False, bd4_lookback=False, bd4_bwd_lookback=False)
 
 
-# "shfl" (inline PTX) is compiled only: under the interpreter it runs the tl.gather kernel
-@pytest.mark.parametrize("mode", [True] + (["shfl"] if DEV == "cuda" else []))
 @pytest.mark.parametrize("m", [2, 4, 8, 16])
 @pytest.mark.parametrize("variant", ["ring2", "ring4", "ring8"])
 @pytest.mark.parametrize("T", [1, 17, 40])
-def test_ring_gather(mode, m, variant, T):
-    """The ring forward with the state passed back to the lanes by ``tl.gather`` or by inline
-    ``shfl.sync`` (``fwd._ring_step`` ``GATHER`` 1 / 2; 2 is the default at m = 8 on a GPU), every
-    ring, T shorter and longer than the ring, h0 or not (m = 16 has two warps: ``tl.gather``)."""
-    scanmod.TUNE.update(ring_gather=mode, variant=variant, **_NO_LB)
+def test_ring_gather(m, variant, T):
+    """The ring forward with the state passed back to the lanes by ``tl.gather`` (``fwd._ring_step``
+    ``GATHER``; the default at m = 8), every ring, T shorter and longer than the ring, h0 or not."""
+    scanmod.TUNE.update(ring_gather=True, variant=variant, **_NO_LB)
     A, b = make(2, T, 5, m, seed=m + T)
     run_check(A, b, torch.randn(2, 5, m).to(DEV) if T % 2 else None, None, 1e-5)
 
@@ -489,25 +486,19 @@ def test_ring_gather_varlen_chunked():
 
 
 def test_ring_gather_rule(monkeypatch):
-    """``TUNE['ring_gather']``: "auto" (default) m = 8 only, by shuffles (2) where compiled and
-    ``tl.gather`` (1) under the interpreter; True ``tl.gather`` and "shfl" shuffles for any m that
-    is a power of two, shuffles only with one warp; False never; anything else a clear error. The
-    default m = 8 forward launches with it."""
-    native = 2 if DEV == "cuda" else 1
-    rule = scanmod._ring_gather
-    assert (rule(8, 8, 1), rule(4, 4, 1), rule(16, 16, 2), rule(3, 4, 1)) == (native, 0, 0, 0)
+    """``TUNE['ring_gather']``: "auto" (default) m = 8 only; True any m that is a power of two;
+    False never; anything else a clear error. The default m = 8 forward launches with it."""
+    assert scanmod._ring_gather(8, 8) and not scanmod._ring_gather(4, 4) and not scanmod._ring_gather(16, 16)
     scanmod.TUNE.update(ring_gather=True)
-    assert (rule(4, 4, 1), rule(3, 4, 1), rule(16, 16, 2)) == (1, 0, 1)
-    scanmod.TUNE.update(ring_gather="shfl")
-    assert (rule(4, 4, 1), rule(3, 4, 1), rule(16, 16, 2)) == (native, 0, 1)
+    assert scanmod._ring_gather(4, 4) and not scanmod._ring_gather(3, 4)
     scanmod.TUNE.update(ring_gather=False)
-    assert rule(8, 8, 1) == 0
+    assert not scanmod._ring_gather(8, 8)
     scanmod.TUNE.update(ring_gather="yes")
     with pytest.raises(ValueError, match="ring_gather"):
-        rule(8, 8, 1)
+        scanmod._ring_gather(8, 8)
     scanmod.TUNE.clear()
     seen = spy_launches(monkeypatch, "_bd_fwd_ring", lambda grid, kw: kw["GATHER"])
     A, b = make(1, 9, 2, 8, seed=5)
     with torch.no_grad():
         bd.block_diagonal_scan(A, b)
-    assert seen == [native], seen
+    assert seen == [True], seen

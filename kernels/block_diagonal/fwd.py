@@ -266,21 +266,6 @@ def _ring_ld(A, Bv, t, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM):
 
 
 @triton.jit
-def _shfl(v, lane):
-    """``v`` of the lane ``lane`` (same warp), element by element (``shfl.sync.idx``)."""
-    return tl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r",
-                                     [v.to(tl.int32, bitcast=True), lane], dtype=tl.int32, is_pure=True,
-                                     pack=1).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _lane_id(v):
-    """The lane that holds each element of ``v`` (32-bit)."""
-    return tl.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r,r", [v.to(tl.int32, bitcast=True)],
-                                     dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
 def _ring_step(A, Bv, Hout, a, b, x, t, t1, tn, offs_a, offs_s, mask_a, mask_s, HM, HMM, bscale, idx,
                MP: tl.constexpr, BH: tl.constexpr, STORE_H: tl.constexpr, GATHER: tl.constexpr):
     """Step ``t`` with the slot ``(a, b)``, then refill the slot with step ``tn``. ``GATHER``:
@@ -294,9 +279,7 @@ def _ring_step(A, Bv, Hout, a, b, x, t, t1, tn, offs_a, offs_s, mask_a, mask_s, 
         xn = tl.sum(tl.reshape(a.to(tl.float32), (BH, MP, MP)) * x[:, None, :], axis=2) + b.to(tl.float32) * bscale
     if STORE_H:
         tl.store(Hout + t * HM + offs_s, xn.to(Hout.dtype.element_ty), mask=tl.where(t < t1, mask_s, False))
-    if GATHER == 2:  # the row sums back to every lane of their block: one shfl.idx per element
-        xn = _shfl(tl.broadcast_to(xn[:, None], (BH * MP, MP)), idx)
-    elif GATHER:
+    if GATHER:  # the row sums back to every lane of their block
         xn = tl.gather(tl.broadcast_to(xn[:, None], (BH * MP, MP)), idx, 0)
     x = tl.where(t < t1, xn, x)
     a, b = _ring_ld(A, Bv, tn, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
@@ -369,12 +352,6 @@ def _bd_fwd_ring(A, Bv, Hout, Init, Final, Pout, CU, T, H, CHUNK, NC,
         x = tl.zeros([BH, MP], dtype=tl.float32)
     D = 4 * R
     a0, b0 = _ring_ld(A, Bv, t0, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
-    if GATHER == 2:  # idx: for each element of the layout the steps compute in (that of the A
-        # loads; the lane ids are read from a0), the lane holding the first element of the row
-        # whose sum it needs, so no layout is assumed
-        lane = _lane_id(a0.to(tl.float32))
-        lane_row = tl.max(tl.where(j[None, :] == 0, lane, -1), axis=1)
-        idx = tl.gather(tl.broadcast_to(lane_row[:, None], (BH * MP, MP)), idx, 0)
     a1, b1 = _ring_ld(A, Bv, t0 + 1, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
     a2, b2 = _ring_ld(A, Bv, t0 + 2, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)
     a3, b3 = _ring_ld(A, Bv, t0 + 3, t1, offs_a, offs_s, mask_a, mask_s, HM, HMM)

@@ -33,7 +33,7 @@ from .lookback_dot import bd_lookback_forward, bd_lookback_use
 from . import tma
 from . import tma_blocks, tma_blocks_bwd
 from .summary import launch_summary
-from .checks import _check_common, _check_float, _check_time_dim, _interpret  # noqa: F401  (compile.py's too)
+from .checks import _check_common, _check_float, _check_time_dim  # noqa: F401  (compile.py's too)
 from .time_major import TimeMajorScanFn
 
 __all__ = ["block_diagonal_scan", "diagonal_scan"]
@@ -182,25 +182,21 @@ def _bwd_deep_stages(mp, nprog, nsm):
     return 10 if mp == 16 and nprog >= 2.75 * nsm else 16
 
 
-def _ring_gather(m, mp, nw):
-    """The ring forward's state exchange (``fwd._ring_step``'s ``GATHER``): 0 through shared
-    memory, 1 by ``tl.gather``, 2 by ``shfl.sync`` in inline PTX (one warp, compiled only: the
-    interpreter has no inline assembly). ``TUNE['ring_gather']``: ``"auto"`` (default) 2 at
-    ``m = 8`` (1 under the interpreter), ``True`` 1 and ``"shfl"`` 2 for any power-of-two ``m``,
-    ``False`` 0."""
+def _ring_gather(m, mp):
+    """Whether the ring forward passes the state by shuffles (``fwd._ring_step``'s ``GATHER``):
+    ``TUNE['ring_gather']`` ``"auto"`` (default) for ``m = 8``, True for any ``m == mp``, False
+    never."""
     mode = TUNE.get("ring_gather", "auto")
-    if mode not in (False, True, "auto", "shfl"):
-        raise ValueError(f"TUNE['ring_gather'] must be 'auto', 'shfl', False or True, got {mode!r}")
-    if m != mp or mode is False or (mode == "auto" and m != 8):
-        return 0
-    return 2 if mode is not True and nw == 1 and not _interpret() else 1
+    if mode not in (False, True, "auto"):
+        raise ValueError(f"TUNE['ring_gather'] must be 'auto', False or True, got {mode!r}")
+    return m == mp and (m == 8 if mode == "auto" else mode)
 
 
 def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, NS, few=False, **kw):
     var = _fwd_variant(few and M <= 16)
     if var.startswith("ring"):
-        _bd_fwd_ring[grid](A, b, h, init, final, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH, R=int(var[4:]),
-                           SUMMARY=False, GATHER=_ring_gather(M, MP, kw["num_warps"]), **kw)
+        _bd_fwd_ring[grid](A, b, h, init, final, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH,
+                           R=int(var[4:]), SUMMARY=False, GATHER=_ring_gather(M, MP), **kw)
     elif var == "g4":
         _bd_fwd_kernel_g4[grid](A, b, h, init, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH, **kw)
     else:

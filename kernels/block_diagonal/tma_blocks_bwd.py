@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv, num_sms
+from .._host import cdiv, device_name, num_sms
 from .lookback2 import _affine2_combine
 from .lookback4 import _affine4_combine
 from .tma import TensorDescriptor, _major, tma_seq, tma_tile_store
@@ -225,10 +225,12 @@ class BwdTiles(NamedTuple):
     carry_mu: bool
 
 
-def bd_tma_bwd_config(m: int, H: int, nseq: int, fwd_cfg, tune: dict, sms: int, varlen: bool) -> BwdTiles:
+def bd_tma_bwd_config(m: int, H: int, nseq: int, fwd_cfg, tune: dict, sms: int, varlen: bool,
+                      device: str = "") -> BwdTiles:
     """The ``BwdTiles`` of this backward. At ``m = 2`` the forward's ``fwd_cfg``
     (``bd_tma_config``); at ``m = 4`` 2-block tiles of 32 steps below 2.4 four-block programs per
-    SM (``P`` of ``bd_tma_auto``), of 16 steps from there, one warp, the forward's stages. ``dA``
+    SM (``P`` of ``bd_tma_auto``; 3.4 where ``device``, the GPU's name, names an H200), of 16
+    steps from there, one warp, the forward's stages. ``dA``
     and ``db`` go out by TMA stores where there is no varlen (the tile past ``T`` is clipped; with
     varlen rows past ``eos`` belong to the next sequence: masked stores). The scan runs on the
     time-reversed tile (``FLIP``, ``_flip_all``) and the carry is ``mu`` (``CARRY_MU``). Keys
@@ -240,10 +242,12 @@ def bd_tma_bwd_config(m: int, H: int, nseq: int, fwd_cfg, tune: dict, sms: int, 
     and ``CARRY_MU`` (sm_90a code of a 32 x 2 tile: 1704 instructions against 2096, shuffles 388
     against 660) and the forward's ``tma4_carry_h``, against the previous default: B4 T4096 56 / 49
     (32 steps), B5 61 / 56, B6 57 / 49, B7 60 / 56 (16 steps), B8 63 / 59, B9 64 / 55, B10 63 /
-    61, B11 63 / 64 (the one loss: without ``FLIP`` 64), B12 57 / 55, B13 55 / 53."""
+    61, B11 63 / 64 (the one loss: without ``FLIP`` 64), B12 57 / 55, B13 55 / 53. H200
+    (twenty-eighth session), 32 against 16 steps: B5 (P 1.8) 49 / 44 %, B7 (2.5) 49 / 46, B8 (2.9)
+    55 / 52, B11 (4.0) 60 / 63; the line between 2.9 and 4.0 was not measured."""
     bt, bh, nw, ns = fwd_cfg
     if m == 4:
-        bh, bt, nw = 2, 32 if nseq * cdiv(H, 4) / sms < 2.4 else 16, 1
+        bh, bt, nw = 2, 32 if nseq * cdiv(H, 4) / sms < (3.4 if "H200" in device else 2.4) else 16, 1
     keys = ("bt", "bh", "nw", "ns")
     bt, bh, nw, ns = (tune.get(f"tma{m}_bwd_{k}", v) for k, v in zip(keys, (bt, bh, nw, ns)))
     return BwdTiles(bt, bh, nw, ns, bool(tune.get(f"tma{m}_bwd_tstore", True)) and not varlen,
@@ -273,7 +277,7 @@ def bd_tma_backward(A, h, h0, g, dhT, cu, tune, empty, max_len=None):
     if fwd_cfg is None:
         raise ValueError(f"bd_tma_backward: TMA refused these inputs (m = {m})")
     bt, bh, nw, ns, tstore, flip, carry_mu = bd_tma_bwd_config(m, H, nseq, fwd_cfg, tune, num_sms(h.device),
-                                                               cu is not None)
+                                                               cu is not None, device_name(h.device))
     if not bd_tma_bwd_usable(A, h, g) or min(x.element_size() for x in (h, g)) * m * bh < 16:
         raise ValueError(f"bd_tma_backward: TMA refused these inputs (m = {m}, {bh} blocks a tile)")
 

@@ -84,6 +84,7 @@ def test_falls_back_where_tma_cannot(monkeypatch):
     a, b = inputs(2, 33, 24, seed=9)
     assert not tma.tma_usable(a, b, 2) and tma.tma_usable(a, b, 4)
     assert not tma.tma_usable(a.to(torch.bfloat16), b, 8)
+    assert tma.tma_tensors_ok(a, b) and not tma.tma_tensors_ok(a, b[:, :0].contiguous())  # empty
     scanmod.TUNE["tma_bn"] = 2
     assert max(errors(a, b, None, None)) < 1e-5
     assert calls == []

@@ -113,22 +113,28 @@ def _major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
-def tma_usable(a: torch.Tensor, b: torch.Tensor, box: int) -> bool:
-    """Whether ``a``, ``b`` (``(B, T, ...)``, read as ``(B, T, row)``) meet TMA's rules for tiles
-    ``box`` elements of ``b`` wide (module doc) and are not empty."""
-    if TensorDescriptor is None or a.dtype != b.dtype:
+def tma_tensors_ok(*xs: torch.Tensor) -> bool:
+    """Whether every tensor of ``xs`` (``(B, T, ...)``, read as ``(B, T, row)``) can back a TMA
+    descriptor (module doc): not empty (no descriptor of size 0), contiguous, a 16-byte-aligned base
+    and time stride, ``B`` and ``T`` under 2^31 - 1; on a CUDA device of compute capability 9+, or
+    under the interpreter. Shared by the forwards' ``tma_usable`` and the backwards' checks."""
+    if TensorDescriptor is None:
         return False
-    if a.device.type == "cuda":
-        if _major(a.device.index if a.device.index is not None else torch.cuda.current_device()) < 9:
+    x0 = xs[0]
+    if x0.device.type == "cuda":
+        if _major(x0.device.index if x0.device.index is not None else torch.cuda.current_device()) < 9:
             return False
     elif os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return False
-    B, T = b.shape[:2]
-    size = b.element_size()
-    return (a.numel() > 0 and b.numel() > 0 and a.is_contiguous() and b.is_contiguous()  # T = 0:
-            and all((x.stride(1) * size) % 16 == 0 for x in (a, b))  # no descriptor of size 0
-            and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
-            and box * size >= 16 and T < 2 ** 31 - 1 and B < 2 ** 31 - 1)
+    return all(x.numel() > 0 and x.is_contiguous() and x.data_ptr() % 16 == 0
+               and (x.stride(1) * x.element_size()) % 16 == 0
+               and x.shape[0] < 2 ** 31 - 1 and x.shape[1] < 2 ** 31 - 1 for x in xs)
+
+
+def tma_usable(a: torch.Tensor, b: torch.Tensor, box: int) -> bool:
+    """Whether ``a``, ``b`` (one dtype) meet TMA's rules (``tma_tensors_ok``) for tiles ``box``
+    elements of ``b`` wide (at least 16 bytes)."""
+    return a.dtype == b.dtype and box * b.element_size() >= 16 and tma_tensors_ok(a, b)
 
 
 def tma_auto(N: int, nseq: int, sms: int) -> bool:

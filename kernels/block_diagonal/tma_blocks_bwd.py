@@ -28,7 +28,7 @@ import triton.language as tl
 from .._host import cdiv, device_name, num_sms
 from .lookback2 import _affine2_combine
 from .lookback4 import _affine4_combine
-from .tma import TensorDescriptor, _major, tma_seq, tma_tile_store
+from .tma import TensorDescriptor, tma_seq, tma_tensors_ok, tma_tile_store
 from .tma_blocks import _apply4, _frame, _pick_rows, _split2, _split4, _state, bd_tma_config
 
 __all__ = ["BwdTiles", "bd_tma_backward", "bd_tma_bwd_config", "bd_tma_bwd_usable", "bd_tma_bwd_use"]
@@ -255,15 +255,9 @@ def bd_tma_bwd_config(m: int, H: int, nseq: int, fwd_cfg, tune: dict, sms: int, 
 
 
 def bd_tma_bwd_usable(A, h, g) -> bool:
-    """Whether ``A``, ``h`` and ``g`` meet TMA's rules (``tma.py``) for the backward's tiles:
-    not empty, contiguous, 16-byte-aligned bases and rows, tiles at least 16 bytes wide, a CUDA device of
-    compute capability 9+ (or the interpreter: ``bd_tma_config`` checked it)."""
-    if TensorDescriptor is None or not all(x.numel() > 0 and x.is_contiguous() and x.data_ptr() % 16 == 0
-                                           for x in (A, h, g)):
-        return False
-    if h.is_cuda and _major(h.device.index if h.device.index is not None else torch.cuda.current_device()) < 9:
-        return False
-    return all((x.stride(1) * x.element_size()) % 16 == 0 for x in (A, h, g))
+    """Whether ``A``, ``h`` and ``g`` meet TMA's rules (``tma.tma_tensors_ok``) for the backward's
+    tiles (their widths: ``bd_tma_backward``)."""
+    return tma_tensors_ok(A, h, g)
 
 
 def bd_tma_backward(A, h, h0, g, dhT, cu, tune, empty, max_len=None):

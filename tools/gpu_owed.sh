@@ -26,9 +26,10 @@
 #   Twenty-seventh (H100 only): m = 16 backward stages by programs per SM and the m = 8 gather ring
 #   (fwd.py GATHER) became defaults. Twenty-eighth (H200 calls 1-2, H100 calls 3-5): everything the
 #   twenty-seventh owed ran (scan stage on the H100: m = 8 83.7 / 60.6 %; -k "ring_gather or
-#   v1_stages" 41 passed; the H200 m = 4 rules: bd_tma_bwd_config now draws its line at P = 3.4 on
-#   an H200). Owed: that line between P = 2.9 and 4.0 on an H200 (B9, B10 T2048 N768), e.g.
-#     TUNE_ARGS="--m 4 --bwd --shapes 8x2048x768 9x2048x768 10x2048x768 --tune b32=tma4_bwd_bt:32 b16=tma4_bwd_bt:16" tune
+#   v1_stages" 41 passed; the H200 m = 4 rules: bd_tma_bwd_config now draws its line at P = 3.1 on
+#   an H200, from B8 / B9 / B10 timings). Owed: the 3.1 line run once on an H200 (B8, B9: the
+#   default should equal b32, then b16), e.g.
+#     TUNE_ARGS="--m 4 --bwd --shapes 8x2048x768 9x2048x768 --tune b32=tma4_bwd_bt:32 b16=tma4_bwd_bt:16" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):
 #     tools/gpu_pair.sh "TUNE_ARGS=--m,4,--bwd,--shapes,8x2048x768,--tune,off=bd4_bwd_lookback:false tune" ""
 #   Leads for issue 3, each to be timed against the default in one call (tools/lb2_compare.py

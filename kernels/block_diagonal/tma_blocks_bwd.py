@@ -229,7 +229,7 @@ def bd_tma_bwd_config(m: int, H: int, nseq: int, fwd_cfg, tune: dict, sms: int, 
                       device: str = "") -> BwdTiles:
     """The ``BwdTiles`` of this backward. At ``m = 2`` the forward's ``fwd_cfg``
     (``bd_tma_config``); at ``m = 4`` 2-block tiles of 32 steps below 2.4 four-block programs per
-    SM (``P`` of ``bd_tma_auto``; 3.4 where ``device``, the GPU's name, names an H200), of 16
+    SM (``P`` of ``bd_tma_auto``; 3.1 where ``device``, the GPU's name, names an H200), of 16
     steps from there, one warp, the forward's stages. ``dA``
     and ``db`` go out by TMA stores where there is no varlen (the tile past ``T`` is clipped; with
     varlen rows past ``eos`` belong to the next sequence: masked stores). The scan runs on the
@@ -244,10 +244,10 @@ def bd_tma_bwd_config(m: int, H: int, nseq: int, fwd_cfg, tune: dict, sms: int, 
     (32 steps), B5 61 / 56, B6 57 / 49, B7 60 / 56 (16 steps), B8 63 / 59, B9 64 / 55, B10 63 /
     61, B11 63 / 64 (the one loss: without ``FLIP`` 64), B12 57 / 55, B13 55 / 53. H200
     (twenty-eighth session), 32 against 16 steps: B5 (P 1.8) 49 / 44 %, B7 (2.5) 49 / 46, B8 (2.9)
-    55 / 52, B11 (4.0) 60 / 63; the line between 2.9 and 4.0 was not measured."""
+    55 / 51-52, B9 (3.3) 53 / 55, B10 (3.6) 54 / 58, B11 (4.0) 60 / 63."""
     bt, bh, nw, ns = fwd_cfg
     if m == 4:
-        bh, bt, nw = 2, 32 if nseq * cdiv(H, 4) / sms < (3.4 if "H200" in device else 2.4) else 16, 1
+        bh, bt, nw = 2, 32 if nseq * cdiv(H, 4) / sms < (3.1 if "H200" in device else 2.4) else 16, 1
     keys = ("bt", "bh", "nw", "ns")
     bt, bh, nw, ns = (tune.get(f"tma{m}_bwd_{k}", v) for k, v in zip(keys, (bt, bh, nw, ns)))
     return BwdTiles(bt, bh, nw, ns, bool(tune.get(f"tma{m}_bwd_tstore", True)) and not varlen,

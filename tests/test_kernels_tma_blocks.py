@@ -76,29 +76,6 @@ def test_varlen(m):
 
 
 @M
-@pytest.mark.parametrize("R", [2, 4, 8])
-def test_row_groups(m, R, monkeypatch):
-    """``tma<m>_rows``: the transposed ``(R, BT / R)`` box (``_load_rows``). Plain batches whose
-    length ``R`` divides (one ending inside a tile) and one it does not (the plain box runs:
-    ``tma_row_groups``), then varlen with boundaries off multiples of ``R`` (tiles start at the
-    multiple below ``bos``: rows before it are identity steps), an empty and a one-step
-    sequence; h0 and the final states against the fp64 loop."""
-    scanmod.TUNE.update({f"tma{m}_rows": R, f"tma{m}_bt": 32, f"tma{m}_bh": 2})
-    for T in (40, 8 * R + 1):
-        assert tma_blocks.tma_row_groups(m, T, 32, scanmod.TUNE) == (R if T % R == 0 else 1)
-        A, b = make(2, T, 6, m, seed=T + R)
-        e = forward(A, b, torch.randn(2, 6, m).to(DEV))
-        assert max(e) < 1e-5, (T, e)
-    A, b = make(1, 136, 6, m, seed=R)
-    cu = torch.tensor([0, 3, 40, 40, 41, 99, 136], dtype=torch.int64, device=DEV)
-    for h0 in (torch.randn(6, 6, m).to(DEV), None):
-        e = forward(A, b, h0, cu)
-        assert max(e) < 1e-5, e
-    with pytest.raises(ValueError, match=f"tma{m}_rows"):
-        tma_blocks.tma_row_groups(m, 64, 32, {f"tma{m}_rows": 3})
-
-
-@M
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision(m, dtype, monkeypatch):
     """16-bit inputs and h through ``block_diagonal_scan`` (rows of 16-byte multiples), fp32

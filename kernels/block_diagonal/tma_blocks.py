@@ -32,35 +32,6 @@ __all__ = ["bd_tma_auto", "bd_tma_config", "bd_tma_forward"]
 
 
 @triton.jit
-def _tiles(bos, eos, BT: tl.constexpr, R: tl.constexpr, VARLEN: tl.constexpr):
-    """``(t0, n)``: the first tile's row and the number of tiles of a sequence. With ``R > 1`` the
-    tiles start at multiples of ``R`` (rows before ``bos`` are identity steps, ``_ok``)."""
-    t0 = bos - bos % R if (VARLEN and R > 1) else bos
-    return t0, tl.cdiv(eos - t0, BT)
-
-
-@triton.jit
-def _ok(t, bos, eos, R: tl.constexpr, VARLEN: tl.constexpr):
-    """``(BT, 1)`` mask of a tile's rows inside the sequence (at and past ``eos``, and before
-    ``bos`` where tiles start at multiples of ``R``, rows become identity steps)."""
-    if VARLEN and R > 1:
-        return ((t >= bos) & (t < eos))[:, None]
-    return (t < eos)[:, None]
-
-
-@triton.jit
-def _load_rows(D, sd, ts, col, BT: tl.constexpr, W: tl.constexpr, R: tl.constexpr):
-    """The ``(BT, W)`` tile of rows ``ts ..`` and columns ``col ..``. ``R > 1``: the descriptor
-    views rows ``t = R q + r`` as ``(r, q)`` (``tma_row_groups``), so the box is ``(R, BT / R, W)``
-    and a thread's registers hold ``R`` consecutive steps after the transpose (``TUNE`` key
-    ``tma<m>_rows``; module docstring)."""
-    if R == 1:
-        return D.load([sd, ts, col]).reshape(BT, W)
-    else:
-        return D.load([sd, 0, ts // R, col]).reshape(R, BT // R, W).permute(1, 0, 2).reshape(BT, W)
-
-
-@triton.jit
 def _split2(x, BT: tl.constexpr, BH: tl.constexpr):
     """The 2 entries of the last axis of ``x`` ``(BT, BH, 2)``, fp32."""
     x0, x1 = tl.split(x)
@@ -124,7 +95,7 @@ def _frame(H, BT: tl.constexpr, BH: tl.constexpr, M: tl.constexpr):
 @triton.jit(do_not_specialize=["T"])
 def _bd2_fwd_tma_kernel(DA, DB, Hout, SH, Init, Final, CU, T, H, BT: tl.constexpr, BH: tl.constexpr,
                         NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr,
-                        TSTORE: tl.constexpr, CARRY_H: tl.constexpr, R: tl.constexpr):
+                        TSTORE: tl.constexpr, CARRY_H: tl.constexpr):
     """``m = 2``: ``A`` as ``(rows, 4 H)`` (a block's row-major ``a11 a12 a21 a22``), ``b`` and ``h``
     ``(rows, 2 H)``, ``Init``/``Final`` ``(nseq, H, 2)``."""
     s = tl.program_id(1)
@@ -134,15 +105,14 @@ def _bd2_fwd_tma_kernel(DA, DB, Hout, SH, Init, Final, CU, T, H, BT: tl.constexp
     so = s.to(tl.int64) * 2 * H + 2 * kb
     x1, x2 = _state(Init, so, mk, HAS_INIT, 2)
     row0 = sd.to(tl.int64) * T
-    t0, n = _tiles(bos, eos, BT, R, VARLEN)
-    for i in tl.range(0, n, num_stages=NS):
-        ts = t0 + i * BT
+    for i in tl.range(0, tl.cdiv(eos - bos, BT), num_stages=NS):
+        ts = bos + i * BT
         t = ts + r
-        ok = _ok(t, bos, eos, R, VARLEN)
-        col0, col1 = tl.split(_load_rows(DA, sd, ts, 4 * k0, BT, 4 * BH, R).reshape(BT, BH, 2, 2))  # A[..., :, j]
+        ok = (t < eos)[:, None]
+        col0, col1 = tl.split(DA.load([sd, ts, 4 * k0]).reshape(BT, BH, 2, 2))  # A[..., :, j]
         a11, a21 = _split2(col0, BT, BH)
         a12, a22 = _split2(col1, BT, BH)
-        b1, b2 = _split2(_load_rows(DB, sd, ts, 2 * k0, BT, 2 * BH, R).reshape(BT, BH, 2), BT, BH)
+        b1, b2 = _split2(DB.load([sd, ts, 2 * k0]).reshape(BT, BH, 2), BT, BH)
         sc = tl.associative_scan((tl.where(ok, a11, 1.0), tl.where(ok, a12, 0.0),  # identity steps
                                   tl.where(ok, a21, 0.0), tl.where(ok, a22, 1.0),  # at/past eos
                                   tl.where(ok, b1, 0.0), tl.where(ok, b2, 0.0)), 0, _affine2_combine)
@@ -177,7 +147,7 @@ def _blocks4(x, ok, BT: tl.constexpr, BH: tl.constexpr):
 @triton.jit(do_not_specialize=["T"])
 def _bd4_fwd_tma_kernel(DA, DB, Hout, SH, Init, Final, CU, T, H, BT: tl.constexpr, BH: tl.constexpr,
                         NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr,
-                        TSTORE: tl.constexpr, CARRY_H: tl.constexpr, R: tl.constexpr):
+                        TSTORE: tl.constexpr, CARRY_H: tl.constexpr):
     """``m = 4``: ``A`` as ``(rows, 16 H)``, ``b`` and ``h`` ``(rows, 4 H)``, ``Init``/``Final``
     ``(nseq, H, 4)``; maps are 20-tuples (``P`` row-major, then ``e``; ``lookback4.py``)."""
     s = tl.program_id(1)
@@ -187,13 +157,12 @@ def _bd4_fwd_tma_kernel(DA, DB, Hout, SH, Init, Final, CU, T, H, BT: tl.constexp
     so = s.to(tl.int64) * 4 * H + 4 * kb
     x0, x1, x2, x3 = _state(Init, so, mk, HAS_INIT, 4)
     row0 = sd.to(tl.int64) * T
-    t0, n = _tiles(bos, eos, BT, R, VARLEN)
-    for i in tl.range(0, n, num_stages=NS):
-        ts = t0 + i * BT
+    for i in tl.range(0, tl.cdiv(eos - bos, BT), num_stages=NS):
+        ts = bos + i * BT
         t = ts + r
-        ok = _ok(t, bos, eos, R, VARLEN)
-        b0, b1, b2, b3 = _split4(_load_rows(DB, sd, ts, 4 * k0, BT, 4 * BH, R).reshape(BT, BH, 4), BT, BH)
-        sc = tl.associative_scan(_blocks4(_load_rows(DA, sd, ts, 16 * k0, BT, 16 * BH, R), ok, BT, BH)
+        ok = (t < eos)[:, None]
+        b0, b1, b2, b3 = _split4(DB.load([sd, ts, 4 * k0]).reshape(BT, BH, 4), BT, BH)
+        sc = tl.associative_scan(_blocks4(DA.load([sd, ts, 16 * k0]), ok, BT, BH)
                                  + (tl.where(ok, b0, 0.0), tl.where(ok, b1, 0.0),
                                     tl.where(ok, b2, 0.0), tl.where(ok, b3, 0.0)), 0, _affine4_combine)
         hs = _apply4(sc, x0[None, :], x1[None, :], x2[None, :], x3[None, :])
@@ -279,17 +248,6 @@ def bd_tma_config(A, b, nseq: int, tune: dict, sms: int):
     return cfg
 
 
-def tma_row_groups(m: int, T: int, bt: int, tune: dict) -> int:
-    """Steps a thread holds in registers after the TMA forward's transposed load (``R`` of
-    ``_load_rows``): ``tune["tma<m>_rows"]`` (default 1: the plain ``(BT, .)`` box), used only
-    where it divides both ``T`` (the rows of the descriptors, ``T_total`` with ``cu_seqlens``: the
-    transposed view has no bound at ``T`` itself) and the tile's ``BT``; 1 otherwise."""
-    R = int(tune.get(f"tma{m}_rows", 1))
-    if R < 1 or R & (R - 1):
-        raise ValueError(f'TUNE["tma{m}_rows"] must be a power of two >= 1, got {R!r}')
-    return R if T % R == 0 and bt % R == 0 else 1
-
-
 def bd_tma_forward(A, b, h0, cu, tune, empty, max_len=None):
     """``(h, final, None)`` of the ``m = 2`` or ``4`` forward by TMA (the signature of the
     look-back forwards; ``max_len`` unused): ``A`` ``(B, T, H, m, m)``, ``b``, ``h``
@@ -303,21 +261,17 @@ def bd_tma_forward(A, b, h0, cu, tune, empty, max_len=None):
     if cfg is None:
         raise ValueError(f"bd_tma_forward: TMA refused these inputs (m = {m}; bd_tma_config)")
     bt, bh, nw, ns = cfg
-    R = tma_row_groups(m, T, bt, tune)
 
-    def desc(x, width, R=1):
-        w = width * H
-        if R > 1:  # rows t = R q + r as (r, q): _load_rows
-            return TensorDescriptor(x, shape=[B, R, T // R, w], strides=[T * w, w, R * w, 1],
-                                    block_shape=[1, R, bt // R, width * bh])
-        return TensorDescriptor(x, shape=[B, T, w], strides=[T * w, w, 1], block_shape=[1, bt, width * bh])
+    def desc(x, width):
+        return TensorDescriptor(x, shape=[B, T, width * H], strides=[T * width * H, width * H, 1],
+                                block_shape=[1, bt, width * bh])
 
     h = empty(b.shape, b.dtype, b.device)
     final = empty((nseq, H, m), torch.float32, b.device)
     tstore = bool(tune.get(f"tma{m}_tstore", False)) and cu is None  # varlen: masked stores
     _KERNELS[m][(cdiv(H, bh), nseq)](
-        desc(A, m * m, R), desc(b, m, R), h, desc(h, m) if tstore else h, h0 if h0 is not None else b, final,
+        desc(A, m * m), desc(b, m), h, desc(h, m) if tstore else h, h0 if h0 is not None else b, final,
         cu if cu is not None else b, T, H, BT=bt, BH=bh, NS=ns, HAS_INIT=h0 is not None,
         VARLEN=cu is not None, TSTORE=tstore, CARRY_H=bool(tune.get(f"tma{m}_carry_h", True)),
-        R=R, num_warps=nw)
+        num_warps=nw)
     return h, final, None

@@ -9,8 +9,9 @@ the existing *backward launchers* (never recomputing the forward):
 ===================================================  ===============================================
 op (namespace ``lrnn_scan``)                          wraps
 ===================================================  ===============================================
-``bd_scan_fwd`` / ``bd_scan_bwd``                      ``kernels.block_diagonal.scan._bd_forward`` /
-                                                       ``_bd_backward`` (``diag=True``: ``_diag_*``)
+``bd_scan_fwd`` / ``bd_scan_bwd``                      ``kernels.block_diagonal.scan._run_forward`` /
+                                                       ``_run_backward`` with the eager functions'
+                                                       plans (``kernels.block_diagonal.plan``)
 ``tm_scan_fwd`` / ``tm_scan_bwd``                      ``kernels.block_diagonal.time_major`` (in
                                                        :mod:`lrnn_scan._compile_time_major`)
 ``fused_gate_fwd`` / ``fused_gate_bwd``                ``kernels.fused_gates.function._launch_fwd`` /
@@ -107,23 +108,6 @@ def _dyn():
 
 
 # ============================================================================ block diagonal
-def _bd_chunk(mod, b: Tensor, cu, diag: bool):
-    """The chunk length ``block_diagonal_scan`` / ``diagonal_scan`` would pick with gradients
-    (None = one pass). The ops' forward cannot see whether a backward will follow, and forward and
-    backward must agree on the chunks, so the ops always use the rule measured forward+backward."""
-    B, T = b.shape[:2]
-    nseq = B if cu is None else cu.numel() - 1
-    if diag:
-        N = b.shape[2]
-        bt, bn, _, _ = mod._diag_cfg(N, nseq, b.device)
-        return mod._choose_chunk(nseq * -(-N // bn), mod.max_seq_len(T, cu), b.device, bt, 1,
-                                 grad=True)
-    H, m = b.shape[2], b.shape[3]
-    _, bh, _, _ = mod._bd_cfg(m)
-    return mod._choose_chunk(nseq * -(-H // bh), mod.max_seq_len(T, cu), b.device, 1, m,
-                             grad=True)
-
-
 def _p_shape(b: Tensor, nseq, nc, diag: bool):
     if diag:
         return (nseq, nc, b.shape[2])
@@ -132,37 +116,39 @@ def _p_shape(b: Tensor, nseq, nc, diag: bool):
 
 def _register_block_diagonal():
     mod = _kernels("block_diagonal.scan")
+    plan = _kernels("block_diagonal.plan")
+
+    def nseq_len(b, cu):
+        return (b.shape[0] if cu is None else cu.numel() - 1), mod.max_seq_len(b.shape[1], cu)
 
     @torch.library.custom_op("lrnn_scan::bd_scan_fwd", mutates_args=())
     def bd_scan_fwd(A: Tensor, b: Tensor, h0: Tensor | None, cu: Tensor | None,
-                    diag: bool) -> tuple[Tensor, Tensor, Tensor]:
-        chunk = _bd_chunk(mod, b, cu, diag)
-        h, final, P = (mod._diag_forward if diag else mod._bd_forward)(A, b, h0, cu, chunk)
-        nseq = final.shape[0]
+                    diag: bool, grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+        # the eager functions' plan (plan.py): the same kernels compiled as eager; ``grad``: the
+        # caller's inputs require gradients (the op runs without autograd and cannot see it)
+        nseq, max_len = nseq_len(b, cu)
+        chunk, lookback, _ = (plan.diag_plan(b, nseq, max_len, grad) if diag
+                              else plan.bd_plan(A, b, nseq, max_len, grad))
+        h, final, P = mod._run_forward(A, b, h0, cu, chunk, diag, lookback, max_len)
         if P is None:
             P = torch.empty(_p_shape(b, nseq, 0, diag), dtype=torch.float32, device=b.device)
         return h, final, P
 
     @bd_scan_fwd.register_fake
-    def _(A, b, h0, cu, diag):
+    def _(A, b, h0, cu, diag, grad):
         nseq = b.shape[0] if cu is None else cu.shape[0] - 1
         state = (nseq, b.shape[2]) if diag else (nseq, b.shape[2], b.shape[3])
-        if cu is None:
-            chunk = _bd_chunk(mod, b, None, diag)
-            nc = 0 if chunk is None else -(-b.shape[1] // chunk)
-        else:
-            nc = _dyn()
+        # chunks or none: the plan reads sequence lengths (cu) and TMA alignment (data pointers)
         return (_dense_like(b), b.new_empty(state, dtype=torch.float32),
-                b.new_empty(_p_shape(b, nseq, nc, diag), dtype=torch.float32))
+                b.new_empty(_p_shape(b, nseq, _dyn(), diag), dtype=torch.float32))
 
     @torch.library.custom_op("lrnn_scan::bd_scan_bwd", mutates_args=())
     def bd_scan_bwd(A: Tensor, h: Tensor, h0: Tensor | None, g: Tensor, dhT: Tensor | None,
                     cu: Tensor | None, P: Tensor, diag: bool) -> tuple[Tensor, Tensor, Tensor]:
-        chunk = None if P.shape[1] == 0 else _bd_chunk(mod, h, cu, diag)
-        if diag:  # the look-back backward only where TUNE forces it (the op's chunks are fixed)
-            return mod._diag_backward(A, h, h0, g, dhT, cu, chunk, None if chunk is None else P,
-                                      mod.TUNE.get("bwd_lookback") is True)
-        return mod._bd_backward(A, h, h0, g, dhT, cu, chunk, None if chunk is None else P)
+        nseq, max_len = nseq_len(h, cu)
+        chunk, bwd_lb = plan.backward_plan(A, h, nseq, max_len, diag, P.shape[1] > 0)
+        return mod._run_backward(A, h, h0, g, dhT, cu, chunk, None if chunk is None else P, diag,
+                                 bwd_lb, max_len)
 
     @bd_scan_bwd.register_fake
     def _(A, h, h0, g, dhT, cu, P, diag):
@@ -171,7 +157,7 @@ def _register_block_diagonal():
         return _dense_like(A), _dense_like(h), h.new_empty(state, dtype=torch.float32)
 
     def setup_context(ctx, inputs, output):
-        A, b, h0, cu, diag = inputs
+        A, b, h0, cu, diag, _ = inputs
         h, _, P = output
         ctx.save_for_backward(A, h, h0, cu, P)
         ctx.diag = diag
@@ -182,10 +168,15 @@ def _register_block_diagonal():
         g = torch.zeros_like(h) if dh is None else dh.contiguous()
         dhT = None if dfinal is None else dfinal.float().contiguous()
         dA, db, dh0 = bd_scan_bwd(A, h, h0, g, dhT, cu, P, ctx.diag)
-        return dA, db, (None if h0 is None else dh0.to(ctx.h0_dtype)), None, None
+        return dA, db, (None if h0 is None else dh0.to(ctx.h0_dtype)), None, None, None
 
     bd_scan_fwd.register_autograd(backward, setup_context=setup_context)
     _OPS.update(bd_scan_fwd=bd_scan_fwd, bd_scan_bwd=bd_scan_bwd, bd_module=mod)
+
+
+def _grad(*xs) -> bool:
+    """Whether a backward can follow (the ``grad`` argument of ``bd_scan_fwd``)."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
 
 
 def _dense_like(x):
@@ -213,10 +204,11 @@ def block_diagonal_scan(A, b, initial_state=None, output_final_state=False, cu_s
     cu = cu_seqlens.to(torch.int64).contiguous() if cu_seqlens is not None else None
     if m == 1:
         h, final, _ = _OPS["bd_scan_fwd"](A.view(B, T, H), b.view(B, T, H),
-                                          None if h0 is None else h0.view(nseq, H), cu, True)
+                                          None if h0 is None else h0.view(nseq, H), cu, True,
+                                          _grad(A, b, h0))
         h, final = h.view(B, T, H, 1), final.view(nseq, H, 1)
     else:
-        h, final, _ = _OPS["bd_scan_fwd"](A, b, h0, cu, False)
+        h, final, _ = _OPS["bd_scan_fwd"](A, b, h0, cu, False, _grad(A, b, h0))
     return h, (final if output_final_state else None)
 
 
@@ -238,7 +230,7 @@ def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens
         mod._check_common(b, "b", B, T, (N,), initial_state, cu_seqlens)
     h0 = initial_state.contiguous() if initial_state is not None else None
     cu = cu_seqlens.to(torch.int64).contiguous() if cu_seqlens is not None else None
-    h, final, _ = _OPS["bd_scan_fwd"](a, b, h0, cu, True)
+    h, final, _ = _OPS["bd_scan_fwd"](a, b, h0, cu, True, _grad(a, b, h0))
     return h, (final if output_final_state else None)
 
 
@@ -531,8 +523,14 @@ def l2_normalize(x, eps=1e-12):
 
 # ============================================================================ registration
 def register() -> dict:
-    """Define the custom ops (once; imports Triton and the kernels). Returns the op table."""
+    """Define the custom ops (once; imports Triton and the kernels). Returns the op table.
+    Call it (or :func:`enable`) before ``torch.compile`` traces a wrapper here: Dynamo cannot
+    trace the imports that defining the ops needs (a clear error says so)."""
     if not _OPS:
+        if _compiling():
+            raise RuntimeError("lrnn_scan.compile: the custom ops are not registered yet; call "
+                               "lrnn_scan.compile.register() or enable() before torch.compile "
+                               "traces lrnn_scan.compile's wrappers")
         _register_block_diagonal()
         _compile_time_major.register(_OPS, _OPS["bd_module"], _kernels("block_diagonal.time_major"))
         _register_fused_gates()

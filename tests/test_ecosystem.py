@@ -2,8 +2,7 @@
 with fp32 states, DistributedDataParallel over gloo, and the ``torch.library`` custom ops of
 ``lrnn_scan.compile`` (fake/meta registrations, autograd, opcheck, compile) under the Triton
 interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1`` when there is no GPU; with a GPU the
-same tests run the compiled kernels). The custom ops have not been run on a GPU yet (see
-``docs/benchmarks.md``)."""
+same tests run the compiled kernels). On a GPU: ``tests/gpu/test_gpu_compile.py``."""
 import datetime
 import multiprocessing as mp
 import subprocess
@@ -305,7 +304,7 @@ def test_custom_ops_opcheck():
     q, k, vd, beta, gd, hd = cases["delta_product"]
     req = lambda *ts: [t.detach().clone().requires_grad_(True) for t in ts]  # noqa: E731
     fast = ("test_schema", "test_faketensor", "test_autograd_registration")
-    torch.library.opcheck(ops["bd_scan_fwd"], (*req(A, b, h0), None, False))  # incl. aot_dispatch
+    torch.library.opcheck(ops["bd_scan_fwd"], (*req(A, b, h0), None, False, True))  # incl. aot_dispatch
     torch.library.opcheck(ops["fused_gate_fwd"], (*req(z, v, h0), None, 1, 0, 1e-6, torch.float32),
                           test_utils=fast)
     torch.library.opcheck(ops["companion_fwd"], (*req(zc, vc, hc), None, 1, 0, 1e-6, torch.float32),
@@ -333,10 +332,56 @@ def test_custom_ops_opcheck():
     htm = ops["tm_scan_fwd"](a_tm, b_tm, h_tm, None)[0]
     torch.library.opcheck(ops["tm_scan_bwd"], (a_tm, htm, h_tm, torch.randn_like(htm), None, None),
                           test_utils=("test_schema", "test_faketensor"))
-    h = ops["bd_scan_fwd"](A, b, h0, None, False)[0]
+    h = ops["bd_scan_fwd"](A, b, h0, None, False, True)[0]
     torch.library.opcheck(ops["bd_scan_bwd"], (A, h, h0, torch.randn_like(h), None, None,
-                                                ops["bd_scan_fwd"](A, b, h0, None, False)[2], False),
+                                                ops["bd_scan_fwd"](A, b, h0, None, False, True)[2], False),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+@needs_kernels
+@pytest.mark.parametrize("m,tune,want", [
+    (4, dict(bd4_tma=True, tma4_bt=16, tma4_bh=2), ("tma", "tma")),      # tma_blocks(_bwd).py
+    (2, dict(bd2_lookback=True, bd2_bwd_lookback=True), ("m2", True)),    # lookback2(_bwd).py
+    (4, dict(bd4_lookback=True, bd4_bwd_lookback=True), ("m4", True)),    # lookback4(_bwd).py
+    (2, dict(chunk=8), (False, False)),                                   # chunk products saved
+    (1, dict(fwd_lookback=True, bwd_lookback=True), (True, True)),        # m = 1 look-backs
+    (1, dict(fwd_lookback=False, bwd_lookback=False, chunk=8), (False, False)),
+])
+def test_custom_op_plans_match_eager(m, tune, want, monkeypatch):
+    """The ops launch the kernels the eager functions launch (``plan.py``: before, compiled
+    scans took the ring / chunked kernels only): the plan each ``scan._run_forward`` /
+    ``_run_backward`` call gets, eager against compiled, with gradients and without (no
+    ``requires_grad``: the inference plan), varlen, and equal outputs and gradients."""
+    from lrnn_scan.kernels.block_diagonal import block_diagonal_scan
+    ops = lc.register()
+    mod = ops["bd_module"]
+    seen = []
+    for name in ("_run_forward", "_run_backward"):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: seen.append(
+            (name, a[4:8] if name == "_run_forward" else (a[6], a[8], a[9]))) or real(*a))
+    g = torch.Generator().manual_seed(m)
+    H = 4
+    A = (torch.rand(1, 37, H, m, m, generator=g) / m).to(DEV)
+    b = torch.randn(1, 37, H, m, generator=g).to(DEV)
+    h0 = torch.randn(3, H, m, generator=g).to(DEV)
+    cu = torch.tensor([0, 5, 21, 37], device=DEV)
+    for k, v in tune.items():
+        monkeypatch.setitem(mod.TUNE, k, v)
+    plans = {}
+    torch._dynamo.reset()
+    f = torch.compile(lambda *a: lc.block_diagonal_scan(*a, True, cu), fullgraph=True, backend="aot_eager")
+    for key, fn in (("eager", lambda *a: block_diagonal_scan(*a, True, cu)), ("compiled", f)):
+        seen.clear()
+        out = _run(fn, (A, b, h0))
+        with torch.no_grad():
+            fn(A, b, h0)
+        plans[key] = (list(seen), out)
+    assert plans["eager"][0] == plans["compiled"][0], plans
+    (_, fwd), (_, bwd), _ = plans["eager"][0]
+    assert (fwd[2], bwd[2]) == want and (fwd[0] == 8) == ("chunk" in tune), plans["eager"][0]
+    for x, y in zip([*plans["eager"][1][:2], *plans["eager"][1][2]], [*plans["compiled"][1][:2], *plans["compiled"][1][2]]):
+        torch.testing.assert_close(x, y)
 
 
 @needs_kernels
@@ -354,7 +399,7 @@ def test_custom_ops_chunked_and_varlen_fake_shapes():
     mod.TUNE["chunk"] = 2
     try:
         ref = _run(lambda *a: block_diagonal_scan(*a, True, cu), (A, b, h0))
-        assert ops["bd_scan_fwd"](A, b, h0, cu, False)[2].shape[1] == 2
+        assert ops["bd_scan_fwd"](A, b, h0, cu, False, True)[2].shape[1] == 2
         torch._dynamo.reset()
         f = torch.compile(lambda *a: lc.block_diagonal_scan(*a, True, cu), fullgraph=True,
                           backend="aot_eager")
@@ -369,7 +414,7 @@ def test_custom_ops_chunked_and_varlen_fake_shapes():
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     with FakeTensorMode(shape_env=ShapeEnv()) as mode:
         fA, fb, fh, fcu = (mode.from_tensor(t) for t in (A, b, h0, cu))
-        h, final, P = ops["bd_scan_fwd"](fA, fb, fh, fcu, False)
+        h, final, P = ops["bd_scan_fwd"](fA, fb, fh, fcu, False, True)
         assert h.shape == b.shape and final.shape == (2, 2, 2) and P.dim() == 5
 
 
@@ -515,3 +560,16 @@ def test_compile_inductor_deltanet_through_kernel_ops(monkeypatch):
     # enable_autograd_cache left later compiles in the process failing (test_l2norm's, say)
     with iconf.patch(fx_graph_cache=False), fconf.patch(enable_autograd_cache=False):
         _compiled_matches_eager_through_ops(lambda: DeltaNet(D, 2), 20, "inductor", monkeypatch)
+
+
+def test_wrapper_traced_before_register_says_so():
+    """A wrapper of ``lrnn_scan.compile`` traced by ``torch.compile`` before the ops exist (Dynamo
+    cannot trace their definition's imports) fails with a message naming the fix (in a fresh
+    process: this one has registered them)."""
+    code = ("import torch, lrnn_scan.compile as lc\n"
+            "f = torch.compile(lambda A, b: lc.block_diagonal_scan(A, b), fullgraph=True, backend='eager')\n"
+            "try:\n    f(torch.rand(1, 3, 2, 2, 2), torch.randn(1, 3, 2, 2))\n"
+            "except Exception:\n    import traceback; print(traceback.format_exc())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
+    assert "call lrnn_scan.compile.register() or enable() before torch.compile" in out.stdout, out

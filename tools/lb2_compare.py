@@ -149,7 +149,8 @@ def render(path, results, note=""):
     cols = list(next(iter(rows.values())))
     sep = "; " if note and not note.startswith(";") else ""
     with open(results, "a") as fh:
-        fh.write(f"\n## {meta.get('tool', 'lb%d_compare' % meta.get('m', 2))}.py — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
+        name, _, flags = meta.get("tool", "lb%d_compare" % meta.get("m", 2)).partition(" ")
+        fh.write(f"\n## {name}.py{' ' + flags if flags else ''} — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
                  f"Triton {meta['triton']}; m = {meta.get('m', 2)} {meta.get('kind', 'fwd')}, fp32, CUDA-graph medians "
                  f"of {meta['rounds']} interleaved rounds, ms (% of a copy of the same bytes); GPU "
                  f"checks failed: {meta['fails']}{sep}{note}\n\n")

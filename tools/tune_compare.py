@@ -7,7 +7,8 @@ kernels' tiling differs): a mismatch counts as a failed check. The float64 check
 themselves are the GPU tests'.
 
     python tools/tune_compare.py --m 4 --shapes 8x2048x768 16x1024x768 \\
-        --tune bh4=bh:4+num_warps:1 'v1ns24={"bwd_ns": 24}' [--bwd] [--rounds 3] [--out DIR]
+        --tune bh4=bh:4+num_warps:1 'v1ns24={"bwd_ns": 24}' [--bwd] [--rounds 3] [--out DIR] \\
+        [--compiled]
     python tools/lb2_compare.py --render OUT/tune_compare_m4.json --results benchmarks/RESULTS.md
 """
 import argparse
@@ -59,9 +60,17 @@ def parse_tune(items):
     return out
 
 
-def rows_for(m, shape, tunes, bwd, rounds):
-    """One shape's medians (ms) by column and the worst relative difference to the default."""
+def rows_for(m, shape, tunes, bwd, rounds, compiled=False):
+    """One shape's medians (ms) by column and the worst relative difference to the default.
+    ``compiled``: every column through ``torch.compile`` of ``lrnn_scan.compile``'s custom op
+    (the plan is made in the op at run time, so ``TUNE`` still applies), and an ``eager`` column."""
     B, T, N = shape
+    scan = S.block_diagonal_scan
+    if compiled:
+        import lrnn_scan.compile as lc
+        lc.register()  # before tracing: Dynamo cannot trace the ops' definition (imports)
+        torch._dynamo.reset()
+        scan = torch.compile(lambda A, b: lc.block_diagonal_scan(A, b), fullgraph=True)
     if N % m:
         raise SystemExit(f"--shapes {B}x{T}x{N}: N must be a multiple of m = {m}")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -73,16 +82,18 @@ def rows_for(m, shape, tunes, bwd, rounds):
         dh = torch.randn_like(b)
         nbytes = (2 * A.numel() + 4 * b.numel()) * 4
 
-        def run(tune):
+        def run(tune, fn=scan):
             with S.tuned(tune):
-                return torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), dh)
+                return torch.autograd.grad(fn(A, b)[0], (A, b), dh)
     else:
         nbytes = (A.numel() + 2 * b.numel()) * 4
 
-        def run(tune):
+        def run(tune, fn=scan):
             with S.tuned(tune):
-                return S.block_diagonal_scan(A, b)[:1]
+                return fn(A, b)[:1]
     fns = {"default": lambda: run({}), **{k: (lambda t=t: run(t)) for k, t in tunes.items()}}
+    if compiled:
+        fns["eager"] = lambda: run({}, S.block_diagonal_scan)
     ref = [x.double() for x in fns["default"]()]
     worst = max([0.0] + [_rel(x, y) for k, fn in fns.items() if k != "default" for x, y in zip(fn(), ref)])
     return timed_rounds(fns, nbytes, rounds), worst
@@ -95,6 +106,8 @@ def main(argv=None):
     ap.add_argument("--tune", nargs="*", default=[], help="columns NAME=JSON of TUNE overrides")
     ap.add_argument("--bwd", action="store_true", help="forward+backward rows")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--compiled", action="store_true",
+                    help="columns through torch.compile (lrnn_scan.compile), plus an eager column")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
     tunes = parse_tune(args.tune)
@@ -102,14 +115,16 @@ def main(argv=None):
     for sh in args.shapes:
         B, T, N = (int(x) for x in sh.split("x"))
         key = f"B{B} T{T} N{N}"
-        rows[key], worst = rows_for(args.m, (B, T, N), tunes, args.bwd, args.rounds)
+        rows[key], worst = rows_for(args.m, (B, T, N), tunes, args.bwd, args.rounds, args.compiled)
         fails += not worst < 1e-5
         cp = rows[key]["copy"]
         line = " ".join(f"{k} {v:.4f} ({cp / v * 100:.0f}%)" for k, v in rows[key].items())
         print(f"{key} m={args.m} {'fwd+bwd' if args.bwd else 'fwd'} fp32, ms (% of same-size copy): {line}; "
               f"worst rel. diff to default {worst:.1e}{'' if worst < 1e-5 else ' MISMATCH'}", flush=True)
     print("tunes:", json.dumps(tunes))
-    return _finish(args, fails, rows, m=args.m, tool="tune_compare", stem=f"tune_compare_m{args.m}")
+    stem = f"tune_compare_m{args.m}" + ("_compiled" if args.compiled else "")
+    return _finish(args, fails, rows, m=args.m, tool="tune_compare" + (" --compiled" if args.compiled else ""),
+                   stem=stem)
 
 
 if __name__ == "__main__":

@@ -403,15 +403,37 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False, max_len=None)
 
 
 # ----------------------------------------------------------------------------- autograd
+def _run_forward(A, b, h0, cu, chunk, diag, lookback, max_len):
+    """``(h, final, P)`` of a plan's forward (``plan.py``: ``chunk``, ``lookback``); ``P`` (chunk
+    products, for the chunked backward) None where the forward did not chunk."""
+    if diag:
+        return _diag_forward(A, b, h0, cu, chunk, lookback, max_len)
+    if lookback:  # the block look-backs are forward-only: no chunk products (P = None)
+        lb = {"m2": bd2_lookback_forward, "m4": bd4_lookback_forward,
+              "tma": tma_blocks.bd_tma_forward}.get(lookback, bd_lookback_forward)
+        return lb(A, b, h0, cu, TUNE, _empty, max_len)
+    return _bd_forward(A, b, h0, cu, chunk, max_len)
+
+
+def _run_backward(A, h, h0, g, dhT, cu, chunk, P, diag, bwd_lookback, max_len):
+    """``(dA, db, dh0)`` of a plan's backward (``bwd_lookback``; ``chunk`` and ``P`` the
+    forward's chunks where it chunked)."""
+    if diag:
+        return _diag_backward(A, h, h0, g, dhT, cu, chunk, P, bwd_lookback, max_len)
+    if bwd_lookback == "tma":  # after the TMA forward (tma_blocks_bwd.py)
+        if tma_blocks_bwd.bd_tma_bwd_usable(A, h, g):
+            return tma_blocks_bwd.bd_tma_backward(A, h, h0, g, dhT, cu, TUNE, _empty, max_len)
+        return _bd_backward(A, h, h0, g, dhT, cu, None, P)  # e.g. g off 16-byte alignment
+    if bwd_lookback:  # m = 2, 4 with few programs (lookback2_bwd.py, lookback4_bwd.py)
+        lbb = bd4_lookback_backward if h.shape[-1] == 4 else bd2_lookback_backward
+        return lbb(A, h, h0, g, dhT, cu, TUNE, _empty, max_len)
+    return _bd_backward(A, h, h0, g, dhT, cu, chunk, P)
+
+
 class _ScanFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, b, h0, cu, chunk, diag, lookback=False, bwd_lookback=False, max_len=None):
-        # the block look-back is forward-only: it returns no chunk products (P = None)
-        lb = {"m2": bd2_lookback_forward, "m4": bd4_lookback_forward,
-              "tma": tma_blocks.bd_tma_forward}.get(lookback, bd_lookback_forward)
-        h, final, P = (_diag_forward(A, b, h0, cu, chunk, lookback, max_len) if diag else
-                       lb(A, b, h0, cu, TUNE, _empty, max_len) if lookback
-                       else _bd_forward(A, b, h0, cu, chunk, max_len))
+        h, final, P = _run_forward(A, b, h0, cu, chunk, diag, lookback, max_len)
         ctx.save_for_backward(A, h, h0, cu, P)
         ctx.chunk, ctx.diag, ctx.bwd_lookback, ctx.max_len = chunk, diag, bwd_lookback, max_len
         ctx.h0_dtype = None if h0 is None else h0.dtype
@@ -422,18 +444,8 @@ class _ScanFn(torch.autograd.Function):
         A, h, h0, cu, P = ctx.saved_tensors
         g = torch.zeros_like(h) if dh is None else dh.contiguous()
         dhT = None if dfinal is None else dfinal.float().contiguous()
-        if ctx.diag:
-            dA, db, dh0 = _diag_backward(A, h, h0, g, dhT, cu, ctx.chunk, P, ctx.bwd_lookback, ctx.max_len)
-        elif ctx.bwd_lookback == "tma":  # after the TMA forward (tma_blocks_bwd.py)
-            if tma_blocks_bwd.bd_tma_bwd_usable(A, h, g):
-                dA, db, dh0 = tma_blocks_bwd.bd_tma_backward(A, h, h0, g, dhT, cu, TUNE, _empty, ctx.max_len)
-            else:  # e.g. an incoming gradient off 16-byte alignment: the one-pass backward
-                dA, db, dh0 = _bd_backward(A, h, h0, g, dhT, cu, None, P)
-        elif ctx.bwd_lookback:  # m = 2, 4 with few programs (lookback2_bwd.py, lookback4_bwd.py)
-            lbb = bd4_lookback_backward if h.shape[-1] == 4 else bd2_lookback_backward
-            dA, db, dh0 = lbb(A, h, h0, g, dhT, cu, TUNE, _empty, ctx.max_len)
-        else:
-            dA, db, dh0 = _bd_backward(A, h, h0, g, dhT, cu, ctx.chunk, P)
+        dA, db, dh0 = _run_backward(A, h, h0, g, dhT, cu, ctx.chunk, P, ctx.diag, ctx.bwd_lookback,
+                                    ctx.max_len)
         return dA, db, (dh0.to(ctx.h0_dtype) if h0 is not None else None), None, None, None, None, None, None
 
 
@@ -478,25 +490,9 @@ def _needs_grad(*xs):
 
 
 def _bd_apply(A, b, h0, cu, nseq, max_len):
-    B, T, H, m = b.shape
-    mp, bh, _, _ = _bd_cfg(m)
-    grad = _needs_grad(A, b, h0)
-    nprog, nsm = nseq * cdiv(H, bh), _num_sms(b.device)  # the ring kernels' programs
-    chunk = _choose_chunk(nprog, max_len, b.device, 1, m, grad)
-    lookback = not grad and bd_lookback_use(TUNE, m, chunk)
-    bwd_lb = (bd2_bwd_lookback_use(TUNE, m, grad, nseq * cdiv(H, 32), nsm)
-              or bd4_bwd_lookback_use(TUNE, m, grad, chunk, nprog, nsm))
-    tma_cfg = (tma_blocks.bd_tma_config(A, b, nseq, TUNE, nsm)
-               if m in (2, 4) and not lookback and (not grad or chunk is None or bwd_lb) else None)
-    if tma_cfg is not None:
-        lookback = "tma"  # few programs on Hopper: TMA loads (tma_blocks.py); no chunk products
-        if grad and tma_blocks_bwd.bd_tma_bwd_use(TUNE, m):
-            bwd_lb = "tma"  # its backward by TMA too where measured faster (tma_blocks_bwd.py)
-    elif m == 2 and not lookback and (bwd_lb or bd2_lookback_use(TUNE, chunk, nprog < nsm, grad)):
-        lookback = "m2"  # lookback2.py (and lookback2_bwd.py) where measured faster
-    elif m == 4 and not lookback and (bwd_lb or bd4_lookback_use(TUNE, m, grad, nprog, nsm)):
-        lookback = "m4"  # lookback4.py (and lookback4_bwd.py) likewise
-    return _ScanFn.apply(A, b, h0, cu, None if lookback else chunk, False, lookback, bwd_lb, max_len)
+    from .plan import bd_plan  # plan.py reads this module's rules (so not imported at its top)
+    chunk, lookback, bwd_lb = bd_plan(A, b, nseq, max_len, _needs_grad(A, b, h0))
+    return _ScanFn.apply(A, b, h0, cu, chunk, False, lookback, bwd_lb, max_len)
 
 
 def _diag_apply(a, b, h0, cu, nseq, max_len):
@@ -505,61 +501,9 @@ def _diag_apply(a, b, h0, cu, nseq, max_len):
         h, final = _bd_apply(a.view(B, T, N, 1, 1), b.view(B, T, N, 1),
                              None if h0 is None else h0.view(nseq, N, 1), cu, nseq, max_len)
         return h.view(B, T, N), final.view(nseq, N)
-    bt, bn, _, _ = _diag_cfg(N, nseq, b.device)
-    nprog = nseq * cdiv(N, bn)
-    grad = _needs_grad(a, b, h0)
-    bwd_prog = nseq * cdiv(N, _diag_cfg(N, nseq, b.device, bwd=True)[1])  # its own tiles
-    bwd_lb = grad and _diag_bwd_lookback(nprog, max_len, b.device, bt, bwd_prog)
-    # with the look-back backward the forward needs no chunk products: chosen as for inference
-    grad = grad and not bwd_lb
-    if _diag_lookback(nprog, max_len, b.device, bt, grad):
-        if not grad:  # one pass whatever the programs
-            return _ScanFn.apply(a, b, h0, cu, None, True, True, bwd_lb, max_len)
-        bt = max(bt, lookback_cfg(TUNE)[0])  # backward chunks aligned to the tiles: P comes from them
-        chunk = _choose_chunk(nprog, max_len, b.device, bt, 1, grad)
-        return _ScanFn.apply(a, b, h0, cu, chunk, True, True, False, max_len)
-    chunk = _choose_chunk(nprog, max_len, b.device, bt, 1, grad)
-    return _ScanFn.apply(a, b, h0, cu, chunk, True, False, bwd_lb, max_len)
-
-
-def _diag_bwd_lookback(nprog, max_len, device, bt, bwd_prog) -> bool:
-    """Whether the m = 1 backward is the single-pass look-back (lookback_bwd.py).
-    ``TUNE["bwd_lookback"]``: True / False, or "auto" (the default): wherever the gradient rule
-    would time-chunk (``nprog``: the forward's programs), and also where the one-pass backward has
-    fewer than ``TUNE["bwd_lb_below"]`` (2) programs per SM (``bwd_prog``, counted on the backward's
-    tiles) over sequences of at least ``chunk_min_len`` (1024) steps (a forced
-    ``TUNE["chunk"]`` keeps the chunked backward). H100, fp32, CUDA graphs, medians of 3 rounds
-    (2026-11-26, ``tools/lookback_repeat.py --set rule``), forward+backward: B1 T16384 N768
-    0.1666 ms against 0.2631 (tiled forward, chunked backward); B8 T2048 N768 (192 programs,
-    1.45 per SM) 0.1633 against 0.1880 with the one-pass backward; B8 T2048 N4096 (512, 3.9 per
-    SM) 0.7823 against 0.7448, so the one-pass backward stays there."""
-    if TUNE.get("bwd_lookback", "auto") == "auto" and "chunk" not in TUNE:
-        few = bwd_prog < TUNE.get("bwd_lb_below", 2) * _num_sms(device)
-        if few and max_len >= _chunk_min_len(True):
-            return True
-    return _lookback_mode("bwd_lookback", nprog, max_len, device, bt, True)
-
-
-def _diag_lookback(nprog, max_len, device, bt, grad) -> bool:
-    """Whether the m = 1 forward is the single-pass look-back (lookback.py). ``TUNE["fwd_lookback"]``:
-    True / False, or "auto" (the default): wherever the default rule would time-chunk (few
-    programs, long sequences; a forced ``TUNE["chunk"]`` keeps the chunked forward). H100, fp32
-    (kernels/block_diagonal/README.md): forward B1 T16384 N768 0.113 ms vs 0.295 chunked (2.6x);
-    forward+backward (look-back forward with 64 x 32 tiles, chunked backward) B1 T16384 N768
-    1.132 vs 1.281 ms, B8 T2048 N768 1.199 vs 1.315 (old gradient chunk rule). Where one pass
-    fills the GPU the tiled kernel stays faster (forward B8 T2048 N4096 0.291 vs 0.509 ms)."""
-    return _lookback_mode("fwd_lookback", nprog, max_len, device, bt, grad)
-
-
-def _lookback_mode(key, nprog, max_len, device, bt, grad) -> bool:
-    """``TUNE[key]``: True / False, or "auto": where ``_choose_chunk`` would time-chunk (a forced
-    ``TUNE["chunk"]`` keeps the chunked path)."""
-    mode = TUNE.get(key, "auto")
-    if mode == "auto":
-        return "chunk" not in TUNE and _choose_chunk(nprog, max_len, device, bt, 1, grad) is not None
-    if mode not in (True, False, None, 0, 1):
-        raise ValueError(f'TUNE["{key}"] must be "auto", True or False, got {mode!r}')
-    return bool(mode)
+    from .plan import diag_plan
+    chunk, lookback, bwd_lb = diag_plan(b, nseq, max_len, _needs_grad(a, b, h0))
+    return _ScanFn.apply(a, b, h0, cu, chunk, True, lookback, bwd_lb, max_len)
 
 
 def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens=None, *,

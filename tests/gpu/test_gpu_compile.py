@@ -85,6 +85,7 @@ def test_compile_time_major_diagonal_scan_inductor(dtype):
     ops, with an elementwise neighbour for Inductor to fuse around the op, against the eager
     kernel: outputs, final state, and the gradients of ``a``, ``b`` and ``h0``."""
     from lrnn_scan.kernels.block_diagonal import diagonal_scan
+    lc.register()  # in a fresh process (pytest-xdist) no earlier test has
     torch.manual_seed(0)
     a = torch.rand(2, 96, 1001, device="cuda").to(dtype)
     b = torch.randn(2, 96, 1001, device="cuda").to(dtype)
@@ -105,3 +106,38 @@ def test_compile_time_major_diagonal_scan_inductor(dtype):
     for x, y in zip(*outs):
         assert torch.isfinite(x).all()
         assert _rel(x, y) < tol, _rel(x, y)
+
+
+@pytest.mark.parametrize("m,B,T,N", [(2, 8, 2048, 768), (4, 8, 2048, 768), (4, 4, 4096, 768),
+                                     (8, 8, 2048, 768), (1, 1, 16384, 768), (16, 1, 16384, 768)])
+def test_compile_plans_full_size(m, B, T, N, monkeypatch):
+    """At the benchmark's shapes (TMA bands, the look-backs, the ring), ``block_diagonal_scan``
+    under Inductor launches what the eager function launches (``plan.py``; the plan each
+    ``scan._run_forward`` / ``_run_backward`` call gets, with gradients and without), with
+    equal outputs and gradients (fp32; the same kernels, so to rounding)."""
+    from lrnn_scan.kernels.block_diagonal import block_diagonal_scan
+    from lrnn_scan.bench.inputs import stable_blocks
+    mod = lc.register()["bd_module"]
+    seen = []
+    for name in ("_run_forward", "_run_backward"):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: seen.append(
+            (name, a[4:8] if name == "_run_forward" else (a[6], a[8], a[9]))) or real(*a))
+    g = torch.Generator(device="cuda").manual_seed(m)
+    A = stable_blocks(B, T, N // m, m, m, generator=g, device="cuda")
+    b = torch.randn(B, T, N // m, m, device="cuda", generator=g)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *x: lc.block_diagonal_scan(*x, None, True), fullgraph=True)
+    res = {}
+    for key, fn in (("eager", lambda *x: block_diagonal_scan(*x, None, True)), ("compiled", compiled)):
+        seen.clear()
+        ins = [A.clone().requires_grad_(True), b.clone().requires_grad_(True)]
+        h, hf = fn(*ins)
+        (h.square().mean() + hf.square().mean()).backward()
+        with torch.no_grad():
+            fn(A, b)
+        res[key] = (list(seen), [h.detach(), hf.detach()] + [t.grad for t in ins])
+    torch._dynamo.reset()
+    assert res["eager"][0] == res["compiled"][0], (res["eager"][0], res["compiled"][0])
+    for x, y in zip(res["eager"][1], res["compiled"][1]):
+        assert torch.isfinite(x).all() and _rel(y, x) < 1e-5, _rel(y, x)

@@ -464,6 +464,11 @@ def test_tune_compare_parse_and_render(tmp_path):
     text = out.read_text()
     assert "## tune_compare.py — 2026-11-27T05:31 — GPU X" in text and "; m = 8 fwd+bwd," in text
     assert "| B8 T2048 N768 | 0.3334 (100) | 0.5677 (59) | 0.6387 (52) |" in text
+    d = json.loads(js.read_text())
+    d["meta"]["tool"] = "tune_compare --compiled"   # its --compiled runs: the flag after the name
+    js.write_text(json.dumps(d))
+    _tool("lb2_compare").render(js, out)
+    assert "## tune_compare.py --compiled — 2026-11-27T05:31 — GPU X" in out.read_text()
 
 
 def test_timed_rounds_adds_a_copy_column(monkeypatch):

@@ -27,9 +27,13 @@
 #   (fwd.py GATHER) became defaults. Twenty-eighth (H200 calls 1-2, H100 calls 3-5): everything the
 #   twenty-seventh owed ran (scan stage on the H100: m = 8 83.7 / 60.6 %; -k "ring_gather or
 #   v1_stages" 41 passed; the H200 m = 4 rules: bd_tma_bwd_config now draws its line at P = 3.1 on
-#   an H200, from B8 / B9 / B10 timings). Owed: the 3.1 line run once on an H200 (B8, B9: the
-#   default should equal b32, then b16), e.g.
-#     TUNE_ARGS="--m 4 --bwd --shapes 8x2048x768 9x2048x768 --tune b32=tma4_bwd_bt:32 b16=tma4_bwd_bt:16" tune
+#   an H200, from B8 / B9 / B10 timings). Twenty-ninth (H200 calls 1-3, 5; H100 4, 6): the 3.1
+#   line ran on an H200 (the default took the faster tile at B8 and B9); the torch.compile ops now
+#   make the eager plans (kernels/block_diagonal/plan.py): tests/gpu/test_gpu_compile.py and
+#   tests/test_ecosystem.py -k "custom_op or plans or before_register" 28 passed on the H100 with
+#   the final code; compiled = eager within 1 % (tune_compare.py --compiled). Nothing is owed.
+#   The compiled timings again, e.g.
+#     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):
 #     tools/gpu_pair.sh "TUNE_ARGS=--m,4,--bwd,--shapes,8x2048x768,--tune,off=bd4_bwd_lookback:false tune" ""
 #   Leads for issue 3, each to be timed against the default in one call (tools/lb2_compare.py

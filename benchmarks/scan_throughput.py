@@ -21,9 +21,7 @@ import argparse
 import csv
 import datetime as _dt
 import json
-import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -31,35 +29,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-def _load_kernels():
-    """Import the kernels as ``lrnn_scan.kernels`` without importing the rest of the package
-    (works from a plain checkout; set LRNN_SCAN_USE_INSTALLED=1 to use the installed one)."""
-    if os.environ.get("LRNN_SCAN_USE_INSTALLED") == "1":
-        import lrnn_scan.kernels.block_diagonal as m
-        return m
-    import importlib.util
-    import types
-    if "lrnn_scan" not in sys.modules:
-        pkg = types.ModuleType("lrnn_scan")
-        pkg.__path__ = []
-        sys.modules["lrnn_scan"] = pkg
-    spec = importlib.util.spec_from_file_location(
-        "lrnn_scan.kernels", ROOT / "kernels" / "__init__.py",
-        submodule_search_locations=[str(ROOT / "kernels")])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["lrnn_scan.kernels"] = mod
-    spec.loader.exec_module(mod)
-    import lrnn_scan.kernels.block_diagonal as m
-    return m
-
-
-_bd = _load_kernels()
-block_diagonal_scan, diagonal_scan, _scanmod = _bd.block_diagonal_scan, _bd.diagonal_scan, _bd.scan
-
 import triton
 from triton.testing import do_bench
 
 from lrnn_scan.bench.measure import graph_time
+from lrnn_scan.kernels.block_diagonal import block_diagonal_scan, diagonal_scan
+from lrnn_scan.kernels.block_diagonal import scan as _scanmod
 from lrnn_scan.bench.inputs import stable_blocks
 
 DEV = "cuda"

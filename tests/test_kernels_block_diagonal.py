@@ -12,37 +12,10 @@ import os
 # turn every kernel imported after this module's collection into an interpreted one on a GPU machine.
 os.environ["LRNN_SCAN_POISON"] = "1"
 
-import importlib.util  # noqa: E402
-import sys  # noqa: E402
-import types  # noqa: E402
-from pathlib import Path  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-
-def _load():
-    try:
-        import lrnn_scan.kernels.block_diagonal as m
-        return m
-    except Exception:
-        root = Path(__file__).resolve().parents[1]
-        for k in [k for k in sys.modules if k == "lrnn_scan" or k.startswith("lrnn_scan.")]:
-            del sys.modules[k]
-        pkg = types.ModuleType("lrnn_scan")
-        pkg.__path__ = []
-        sys.modules["lrnn_scan"] = pkg
-        spec = importlib.util.spec_from_file_location(
-            "lrnn_scan.kernels", root / "kernels" / "__init__.py",
-            submodule_search_locations=[str(root / "kernels")])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["lrnn_scan.kernels"] = mod
-        spec.loader.exec_module(mod)
-        import lrnn_scan.kernels.block_diagonal as m
-        return m
-
-
-bd = _load()
+import lrnn_scan.kernels.block_diagonal as bd  # noqa: E402
 from lrnn_scan.kernels.block_diagonal import ref  # noqa: E402
 from lrnn_scan.kernels.block_diagonal import scan as scanmod  # noqa: E402
 

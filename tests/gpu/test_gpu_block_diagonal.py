@@ -4,11 +4,7 @@ Forward, final state and all gradients against an fp64 torch reference on the GP
 doubling scan, differentiated by autograd), fp32 and bf16, T = 65536, varlen, and a case whose
 ``A`` has more than 2^31 elements (int64 offsets). Outputs are NaN-poisoned before each run.
 """
-import importlib.util
 import os
-import sys
-import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,29 +14,7 @@ pytestmark = [pytest.mark.gpu,
 
 os.environ["LRNN_SCAN_POISON"] = "1"
 
-
-def _load():
-    try:
-        import lrnn_scan.kernels.block_diagonal as m
-        return m
-    except Exception:
-        root = Path(__file__).resolve().parents[2]
-        for k in [k for k in sys.modules if k == "lrnn_scan" or k.startswith("lrnn_scan.")]:
-            del sys.modules[k]
-        pkg = types.ModuleType("lrnn_scan")
-        pkg.__path__ = []
-        sys.modules["lrnn_scan"] = pkg
-        spec = importlib.util.spec_from_file_location(
-            "lrnn_scan.kernels", root / "kernels" / "__init__.py",
-            submodule_search_locations=[str(root / "kernels")])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["lrnn_scan.kernels"] = mod
-        spec.loader.exec_module(mod)
-        import lrnn_scan.kernels.block_diagonal as m
-        return m
-
-
-bd = _load()
+import lrnn_scan.kernels.block_diagonal as bd  # noqa: E402
 DEV = "cuda"
 
 

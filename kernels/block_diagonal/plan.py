@@ -18,6 +18,13 @@ from __future__ import annotations
 
 from .._host import cdiv
 from . import scan as S  # attribute access at call time: tests patch scan's rules
+from . import tma_blocks, tma_blocks_bwd
+from .lookback import lookback_cfg
+from .lookback2 import bd2_lookback_use
+from .lookback2_bwd import bd2_bwd_lookback_use
+from .lookback4 import bd4_lookback_use
+from .lookback4_bwd import bd4_bwd_lookback_use
+from .lookback_dot import bd_lookback_use
 
 __all__ = ["bd_plan", "diag_plan", "backward_plan"]
 
@@ -29,18 +36,18 @@ def bd_plan(A, b, nseq: int, max_len: int, grad: bool):
     bh = S._bd_cfg(m)[1]
     nprog, nsm = nseq * cdiv(H, bh), S._num_sms(b.device)  # the ring kernels' programs
     chunk = S._choose_chunk(nprog, max_len, b.device, 1, m, grad)
-    lookback = not grad and S.bd_lookback_use(S.TUNE, m, chunk)
-    bwd_lb = (S.bd2_bwd_lookback_use(S.TUNE, m, grad, nseq * cdiv(H, 32), nsm)
-              or S.bd4_bwd_lookback_use(S.TUNE, m, grad, chunk, nprog, nsm))
-    tma_cfg = (S.tma_blocks.bd_tma_config(A, b, nseq, S.TUNE, nsm)
+    lookback = not grad and bd_lookback_use(S.TUNE, m, chunk)
+    bwd_lb = (bd2_bwd_lookback_use(S.TUNE, m, grad, nseq * cdiv(H, 32), nsm)
+              or bd4_bwd_lookback_use(S.TUNE, m, grad, chunk, nprog, nsm))
+    tma_cfg = (tma_blocks.bd_tma_config(A, b, nseq, S.TUNE, nsm)
                if m in (2, 4) and not lookback and (not grad or chunk is None or bwd_lb) else None)
     if tma_cfg is not None:
         lookback = "tma"  # few programs on Hopper: TMA loads (tma_blocks.py); no chunk products
-        if grad and S.tma_blocks_bwd.bd_tma_bwd_use(S.TUNE, m):
+        if grad and tma_blocks_bwd.bd_tma_bwd_use(S.TUNE, m):
             bwd_lb = "tma"  # its backward by TMA too where measured faster (tma_blocks_bwd.py)
-    elif m == 2 and not lookback and (bwd_lb or S.bd2_lookback_use(S.TUNE, chunk, nprog < nsm, grad)):
+    elif m == 2 and not lookback and (bwd_lb or bd2_lookback_use(S.TUNE, chunk, nprog < nsm, grad)):
         lookback = "m2"  # lookback2.py (and lookback2_bwd.py) where measured faster
-    elif m == 4 and not lookback and (bwd_lb or S.bd4_lookback_use(S.TUNE, m, grad, nprog, nsm)):
+    elif m == 4 and not lookback and (bwd_lb or bd4_lookback_use(S.TUNE, m, grad, nprog, nsm)):
         lookback = "m4"  # lookback4.py (and lookback4_bwd.py) likewise
     return (None if lookback else chunk), lookback, bwd_lb
 
@@ -61,7 +68,7 @@ def diag_plan(b, nseq: int, max_len: int, grad: bool):
     if diag_lookback(nprog, max_len, b.device, bt, grad):
         if not grad:  # one pass whatever the programs
             return None, True, bwd_lb
-        bt = max(bt, S.lookback_cfg(S.TUNE)[0])  # backward chunks aligned to the tiles: P comes from them
+        bt = max(bt, lookback_cfg(S.TUNE)[0])  # backward chunks aligned to the tiles: P comes from them
         return S._choose_chunk(nprog, max_len, b.device, bt, 1, grad), True, False
     return S._choose_chunk(nprog, max_len, b.device, bt, 1, grad), False, bwd_lb
 
@@ -79,7 +86,7 @@ def backward_plan(A, h, nseq: int, max_len: int, diag: bool, chunked: bool):
         if bwd_lb or not chunked:
             return None, bwd_lb
         if lookback:  # the look-back forward's chunks are aligned to its tiles (diag_plan)
-            bt = max(bt, S.lookback_cfg(S.TUNE)[0])
+            bt = max(bt, lookback_cfg(S.TUNE)[0])
         return S._choose_chunk(nprog, max_len, h.device, bt, 1, True), False
     if chunked:  # only the ring / chunked forward leaves chunk products: the gradient rule's chunks
         H, m = h.shape[2], h.shape[3]

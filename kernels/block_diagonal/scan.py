@@ -24,12 +24,11 @@ from .._host import cdiv, device_name, max_seq_len, next_pow2, num_sms
 
 from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
 from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kernel
-from .lookback import lookback_cfg
-from .lookback2 import bd2_lookback_forward, bd2_lookback_use
-from .lookback2_bwd import bd2_bwd_lookback_use, bd2_lookback_backward
-from .lookback4 import bd4_lookback_forward, bd4_lookback_use
-from .lookback4_bwd import bd4_bwd_lookback_use, bd4_lookback_backward
-from .lookback_dot import bd_lookback_forward, bd_lookback_use
+from .lookback2 import bd2_lookback_forward
+from .lookback2_bwd import bd2_lookback_backward
+from .lookback4 import bd4_lookback_forward
+from .lookback4_bwd import bd4_lookback_backward
+from .lookback_dot import bd_lookback_forward
 from . import tma
 from . import tma_blocks, tma_blocks_bwd
 from .summary import launch_summary

@@ -230,7 +230,7 @@ def launch_diag_lookback(a, b, h0, cu, tune, empty, max_len=None):
 def diag_lookback_forward(a, b, h0, cu, chunk, tune, empty, diag_cfg, max_len=None):
     """``scan._diag_forward``'s contract: ``(h, final, P)``, ``P (nseq, nc, N)`` the products of
     ``a`` over the backward's chunks of length ``chunk`` (None: one-pass backward, no ``P``).
-    When ``chunk`` is a multiple of ``CHUNK`` (``scan._diag_apply`` aligns it so), ``P`` is a
+    When ``chunk`` is a multiple of ``CHUNK`` (``plan.diag_plan`` aligns it so), ``P`` is a
     product over groups of tile products already in ``vals``; otherwise one extra summary pass
     (the chunked forward's pass 1, reads ``a`` and ``b``)."""
     h, final, status, vals, (ch, bn, nc_t, gn) = launch_diag_lookback(a, b, h0, cu, tune, empty, max_len)

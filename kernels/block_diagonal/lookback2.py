@@ -182,7 +182,7 @@ def _bd2_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ
 
 
 def bd2_lookback_use(tune: dict, chunk, few: bool, grad: bool) -> bool:
-    """Whether an ``m = 2`` forward is this look-back pass (``scan._bd_apply``).
+    """Whether an ``m = 2`` forward is this look-back pass (``plan.bd_plan``).
     ``TUNE["bd2_lookback"]``: ``"auto"`` (default) where the default forward would time-chunk
     (``chunk`` set; forwards without gradients only, since the chunked backward needs the chunk
     products) or would run one pass with ``few`` programs (fewer than SMs: the ring kernel is

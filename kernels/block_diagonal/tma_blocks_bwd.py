@@ -196,7 +196,7 @@ _KERNELS = {2: _bd2_bwd_tma_kernel, 4: _bd4_bwd_tma_kernel}
 
 def bd_tma_bwd_use(tune: dict, m: int) -> bool:
     """Whether a scan whose forward runs by TMA (``bd_tma_config``) takes this backward too
-    (``scan._bd_apply``). ``tune["bd<m>_tma_bwd"]``: "auto" (default: at ``m = 4``), True or
+    (``plan.bd_plan``). ``tune["bd<m>_tma_bwd"]``: "auto" (default: at ``m = 4``), True or
     False (the look-back or one-pass backward, reading the TMA forward's ``h``).
 
     H100, fp32, CUDA graphs, medians of 3 rounds, forward+backward as % of a copy of its bytes,

@@ -125,7 +125,7 @@ def _register_block_diagonal():
     def bd_scan_fwd(A: Tensor, b: Tensor, h0: Tensor | None, cu: Tensor | None,
                     diag: bool, grad: bool) -> tuple[Tensor, Tensor, Tensor]:
         # the eager functions' plan (plan.py): the same kernels compiled as eager; ``grad``: the
-        # caller's inputs require gradients (the op runs without autograd and cannot see it)
+        # caller's inputs require gradients (scan._needs_grad; the op runs without autograd)
         nseq, max_len = nseq_len(b, cu)
         chunk, lookback, _ = (plan.diag_plan(b, nseq, max_len, grad) if diag
                               else plan.bd_plan(A, b, nseq, max_len, grad))
@@ -174,11 +174,6 @@ def _register_block_diagonal():
     _OPS.update(bd_scan_fwd=bd_scan_fwd, bd_scan_bwd=bd_scan_bwd, bd_module=mod)
 
 
-def _grad(*xs) -> bool:
-    """Whether a backward can follow (the ``grad`` argument of ``bd_scan_fwd``)."""
-    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in xs)
-
-
 def _dense_like(x):
     """Fake kernel output shaped like ``x``, contiguous as the launchers return it (Inductor checks
     the strides; ``torch.empty_like`` copied a non-contiguous input's, failing on an H100)."""
@@ -205,10 +200,10 @@ def block_diagonal_scan(A, b, initial_state=None, output_final_state=False, cu_s
     if m == 1:
         h, final, _ = _OPS["bd_scan_fwd"](A.view(B, T, H), b.view(B, T, H),
                                           None if h0 is None else h0.view(nseq, H), cu, True,
-                                          _grad(A, b, h0))
+                                          mod._needs_grad(A, b, h0))
         h, final = h.view(B, T, H, 1), final.view(nseq, H, 1)
     else:
-        h, final, _ = _OPS["bd_scan_fwd"](A, b, h0, cu, False, _grad(A, b, h0))
+        h, final, _ = _OPS["bd_scan_fwd"](A, b, h0, cu, False, mod._needs_grad(A, b, h0))
     return h, (final if output_final_state else None)
 
 
@@ -230,7 +225,7 @@ def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens
         mod._check_common(b, "b", B, T, (N,), initial_state, cu_seqlens)
     h0 = initial_state.contiguous() if initial_state is not None else None
     cu = cu_seqlens.to(torch.int64).contiguous() if cu_seqlens is not None else None
-    h, final, _ = _OPS["bd_scan_fwd"](a, b, h0, cu, True, _grad(a, b, h0))
+    h, final, _ = _OPS["bd_scan_fwd"](a, b, h0, cu, True, mod._needs_grad(a, b, h0))
     return h, (final if output_final_state else None)
 
 

@@ -80,14 +80,9 @@ def backward_plan(A, h, nseq: int, max_len: int, diag: bool, chunked: bool):
     alignment differs between ``b`` and the fresh ``h``, the forward may have run another kernel
     than this plan names: the backward stays correct, as every backward here takes any forward's
     ``h`` and only the chunked one needs the chunk products."""
-    if diag:
-        bt, nprog, _ = _diag_programs(h, nseq)
-        _, lookback, bwd_lb = diag_plan(h, nseq, max_len, True)
-        if bwd_lb or not chunked:
-            return None, bwd_lb
-        if lookback:  # the look-back forward's chunks are aligned to its tiles (diag_plan)
-            bt = max(bt, lookback_cfg(S.TUNE)[0])
-        return S._choose_chunk(nprog, max_len, h.device, bt, 1, True), False
+    if diag:  # no rule here reads alignment: the forward's own plan (its look-back backward
+        chunk, _, bwd_lb = diag_plan(h, nseq, max_len, True)  # reads no chunk products)
+        return (chunk if chunked and not bwd_lb else None), bwd_lb
     if chunked:  # only the ring / chunked forward leaves chunk products: the gradient rule's chunks
         H, m = h.shape[2], h.shape[3]
         nprog = nseq * cdiv(H, S._bd_cfg(m)[1])

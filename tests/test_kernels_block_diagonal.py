@@ -165,23 +165,25 @@ def test_diagonal_tile_configs(fwd_cfg, bwd_cfg):
 
 def test_diagonal_forward_tile_by_gpu_name(monkeypatch):
     """The m = 1 tiles are picked by GPU name (H100: 16 x 64 forward and backward, measured there;
-    others 64 x 32); the backward has 4 warps; the few-programs tiles (their own for the backward)
-    and TUNE overrides win."""
+    H200: 32 x 64 forward, 64 x 32 backward; other GPUs 64 x 32); the backward has 4 warps; the
+    few-programs tiles (their own for the backward) and TUNE overrides win."""
     from lrnn_scan.kernels import _host as host
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
     scanmod.TUNE.clear()                       # no interpreter tiles (the autouse fixture's)
     dev = torch.device("cuda", 0)
     many, few = (8, 4096), (1, 768)            # (nseq, N): 1024 and 24 programs at BN = 32
     for name, fwd, bwd in (("NVIDIA H100 80GB HBM3", (16, 64, 2), (16, 64, 4)),
-                           ("NVIDIA H200", (64, 32, 2), (64, 32, 4))):
+                           ("NVIDIA H200", (32, 64, 2), (64, 32, 4)),
+                           ("NVIDIA A100-SXM4-80GB", (64, 32, 2), (64, 32, 4))):
         monkeypatch.setitem(host._NAMES, 0, name)
         assert scanmod._diag_cfg(many[1], many[0], dev)[:3] == fwd, name
         assert scanmod._diag_cfg(many[1], many[0], dev, bwd=True)[:3] == bwd, name
         assert scanmod._diag_cfg(few[1], few[0], dev)[:3] == scanmod._DIAG_FEW, name
         assert scanmod._diag_cfg(few[1], few[0], dev, bwd=True)[:3] == scanmod._DIAG_FEW_BWD, name
-    monkeypatch.setitem(scanmod.TUNE, "bt", 32)
-    assert scanmod._diag_cfg(many[1], many[0], dev)[:3] == (32, 32, 2)   # H200 name still set
-    assert scanmod._diag_cfg(4096, 8, torch.device("cpu"))[:2] == (32, 32)
+    monkeypatch.setitem(host._NAMES, 0, "NVIDIA H200")
+    monkeypatch.setitem(scanmod.TUNE, "bt", 16)
+    assert scanmod._diag_cfg(many[1], many[0], dev)[:3] == (16, 64, 2)   # TUNE's bt, the H200's bn
+    assert scanmod._diag_cfg(4096, 8, torch.device("cpu"))[:2] == (16, 32)
 
 
 def test_diagonal_varlen_chunked():

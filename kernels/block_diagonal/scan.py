@@ -282,9 +282,13 @@ def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
 _DIAG_FEW, _DIAG_FEW_BWD = (128, 16, 2), (64, 32, 2)  # few programs, fwd / bwd (README.md)
 # (BT, BN, num_warps) of the m = 1 forward and (BT, BN) of its backward (4 warps) by GPU (a
 # substring of the device name): B8 T2048 N4096 ranks the tiles differently on the two Hopper
-# cards (RESULTS.md): H200 (64, 32, 2) 0.2022 ms, (16, 64, 2) 0.2105; H100 (16, 64, 2) 0.2802 ms
-# against 0.2923, and with CUDA graphs fwd+bwd 0.7460 against 0.7646 (tools/diag_tile_vs_accel.py).
-_DIAG_BY_DEVICE = {"H100": (16, 64, 2)}    # measured on the H100 80GB HBM3 (SXM) only
+# cards (RESULTS.md): H100 (16, 64, 2) 0.2802 ms against 0.2923, and with CUDA graphs fwd+bwd
+# 0.7460 against 0.7646 (tools/diag_tile_vs_accel.py). H200 (2026-11-28, forward, medians of 5
+# interleaved rounds, eager do_bench / CUDA graph, ms): (32, 64, 2) against the earlier (64, 32, 2)
+# at B8 T2048 N4096 0.2022 / 0.2081 against 0.2036 / 0.2127, B8 T16384 1.579 / 1.582 against
+# 1.646 / 1.651, B16 T2048, B8 T4096 and B8 T2048 N8192 0.3-1.9 % faster ((16, 64, 2): 0.2104 /
+# 0.2040 at B8 T2048, slower eager there and at T16384 / N8192 by graph).
+_DIAG_BY_DEVICE = {"H100": (16, 64, 2), "H200": (32, 64, 2)}  # H100 80GB HBM3 (SXM), H200
 _DIAG_BWD_BY_DEVICE = {"H100": (16, 64)}
 _DIAG_DEFAULT = (64, 32, 2)
 

@@ -302,7 +302,6 @@ def test_chunk_policy(monkeypatch):
     """Forward only: chunk (256 steps) only below one program per SM and from T = 4096 on; with
     gradients only below half a program per SM, then 256-step chunks from m = 4 on, below that
     about 4 programs per SM in chunks >= 256."""
-    from lrnn_scan.kernels import _host as host
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
     scanmod.TUNE.clear()
     cc = scanmod._choose_chunk

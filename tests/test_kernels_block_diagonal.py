@@ -165,7 +165,7 @@ def test_diagonal_tile_configs(fwd_cfg, bwd_cfg):
 
 def test_diagonal_forward_tile_by_gpu_name(monkeypatch):
     """The m = 1 tiles are picked by GPU name (H100: 16 x 64 forward and backward, measured there;
-    H200: 32 x 64 forward, 64 x 32 backward; other GPUs 64 x 32); the backward has 4 warps; the
+    H200: 32 x 64 forward and backward; other GPUs 64 x 32); the backward has 4 warps; the
     few-programs tiles (their own for the backward) and TUNE overrides win."""
     from lrnn_scan.kernels import _host as host
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
@@ -173,7 +173,7 @@ def test_diagonal_forward_tile_by_gpu_name(monkeypatch):
     dev = torch.device("cuda", 0)
     many, few = (8, 4096), (1, 768)            # (nseq, N): 1024 and 24 programs at BN = 32
     for name, fwd, bwd in (("NVIDIA H100 80GB HBM3", (16, 64, 2), (16, 64, 4)),
-                           ("NVIDIA H200", (32, 64, 2), (64, 32, 4)),
+                           ("NVIDIA H200", (32, 64, 2), (32, 64, 4)),
                            ("NVIDIA A100-SXM4-80GB", (64, 32, 2), (64, 32, 4))):
         monkeypatch.setitem(host._NAMES, 0, name)
         assert scanmod._diag_cfg(many[1], many[0], dev)[:3] == fwd, name

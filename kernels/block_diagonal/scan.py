@@ -287,15 +287,18 @@ _DIAG_FEW, _DIAG_FEW_BWD = (128, 16, 2), (64, 32, 2)  # few programs, fwd / bwd 
 # interleaved rounds, eager do_bench / CUDA graph, ms): (32, 64, 2) against the earlier (64, 32, 2)
 # at B8 T2048 N4096 0.2022 / 0.2081 against 0.2036 / 0.2127, B8 T16384 1.579 / 1.582 against
 # 1.646 / 1.651, B16 T2048, B8 T4096 and B8 T2048 N8192 0.3-1.9 % faster ((16, 64, 2): 0.2104 /
-# 0.2040 at B8 T2048, slower eager there and at T16384 / N8192 by graph).
+# 0.2040 at B8 T2048, slower eager there and at T16384 / N8192 by graph). H200 backward
+# (2026-11-28, fwd+bwd, CUDA-graph medians of 5 interleaved rounds): (32, 64) 0.5225 / 4.160 ms
+# against (64, 32) 0.5652 / 4.536 at B8 T2048 / T16384 N4096, 6-9 % faster at B16 T2048, B8 T4096,
+# B8 T2048 N8192 too; (16, 64) 2-3 % behind (32, 64), (32, 128) and (64, 64) slower than (64, 32).
 _DIAG_BY_DEVICE = {"H100": (16, 64, 2), "H200": (32, 64, 2)}  # H100 80GB HBM3 (SXM), H200
-_DIAG_BWD_BY_DEVICE = {"H100": (16, 64)}
+_DIAG_BWD_BY_DEVICE = {"H100": (16, 64), "H200": (32, 64)}
 _DIAG_DEFAULT = (64, 32, 2)
 
 
 def _diag_default(device, bwd=False):
     """The m = 1 tile for ``device``: forward ``(BT, BN, num_warps)`` from ``_DIAG_BY_DEVICE``,
-    backward ``(BT, BN)`` from ``_DIAG_BWD_BY_DEVICE`` (CPU and other GPUs: the H200's 64 x 32)."""
+    backward ``(BT, BN)`` from ``_DIAG_BWD_BY_DEVICE`` (CPU and other GPUs: 64 x 32)."""
     name = device_name(device)
     table = _DIAG_BWD_BY_DEVICE if bwd else _DIAG_BY_DEVICE
     cfg = next((c for key, c in table.items() if key in name), None)

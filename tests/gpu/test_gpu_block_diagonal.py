@@ -204,9 +204,8 @@ def test_backward_ring(m, bwd):
 
 @pytest.mark.parametrize("cfg", [(64, 32, 2), (256, 8, 2), (128, 16, 2), (32, 64, 2),
                                  (32, 64, 4), (16, 64, 2), (16, 64, 4), (16, 128, 4)])
-# 16 x 64: the H100's tiles, 32 x 64 the H200's forward (scan._DIAG_BY_DEVICE); 32 x 64 with 4
-# warps: the H200 backward that measured faster (RESULTS.md, thirtieth session), not yet the
-# default. (128, 16, 2) was a strict xfail ("dA left NaN") until 2026-11-26: its seed drew an
+# 16 x 64: the H100's tiles, 32 x 64 the H200's (scan._DIAG_BY_DEVICE; with 4 warps its backward,
+# _DIAG_BWD_BY_DEVICE, passed on an H200 on 2026-11-28 before it became the default). (128, 16, 2) was a strict xfail ("dA left NaN") until 2026-11-26: its seed drew an
 # exact 0 from torch.rand at m = 1, so the input row was 0 / 0 = NaN; make() draws from (0, 1]
 # since 81e3883, and the row passed on an H100 (XPASS).
 def test_diag_tiles(cfg):

@@ -104,16 +104,37 @@ def test_routing(monkeypatch):
 
 
 def test_routing_rule():
-    """``bd4_lookback_use(tune, m, grad, programs, nsm)``: m = 4 without gradients and fewer ring
-    programs than twice the SMs, unless a key asks for the ring / chunked passes."""
+    """``bd4_lookback_use(tune, m, grad, programs, nsm, chunk)``: m = 4 without gradients and fewer
+    ring programs than twice the SMs, unless a key asks for the ring / chunked passes, or the ring
+    would chunk time with fewer programs than a quarter of the SMs (``lb4_min_programs``)."""
     use = lookback4.bd4_lookback_use
-    assert use({}, 4, False, 263, 132) and not use({}, 4, False, 264, 132)
-    assert not use({}, 4, True, 12, 132) and not use({}, 2, False, 12, 132) and not use({}, 8, False, 12, 132)
+    assert use({}, 4, False, 263, 132, None) and not use({}, 4, False, 264, 132, None)
+    assert use({}, 4, False, 12, 132, None)                      # one pass: the look-back
+    assert not use({}, 4, False, 32, 132, 256) and use({}, 4, False, 33, 132, 256)  # 132 // 4
+    assert use({"lb4_min_programs": 12}, 4, False, 12, 132, 256)
+    assert not use({"lb4_min_programs": 13}, 4, False, 12, 132, 256)
+    assert not use({}, 4, True, 12, 132, None) and not use({}, 2, False, 12, 132, None)
+    assert not use({}, 8, False, 12, 132, None)
     for key, val in (("chunk", 256), ("variant", "ring4"), ("bd4_lookback", False)):
-        assert not use({key: val}, 4, False, 12, 132), key
-    assert use({"bd4_lookback": True}, 4, True, 4096, 132) and not use({"bd4_lookback": True}, 2, False, 1, 132)
+        assert not use({key: val}, 4, False, 48, 132, None), key
+    assert use({"bd4_lookback": True}, 4, True, 4096, 132, 256)
+    assert not use({"bd4_lookback": True}, 2, False, 1, 132, None)
     with pytest.raises(ValueError, match="bd4_lookback"):
-        use({"bd4_lookback": "yes"}, 4, False, 12, 132)
+        use({"bd4_lookback": "yes"}, 4, False, 12, 132, None)
+
+
+def test_plan_takes_the_chunked_ring_with_few_programs(monkeypatch):
+    """``plan.bd_plan`` at m = 4 without gradients: 24 ring programs on 132 SMs over 16384 steps
+    chunk time on the ring (H200: 0.188 against 0.221 ms with the look-back); 48 programs and
+    a sequence too short to chunk take the look-back."""
+    from lrnn_scan.kernels.block_diagonal import plan
+    monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
+    for (B, T, H), want in (((1, 16384, 192), (256, False)), ((1, 16384, 384), (None, "m4")),
+                            ((2, 16384, 192), (None, "m4")), ((1, 2048, 192), (None, "m4"))):
+        b = torch.empty(B, T, H, 4)
+        A = torch.empty(B, T, H, 4, 4)
+        chunk, lookback, _ = plan.bd_plan(A, b, B, T, False)
+        assert (chunk, lookback) == want, (B, T, H)
 
 
 def test_config_and_errors():

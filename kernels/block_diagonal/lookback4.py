@@ -1,5 +1,6 @@
 """Single-pass decoupled look-back forward for 4 x 4 blocks: ``lookback2.py``'s scheme at ``m = 4``,
-the default ``m = 4`` forward without gradients below two ring programs per SM (``bd4_lookback_use``).
+the default ``m = 4`` forward without gradients below two ring programs per SM, unless the ring would
+chunk time with fewer programs than a quarter of the SMs (``bd4_lookback_use``).
 
 Why: the ring forward at ``m = 4`` has 8 blocks a program, so B8 T2048 N768 gives 192 programs
 that run the whole sequence each, bound by the program rather than DRAM (README.md "Few programs").
@@ -205,12 +206,14 @@ def _bd4_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ
                     tl.store(Final + so + k, last[k], mask=mh)
 
 
-def bd4_lookback_use(tune: dict, m: int, grad: bool, programs: int, nsm: int) -> bool:
+def bd4_lookback_use(tune: dict, m: int, grad: bool, programs: int, nsm: int, chunk) -> bool:
     """Whether an ``m = 4`` forward is this look-back pass (``plan.bd_plan``). ``programs``: the
     ring forward's programs (8 blocks each); ``nsm``: the device's SMs. ``TUNE["bd4_lookback"]``:
     ``"auto"`` (default) for forwards without gradients with fewer ring programs than twice the SMs,
-    and not with ``TUNE`` keys ``chunk`` or ``variant`` set; ``True`` always (with gradients the
-    backward then runs one pass: slower where the default chunks it); ``False`` never.
+    and not with ``TUNE`` keys ``chunk`` or ``variant`` set, except where the ring would cut time
+    into chunks (``chunk``: its chunk length, or None) with fewer programs than a quarter of the SMs
+    (``TUNE["lb4_min_programs"]``); ``True`` always (with gradients the backward then runs one
+    pass: slower where the default chunks it); ``False`` never.
     H100, fp32, CUDA graphs, medians of 3 rounds, ms, the default forward (ring, chunked below one
     program per SM) against this one (RESULTS.md, nineteenth session):
 
@@ -224,7 +227,15 @@ def bd4_lookback_use(tune: dict, m: int, grad: bool, programs: int, nsm: int) ->
     B8 T2048 N768 (192)          0.1481      0.1426
     B16 T1024 N768 (384)         0.1090      0.1350
     B8 T2048 N1536 (384)         0.2127      0.2563
-    ===========================  ==========  =========="""
+    ===========================  ==========  ==========
+
+    H200, the same way (5 rounds, thirty-first session), chunked ring against this one: B1 N768
+    T8192 / T16384 / T32768 (24 programs) 0.0991 / 0.1884 / 0.3734 against 0.1185 / 0.2215 /
+    0.4268, B1 N384 T16384 / T32768 (12) 0.1018 / 0.1936 against 0.1545 / 0.2897; B1 T16384 N1536
+    and B2 T16384 N768 (48) 0.3693 / 0.3716 against 0.3302 / 0.3303. The look-back's chain of
+    carries (one per 8-step chunk) is as long with few blocks as with many, while the ring's time
+    follows the bytes; so below a quarter of the SMs the chunked ring runs (the H100's 24-program
+    row above is a tie)."""
     mode = tune.get("bd4_lookback", "auto")
     if mode not in (False, True, "auto"):
         raise ValueError(f"TUNE['bd4_lookback'] must be 'auto', False or True, got {mode!r}")
@@ -232,7 +243,8 @@ def bd4_lookback_use(tune: dict, m: int, grad: bool, programs: int, nsm: int) ->
         return False
     if mode == "auto":
         forced = "chunk" in tune or "variant" in tune
-        return not grad and not forced and programs < 2 * nsm
+        ring_chunks = chunk is not None and programs < tune.get("lb4_min_programs", nsm // 4)
+        return not grad and not forced and programs < 2 * nsm and not ring_chunks
     return mode
 
 

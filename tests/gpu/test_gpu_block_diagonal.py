@@ -108,6 +108,22 @@ def test_long_chunked_varlen(m):
     check(A.detach().clone(), b.detach().clone(), None, None, 1e-4)
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 16, 32])
+def test_inference_plans_batch1(m):
+    """Forwards without gradients take their own plans (look-backs, chunked rings without chunk
+    products for a backward; plan.py): B1 T16384 N768, the benchmark's batch-1 shape, with h0,
+    and varlen with boundaries inside chunks, h and the final states against fp64."""
+    H = 768 // m if m != 3 else 256
+    A, b = make(1, 16384, H, m, torch.float32, seed=800 + m)
+    cu = torch.tensor([0, 7, 5000, 5000, 12289, 16384], device=DEV, dtype=torch.int64)
+    for h0, c in ((torch.randn(1, H, m, device=DEV), None), (torch.randn(5, H, m, device=DEV), cu)):
+        with torch.no_grad():
+            h, hf = bd.block_diagonal_scan(A, b, h0, True, c)
+        hr, hfr = ref_scan(A.double(), b.double(), h0.double(), c)
+        assert not torch.isnan(h).any() and not torch.isnan(hf).any()
+        assert rel(h, hr) < 1e-4 and rel(hf, hfr) < 1e-4, (rel(h, hr), rel(hf, hfr))
+
+
 @pytest.mark.parametrize("prec", ["tf32x3", "ieee"])
 @pytest.mark.parametrize("m", [2, 4, 8, 16, 32])
 def test_summary_dot_chunked(m, prec):

@@ -300,8 +300,8 @@ def test_max_seq_len():
 
 def test_chunk_policy(monkeypatch):
     """Forward only: chunk (256 steps) only below one program per SM and from T = 4096 on; with
-    gradients only below half a program per SM, then 256-step chunks from m = 4 on, below that
-    about 4 programs per SM in chunks >= 256."""
+    gradients only below half a program per SM (one at m = 5..16), then 256-step chunks from
+    m = 4 on, below that about 4 programs per SM in chunks >= 256."""
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
     scanmod.TUNE.clear()
     cc = scanmod._choose_chunk
@@ -317,6 +317,12 @@ def test_chunk_policy(monkeypatch):
     assert cc(24, 16384, "cpu", 1, 4, grad=True) == 256
     assert cc(24, 16384, "cpu", 1, 3, grad=True) == 745    # m < 4: aims at ~528 programs
     assert cc(384, 2048, "cpu", 1, 16, grad=True) is None
+    assert cc(96, 2048, "cpu", 1, 8, grad=True) == 256     # m = 5..16: below one program per SM
+    assert cc(131, 16384, "cpu", 1, 16, grad=True) == 256 and cc(96, 2048, "cpu", 1, 5, grad=True) == 256
+    assert cc(96, 2048, "cpu", 1, 32, grad=True) is None    # m = 32: below half a program per SM
+    assert cc(132, 2048, "cpu", 1, 8, grad=True) is None
+    assert cc(96, 2048, "cpu", 1, 4, grad=True) is None     # m < 8: below half a program per SM
+    assert cc(96, 1000, "cpu", 1, 8, grad=True) is None     # shorter than 1024 steps: one pass
     assert cc(12, 1000, "cpu", 1, 2) is None            # short sequences: one pass
     assert cc(96, 2048, "cpu", 1, 2) is None            # forward, T < 4096: one ring8 pass
     scanmod.TUNE["chunk"] = 100

@@ -85,7 +85,10 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
     {256, 512, 1024, 2048} at B=1, T=16384, N=768, m=1..8, while at 192-384 programs (B=8, N=768,
     m=4, 8) the unchunked ring kernel beat every chunking by 1.1-2.3x (chunks read inputs twice).
     With gradients the backward reuses the forward's chunks: chunk only below half a program per
-    SM (``chunk_grad_below``), then aim at 4 programs per SM with chunks >= 256. H100, fp32
+    SM (one at m = 5..16; ``chunk_grad_below``), then aim at 4 programs per SM with chunks >= 256.
+    H200, fp32, fwd+bwd at 96 ring programs (thirty-first session): one pass against 256-step
+    chunks m = 8 B1 T16384 N1536 3.671 / 1.690 ms, B2 T2048 N768 0.465 / 0.289; m = 16 5.761 /
+    2.846, 0.728 / 0.430; but m = 32 B4 T2048 N768 1.168 / 1.593 (RESULTS.md). H100, fp32
     (tools/fwdbwd_chunk_sweep.py, 2026-11-24): at B8 T2048 N768, 96-192 programs, one pass beat
     the chunks of the old "below 4 programs per SM" rule 1.8-2.8x (m = 1 0.556 vs 1.111 ms, m = 2
     0.640 vs 1.773, m = 4 0.801 vs 1.413); B1 T16384 N768 (12-48 programs) keeps its chunks.
@@ -101,7 +104,8 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
         return None if not c or c >= max_len else c
     target = TUNE.get("chunk_target", 4 if grad else 1) * _num_sms(device)
     min_len = _chunk_min_len(grad)
-    below = TUNE.get("chunk_grad_below", 0.5) * _num_sms(device) if grad else target
+    per_sm = 1 if 8 <= next_pow2(m) <= 16 else 0.5
+    below = TUNE.get("chunk_grad_below", per_sm) * _num_sms(device) if grad else target
     if m >= TUNE.get("chunk_max_m", MAX_M + 1) or max_len < min_len or nprog >= below:
         return None
     if m >= 16 and nprog >= _num_sms(device):  # m = 16, grad: B1 T16384 3.11 ms vs 5.56 one

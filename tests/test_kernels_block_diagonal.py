@@ -321,7 +321,7 @@ def test_chunk_policy(monkeypatch):
     assert cc(131, 16384, "cpu", 1, 16, grad=True) == 256 and cc(96, 2048, "cpu", 1, 5, grad=True) == 256
     assert cc(96, 2048, "cpu", 1, 32, grad=True) is None    # m = 32: below half a program per SM
     assert cc(132, 2048, "cpu", 1, 8, grad=True) is None
-    assert cc(96, 2048, "cpu", 1, 4, grad=True) is None     # m < 8: below half a program per SM
+    assert cc(96, 2048, "cpu", 1, 4, grad=True) is None     # m <= 4: below half a program per SM
     assert cc(96, 1000, "cpu", 1, 8, grad=True) is None     # shorter than 1024 steps: one pass
     assert cc(12, 1000, "cpu", 1, 2) is None            # short sequences: one pass
     assert cc(96, 2048, "cpu", 1, 2) is None            # forward, T < 4096: one ring8 pass

@@ -104,23 +104,23 @@ def test_routing(monkeypatch):
 
 
 def test_routing_rule():
-    """``bd4_lookback_use(tune, m, grad, programs, nsm, chunk)``: m = 4 without gradients and fewer
+    """``bd4_lookback_use(tune, m, grad, chunk, programs, nsm)``: m = 4 without gradients and fewer
     ring programs than twice the SMs, unless a key asks for the ring / chunked passes, or the ring
     would chunk time with fewer programs than a quarter of the SMs (``lb4_min_programs``)."""
     use = lookback4.bd4_lookback_use
-    assert use({}, 4, False, 263, 132, None) and not use({}, 4, False, 264, 132, None)
-    assert use({}, 4, False, 12, 132, None)                      # one pass: the look-back
-    assert not use({}, 4, False, 32, 132, 256) and use({}, 4, False, 33, 132, 256)  # 132 // 4
-    assert use({"lb4_min_programs": 12}, 4, False, 12, 132, 256)
-    assert not use({"lb4_min_programs": 13}, 4, False, 12, 132, 256)
-    assert not use({}, 4, True, 12, 132, None) and not use({}, 2, False, 12, 132, None)
-    assert not use({}, 8, False, 12, 132, None)
+    assert use({}, 4, False, None, 263, 132) and not use({}, 4, False, None, 264, 132)
+    assert use({}, 4, False, None, 12, 132)                      # one pass: the look-back
+    assert not use({}, 4, False, 256, 32, 132) and use({}, 4, False, 256, 33, 132)  # 132 // 4
+    assert use({"lb4_min_programs": 12}, 4, False, 256, 12, 132)
+    assert not use({"lb4_min_programs": 13}, 4, False, 256, 12, 132)
+    assert not use({}, 4, True, None, 12, 132) and not use({}, 2, False, None, 12, 132)
+    assert not use({}, 8, False, None, 12, 132)
     for key, val in (("chunk", 256), ("variant", "ring4"), ("bd4_lookback", False)):
-        assert not use({key: val}, 4, False, 48, 132, None), key
-    assert use({"bd4_lookback": True}, 4, True, 4096, 132, 256)
-    assert not use({"bd4_lookback": True}, 2, False, 1, 132, None)
+        assert not use({key: val}, 4, False, None, 48, 132), key
+    assert use({"bd4_lookback": True}, 4, True, 256, 4096, 132)
+    assert not use({"bd4_lookback": True}, 2, False, None, 1, 132)
     with pytest.raises(ValueError, match="bd4_lookback"):
-        use({"bd4_lookback": "yes"}, 4, False, 12, 132, None)
+        use({"bd4_lookback": "yes"}, 4, False, None, 12, 132)
 
 
 def test_plan_takes_the_chunked_ring_with_few_programs(monkeypatch):

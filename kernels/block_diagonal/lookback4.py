@@ -206,7 +206,7 @@ def _bd4_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ
                     tl.store(Final + so + k, last[k], mask=mh)
 
 
-def bd4_lookback_use(tune: dict, m: int, grad: bool, programs: int, nsm: int, chunk) -> bool:
+def bd4_lookback_use(tune: dict, m: int, grad: bool, chunk, programs: int, nsm: int) -> bool:
     """Whether an ``m = 4`` forward is this look-back pass (``plan.bd_plan``). ``programs``: the
     ring forward's programs (8 blocks each); ``nsm``: the device's SMs. ``TUNE["bd4_lookback"]``:
     ``"auto"`` (default) for forwards without gradients with fewer ring programs than twice the SMs,

@@ -47,7 +47,7 @@ def bd_plan(A, b, nseq: int, max_len: int, grad: bool):
             bwd_lb = "tma"  # its backward by TMA too where measured faster (tma_blocks_bwd.py)
     elif m == 2 and not lookback and (bwd_lb or bd2_lookback_use(S.TUNE, chunk, nprog < nsm, grad)):
         lookback = "m2"  # lookback2.py (and lookback2_bwd.py) where measured faster
-    elif m == 4 and not lookback and (bwd_lb or bd4_lookback_use(S.TUNE, m, grad, nprog, nsm, chunk)):
+    elif m == 4 and not lookback and (bwd_lb or bd4_lookback_use(S.TUNE, m, grad, chunk, nprog, nsm)):
         lookback = "m4"  # lookback4.py (and lookback4_bwd.py) likewise
     return (None if lookback else chunk), lookback, bwd_lb
 

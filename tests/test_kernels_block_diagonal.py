@@ -62,7 +62,8 @@ def make(B, T, H, m, dtype=torch.float32, seed=0):
     return A.to(DEV, dtype).contiguous(), b.to(DEV, dtype).contiguous()
 
 
-def run_check(A, b, h0, cu, tol, fn="block"):
+def run_check(A, b, h0, cu, tol, fn="block", final=True):
+    """Outputs, final state and gradients against fp64; ``final=False``: the loss reads ``h`` only."""
     A = A.detach().clone().requires_grad_()
     b = b.detach().clone().requires_grad_()
     h0 = None if h0 is None else h0.detach().clone().requires_grad_()
@@ -76,9 +77,9 @@ def run_check(A, b, h0, cu, tol, fn="block"):
     assert h.shape == b.shape and h.dtype == b.dtype and hf.dtype == torch.float32
     assert not torch.isnan(h).any() and not torch.isnan(hf).any()
     g = torch.randn(h.shape, generator=gen).to(DEV)
-    gf = torch.randn(hf.shape, generator=gen).to(DEV)
+    gf = torch.randn(hf.shape, generator=gen).to(DEV) * final
     ins = [x for x in (A, b, h0) if x is not None]
-    grads = torch.autograd.grad((h.float() * g).sum() + (hf * gf).sum(), ins)
+    grads = torch.autograd.grad((h.float() * g).sum() + ((hf * gf).sum() if final else 0), ins)
     ins_d = [x.detach().double().requires_grad_() for x in ins]
     Ad, bdd = ins_d[0], ins_d[1]
     h0d = ins_d[2] if h0 is not None else None
@@ -356,6 +357,27 @@ def test_no_final_state_and_no_grad_of_final():
     h, _ = bd.block_diagonal_scan(A, b)
     (dA,) = torch.autograd.grad(h.sum(), (A,))
     assert not torch.isnan(dA).any()
+
+
+@pytest.mark.parametrize("m,T,chunk", [(1, 65, None), (2, 65, None), (4, 65, None), (8, 65, None),
+                                       (1, 101, 16), (3, 101, 16)])
+def test_gradients_without_final_state(monkeypatch, m, T, chunk):
+    """A loss on ``h`` alone: the backward gets None for the final state's gradient, not a zero
+    tensor (no zero fill, no read of it), for one-pass and chunked varlen plans; gradients
+    against fp64."""
+    seen = []
+    real = scanmod._run_backward
+    monkeypatch.setattr(scanmod, "_run_backward", lambda *a: seen.append(a[4]) or real(*a))
+    if chunk:
+        scanmod.TUNE["chunk"] = chunk
+    A, b = make(1, T, 3, m, seed=40 + m)
+    cu = torch.tensor([0, 7, 40, 40, T], dtype=torch.int64, device=DEV) if chunk else None
+    h0 = torch.randn(4 if chunk else 1, 3, m).to(DEV)
+    run_check(A, b, h0, cu, 1e-5, final=False)
+    assert seen == [None], seen
+    seen.clear()
+    run_check(A, b, h0, cu, 1e-5)                 # with it: the gradient reaches the kernels
+    assert len(seen) == 1 and seen[0] is not None
 
 
 def test_errors():

@@ -444,6 +444,8 @@ class _ScanFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, b, h0, cu, chunk, diag, lookback=False, bwd_lookback=False, max_len=None):
         h, final, P = _run_forward(A, b, h0, cu, chunk, diag, lookback, max_len)
+        # an unused h or final state gets None, not a zero tensor: no zero fill, no read of it
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(A, h, h0, cu, P)
         ctx.chunk, ctx.diag, ctx.bwd_lookback, ctx.max_len = chunk, diag, bwd_lookback, max_len
         ctx.h0_dtype = None if h0 is None else h0.dtype

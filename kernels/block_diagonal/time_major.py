@@ -187,6 +187,7 @@ class TimeMajorScanFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, h0, cu, max_len, tune, empty):
         h, final = time_major_forward(a, b, h0, cu, max_len, tune, empty)
+        ctx.set_materialize_grads(False)  # an unused output's gradient is None (no zero fill)
         ctx.save_for_backward(a, h, h0, cu)
         ctx.max_len, ctx.tune, ctx.empty = max_len, tune, empty
         ctx.h0_dtype = None if h0 is None else h0.dtype

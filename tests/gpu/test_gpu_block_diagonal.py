@@ -63,7 +63,9 @@ def make(B, T, H, m, dtype, seed=0):
     return A.to(dtype).contiguous(), b.to(dtype).contiguous()
 
 
-def check(A, b, h0, cu, tol, heads=None):
+def check(A, b, h0, cu, tol, heads=None, final=True):
+    """Outputs, final state and gradients against fp64; ``final=False``: the loss reads ``h``
+    only, so the scan's backward gets no final-state gradient (None, not zeros)."""
     A.requires_grad_(True)
     b.requires_grad_(True)
     if h0 is not None:
@@ -71,7 +73,8 @@ def check(A, b, h0, cu, tol, heads=None):
     h, hf = bd.block_diagonal_scan(A, b, h0, True, cu)
     g, gf = torch.randn_like(h), torch.randn_like(hf)
     ins = (A, b) + ((h0,) if h0 is not None else ())
-    grads = torch.autograd.grad((h.float() * g.float()).sum() + (hf * gf).sum(), ins)
+    gf = gf if final else torch.zeros_like(gf)
+    grads = torch.autograd.grad((h.float() * g.float()).sum() + ((hf * gf).sum() if final else 0), ins)
     sl = slice(None) if heads is None else heads
     Ad = A.detach()[:, :, sl].double().requires_grad_()
     bdd = b.detach()[:, :, sl].double().requires_grad_()
@@ -106,6 +109,19 @@ def test_long_chunked_varlen(m):
     h0 = torch.randn(5, A.shape[2], m, device=DEV)
     check(A, b, h0, cu, 1e-4)
     check(A.detach().clone(), b.detach().clone(), None, None, 1e-4)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 16, 32])
+def test_gradients_without_final_state(m):
+    """A loss on ``h`` alone: every backward runs without a final-state gradient (the autograd
+    Function passes None, not a zero tensor): few programs (TMA and look-back backwards at
+    m = 1, 2, 4), batch 1 (chunked or look-back backwards) and, for m <= 4, many programs;
+    fp32 against fp64 on a subset of the heads."""
+    shapes = [(8, 2048, 768), (1, 16384, 768)] + ([(8, 2048, 4096)] if m <= 4 else [])
+    for i, (B, T, N) in enumerate(shapes):
+        H = N // m
+        A, b = make(B, T, H, m, torch.float32, seed=900 + 10 * m + i)
+        check(A, b, None, None, 1e-4, heads=slice(None, None, max(1, H // 48)), final=False)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 16, 32])
@@ -329,7 +345,7 @@ def test_block_tma_more_than_2_31_elements(m):
     assert rel(h[:, :, heads], hr) < 5e-3 and rel(hf[:, heads], hfr) < 1e-4
 
 
-def _time_major_check(a, x, h0, cu, tol, rows=None):
+def _time_major_check(a, x, h0, cu, tol, rows=None, final=True):
     """``diagonal_scan(time_dim=2)`` on ``(B, N, T)``: outputs, final state and the gradients of
     ``a``, ``x``, ``h0`` against ``ref_scan`` on ``rows`` (all by default), NaN-poisoned outputs.
     In 16-bit ``da = mu * h_{t-1}`` holds two roundings (the stored ``h`` and ``da`` itself, as in
@@ -338,7 +354,8 @@ def _time_major_check(a, x, h0, cu, tol, rows=None):
     leaves = [v.requires_grad_() for v in (a, x) + ((h0,) if h0 is not None else ())]
     h, hf = bd.diagonal_scan(a, x, h0, True, cu, time_dim=2)
     g, gf = torch.empty_like(h).normal_(), torch.randn_like(hf)
-    grads = torch.autograd.grad((h.float() * g.float()).sum() + (hf * gf).sum(), leaves)
+    gf = gf if final else torch.zeros_like(gf)  # final=False: the loss reads h only
+    grads = torch.autograd.grad((h.float() * g.float()).sum() + ((hf * gf).sum() if final else 0), leaves)
     sl = slice(None) if rows is None else rows
     ref_in = [v.detach()[:, sl].double().requires_grad_() for v in (a, x)]
     h0r = h0.detach()[:, sl].double().requires_grad_() if h0 is not None else None
@@ -363,6 +380,7 @@ def test_time_major_long(dtype, tol, varlen):
     a, x = A[..., 0, 0].transpose(1, 2).contiguous(), b[..., 0].transpose(1, 2).contiguous()
     cu = torch.tensor([0, 1000, 1001, 40000, T], device=DEV) if varlen else None
     _time_major_check(a, x, torch.randn(4 if varlen else B, N, device=DEV), cu, tol)
+    _time_major_check(a.detach().clone(), x.detach().clone(), None, cu, tol, final=False)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory < 40e9,

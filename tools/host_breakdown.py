@@ -9,14 +9,12 @@ synchronize at the end. Rows:
   ``torch.zeros`` / ``torch.cat`` on CUDA;
 * ``ours:*`` / ``accel:*``: ``diagonal_scan`` / ``block_diagonal_scan`` forward and forward +
   backward (``torch.autograd.grad``), and accelerated-scan's Triton scan (if installed);
-* with ``--profile``, cProfile's top functions (main thread: forward plan and launches; the
-  backward's Python runs on autograd's device thread, so it is profiled by calling the launchers).
+* ``traced``: inclusive times of chosen functions inside one call (cProfile's view of the same
+  calls: ``tools/host_overhead.py --profile``).
 
-    python tools/host_breakdown.py [--profile]
+    python tools/host_breakdown.py [--m 1 2 4 8]
 """
 import argparse
-import cProfile
-import pstats
 import statistics
 import sys
 import time
@@ -28,6 +26,8 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
 from lrnn_scan.kernels.block_diagonal.fwd import _diag_fwd_kernel  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_overhead import _case as _scan_case  # noqa: E402  (same inputs and calls)
 
 
 @triton.jit
@@ -84,22 +84,6 @@ def _direct(k, grid, args, kw):
     except Exception as e:  # measurement only
         print(f"direct launch not measured: {e!r}")
         return None
-
-
-def _scan_case(B, T, N, m, grad):
-    H = N // m
-    A = (torch.rand(B, T, H, m, m, device="cuda") * (0.9 / m)).requires_grad_(grad)
-    b = torch.randn(B, T, H, m, device="cuda").requires_grad_(grad)
-    g = torch.randn_like(b)
-    if m == 1:
-        a1 = A.detach().view(B, T, H).requires_grad_(grad)
-        b1, g1 = b.detach().view(B, T, H).requires_grad_(grad), g.view(B, T, H)
-        if grad:
-            return lambda: torch.autograd.grad(S.diagonal_scan(a1, b1)[0], (a1, b1), g1)
-        return lambda: S.diagonal_scan(a1, b1)
-    if grad:
-        return lambda: torch.autograd.grad(S.block_diagonal_scan(A, b)[0], (A, b), g)
-    return lambda: S.block_diagonal_scan(A, b)
 
 
 def _accel_case(B, T, N, grad):
@@ -222,7 +206,6 @@ def _trace(fn, n=2000):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--profile", action="store_true")
     ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8])
     a = ap.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; "
@@ -263,18 +246,6 @@ def main():
               "\n|---|---|---|")
         for name, us, c in _trace(_scan_case(8, 16, 768, m, grad)):
             print(f"| {name} | {us:.1f} | {c:g} |")
-    if a.profile:
-        for m, grad in ((1, False), (4, False), (4, True), (1, True)):
-            fn = _scan_case(8, 16, 768, m, grad)
-            _us(fn, 20)
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(300):
-                fn()
-            torch.cuda.synchronize()
-            pr.disable()
-            print(f"\n### cProfile m={m} grad={grad} (300 calls, main thread)")
-            pstats.Stats(pr).sort_stats("tottime").print_stats(18)
 
 
 if __name__ == "__main__":

@@ -295,6 +295,7 @@ _DIAG_FEW, _DIAG_FEW_BWD = (128, 16, 2), (64, 32, 2)  # few programs, fwd / bwd 
 # (2026-11-28, fwd+bwd, CUDA-graph medians of 5 interleaved rounds): (32, 64) 0.5225 / 4.160 ms
 # against (64, 32) 0.5652 / 4.536 at B8 T2048 / T16384 N4096, 6-9 % faster at B16 T2048, B8 T4096,
 # B8 T2048 N8192 too; (16, 64) 2-3 % behind (32, 64), (32, 128) and (64, 64) slower than (64, 32).
+# Keys are substrings of the name: "NVIDIA GH200 ..." takes the H200 row (not measured there).
 _DIAG_BY_DEVICE = {"H100": (16, 64, 2), "H200": (32, 64, 2)}  # H100 80GB HBM3 (SXM), H200
 _DIAG_BWD_BY_DEVICE = {"H100": (16, 64), "H200": (32, 64)}
 _DIAG_DEFAULT = (64, 32, 2)

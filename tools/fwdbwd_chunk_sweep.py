@@ -22,7 +22,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lrnn_scan.bench.measure import copy_bandwidth, graph_time, kernel_times  # noqa: E402
+from lrnn_scan.bench.measure import copy_bandwidth, graph_copy, graph_time, kernel_times  # noqa: E402
 from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
 
 # the non-default rows keep bd_lookback off: with --fwd they time the chunked forward, not the
@@ -159,7 +159,7 @@ def main():
             if a.graph:  # a copy moving the same bytes (half read, half written): small-size roofline
                 src = torch.empty(floor // 8, device="cuda")
                 dst = torch.empty_like(src)
-                same = floor / graph_time(lambda: dst.copy_(src), rep=40) / 1e9
+                same = floor / graph_time(graph_copy(src, dst), rep=40) / 1e9
                 del src, dst
                 print(f"B{B} T{T} N{N} m{m}: same-size copy {same:.3f} TB/s ({100 * same / copy:.1f} % "
                       f"of the 1 GiB copy)", flush=True)

@@ -100,6 +100,19 @@ def test_graph_time_synchronises_before_the_side_stream(monkeypatch):
     assert calls == ["sync", ("bench", 7, "median")]
 
 
+def test_graph_copy_is_an_elementwise_kernel_over_the_same_bytes(monkeypatch):
+    """measure.graph_copy: ``dst`` receives ``-src`` through ``torch.neg`` (one read and one write of
+    the buffer, an SM kernel), never ``Tensor.copy_`` (a memcpy that a CUDA graph can hand to the
+    copy engines at 2.75 TB/s on an H200, RESULTS.md thirty-second session)."""
+    import torch
+
+    from lrnn_scan.bench import measure
+    src, dst = torch.randn(1000), torch.empty(1000)
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda *a, **k: (_ for _ in ()).throw(AssertionError("copy_")))
+    measure.graph_copy(src, dst)()
+    assert torch.equal(dst, -src)
+
+
 def test_kernel_times_per_call_on_cpu():
     """measure.kernel_times: operators of fn per call (CPU: self CPU time), largest first; a
     matmul done twice per call counts 2 calls."""

@@ -23,8 +23,8 @@ from typing import Callable
 
 import torch
 
-__all__ = ["device_label", "sync", "time_fn", "graph_time", "graph_copy", "kernel_times", "peak_memory", "copy_bandwidth",
-           "environment"]
+__all__ = ["device_label", "sync", "time_fn", "graph_time", "graph_copy", "kernel_times", "peak_memory",
+           "copy_bandwidth", "environment"]
 
 
 def device_label(device: torch.device) -> str:

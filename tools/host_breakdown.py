@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
 from lrnn_scan.kernels.block_diagonal.fwd import _diag_fwd_kernel  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_overhead import _case as _scan_case  # noqa: E402  (same inputs and calls)
+from host_overhead import _case as _scan_case, _loop_us  # noqa: E402  (same inputs, calls, loop)
 
 
 @triton.jit
@@ -36,19 +36,9 @@ def _empty_kernel(x_ptr, n):
 
 
 def _us(fn, n=200, rounds=5):
-    """Median over ``rounds`` of the wall time per call of ``n`` back-to-back calls (one
-    synchronize per round): the host cost where the GPU work is negligible."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        per.append((time.perf_counter() - t) / n * 1e6)
-    return statistics.median(per)
+    """Median over ``rounds`` of ``host_overhead._loop_us`` (wall time per call of ``n``
+    back-to-back calls, one synchronize): the host cost where the GPU work is negligible."""
+    return statistics.median(_loop_us(fn, n) for _ in range(rounds))
 
 
 def _diag_launch(B=8, T=16, N=768):

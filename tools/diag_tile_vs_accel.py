@@ -7,7 +7,11 @@ times the default, the other tiles and accelerated-scan in interleaved rounds (C
 medians, GPU time only) and checks every forward against a float64 loop and every gradient
 against the default's.
 
-    python tools/diag_tile_vs_accel.py [--shapes 8x2048x4096 8x16384x4096] [--rounds 3] [--out DIR]
+    python tools/diag_tile_vs_accel.py [--shapes 8x2048x4096 8x16384x4096] [--rounds 3] [--out DIR] \
+        [--configs default fwd_64x32] [--tune w4=num_warps_diag:4]
+
+``--configs`` picks columns of ``CONFIGS`` (default: all); ``--tune`` adds columns of ``scan.TUNE``
+overrides (``tune_compare.py``'s syntax).
 """
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ from lrnn_scan.kernels.block_diagonal import scan as S
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from scan_peers import try_accelerated_scan  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tune_compare import parse_tune  # noqa: E402
 
 DEVICE = "cuda"       # the CPU smoke test (tests/test_tools_results.py) sets "cpu" (interpreter)
 BENCH = graph_time
@@ -62,7 +69,15 @@ def main(argv=None):
     ap.add_argument("--shapes", nargs="+", default=["8x2048x4096", "8x16384x4096"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="gpu_out")
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
+                    help="columns of CONFIGS (the first is the gradients' reference)")
+    ap.add_argument("--tune", nargs="*", default=[], help="extra columns NAME=JSON of TUNE overrides")
     a_ = ap.parse_args(argv)
+    configs = {n: CONFIGS[n] for n in a_.configs}
+    extra = parse_tune(a_.tune)
+    if set(extra) & set(configs):
+        raise SystemExit(f"--tune names {sorted(set(extra) & set(configs))} repeat --configs names")
+    configs.update(extra)
     out = Path(a_.out)
     out.mkdir(parents=True, exist_ok=True)
     as_scan = try_accelerated_scan()
@@ -82,7 +97,7 @@ def main(argv=None):
         ref = _ref64(a[:1], x[:1])
         fns, checks, grads0 = {}, {}, None
         ag, xg = a.clone().requires_grad_(), x.clone().requires_grad_()    # shared by the configs
-        for name, tune in CONFIGS.items():
+        for name, tune in configs.items():
             with S.tuned(tune):
                 h, _ = diagonal_scan(a, x)
                 grads = torch.autograd.grad(diagonal_scan(ag, xg)[0], (ag, xg), dh)
@@ -116,7 +131,7 @@ def main(argv=None):
             for n in fns:
                 ms = statistics.median(times[(n, kind)])
                 nbytes = B * T * N * 4 * (3 if kind == "fwd" else 6)
-                rows.append(dict(B=B, T=T, N=N, kind=kind, config=n, tune=CONFIGS.get(n, "peer"),
+                rows.append(dict(B=B, T=T, N=N, kind=kind, config=n, tune=configs.get(n, "peer"),
                                  graph_ms=round(ms, 5), rounds=[round(v, 5) for v in times[(n, kind)]],
                                  tbs=round(nbytes / ms / 1e9, 3),
                                  peer_over_this=round(peer / ms, 3) if peer else None, **checks[n]))

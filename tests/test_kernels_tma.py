@@ -109,8 +109,10 @@ def test_rule_and_config(monkeypatch):
     a, b = inputs(16, 2, 4096)
     # 16 channels up to 4 programs an SM, else 32; 4 stages at 16 channels up to 3 an SM, else 3
     four = 3 if DEV == "cuda" and "H100" in torch.cuda.get_device_name() else 4
+    # many programs (4 an SM at BN = 32): the device's row of _MANY_BY_DEVICE where it has one
+    many = (64, 64, 2, 3) if DEV == "cuda" and "H200" in torch.cuda.get_device_name() else (64, 32, 1, 3)
     for N, nseq, want in ((768, 8, (64, 16, 1, four)), (512, 16, (64, 16, 1, 3)),
-                          (1536, 8, (64, 32, 1, 3)), (4096, 8, (64, 32, 1, 3))):
+                          (1536, 8, (64, 32, 1, 3)), (4096, 8, many)):
         x, y = a[:nseq, :, :N], b[:nseq, :, :N]
         assert tma.tma_config(x.contiguous(), y.contiguous(), nseq, {"diag_tma": True}, 132) == want
     assert tma.tma_config(a, b, 16, {"diag_tma": True, "tma_bt": 32, "tma_nw": 2}, 132)[::2] == (32, 2)
@@ -125,7 +127,8 @@ def test_rule_and_config(monkeypatch):
 @pytest.mark.skipif(not _GPU_TMA, reason="GPU sizes")
 def test_auto_on_the_gpu_at_few_programs(monkeypatch):
     """On a GPU the default sends B8 T2048 N768 (fp32 and bf16) through TMA, with gradients too,
-    and leaves B8 T2048 N4096 (many programs) to the tile kernel."""
+    and leaves B8 T2048 N4096 (many programs) to the tile kernel, except in fp32 on a GPU with a
+    row in ``tma._MANY_BY_DEVICE`` (an H200), where TMA runs with that row's tiles."""
     scanmod.TUNE.clear()
     calls = launches(monkeypatch)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 5e-3)):
@@ -136,7 +139,13 @@ def test_auto_on_the_gpu_at_few_programs(monkeypatch):
     assert len(calls) == 3
     a, b = inputs(8, 2048, 4096, seed=13)
     assert max(errors(a, b, None, None)) < 1e-5
-    assert len(calls) == 3
+    many = any(k in torch.cuda.get_device_name() for k in tma._MANY_BY_DEVICE)
+    assert len(calls) == 3 + many
+    assert max(errors(a.bfloat16(), b.bfloat16(), None, None)) < 5e-3  # bf16: the tile kernel
+    assert len(calls) == 3 + many
+    if many:  # with gradients too
+        grad_check(*inputs(8, 2048, 4096, seed=14), None, None)
+        assert len(calls) == 5
 
 
 def test_through_torch_compile(monkeypatch):

@@ -212,11 +212,9 @@ def _affine_combine(a1, b1, a2, b2):
 def _diag_fwd_kernel(Aa, Bv, Hout, Init, Final, Pout, CU, T, N, CHUNK, NC,
                      BT: tl.constexpr, BN: tl.constexpr, HAS_INIT: tl.constexpr,
                      STORE_H: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_P: tl.constexpr,
-                     VARLEN: tl.constexpr, EV: tl.constexpr = ""):
+                     VARLEN: tl.constexpr):
     """``h_t = a_t h_{t-1} + b_t`` on ``(BT, BN)`` tiles: an in-tile associative scan over time
-    composed with the carried state; ``STORE_P`` also writes the chunk's product of ``a``. ``EV``:
-    the L2 eviction policy of the streamed ``a``, ``b`` loads and ``h`` stores ("" or
-    "evict_first"; ``TUNE["diag_evict"]``, an experiment)."""
+    composed with the carried state; ``STORE_P`` also writes the chunk's product of ``a``."""
     pid_n = tl.program_id(0)
     s = tl.program_id(1)
     c = tl.program_id(2)
@@ -232,10 +230,8 @@ def _diag_fwd_kernel(Aa, Bv, Hout, Init, Final, Pout, CU, T, N, CHUNK, NC,
         x = tl.zeros([BN], dtype=tl.float32)
     p = tl.full([BN], 1.0, tl.float32)
     offs0 = r[:, None] * N + n[None, :]
-    a_nxt = tl.load(Aa + t0 * N + offs0, mask=((t0 + r) < t1)[:, None] & mn[None, :], other=1.0,
-                    eviction_policy=EV)
-    b_nxt = tl.load(Bv + t0 * N + offs0, mask=((t0 + r) < t1)[:, None] & mn[None, :], other=0.0,
-                    eviction_policy=EV)
+    a_nxt = tl.load(Aa + t0 * N + offs0, mask=((t0 + r) < t1)[:, None] & mn[None, :], other=1.0)
+    b_nxt = tl.load(Bv + t0 * N + offs0, mask=((t0 + r) < t1)[:, None] & mn[None, :], other=0.0)
     for ts in range(t0, t1, BT):
         t = ts + r
         m2 = (t < t1)[:, None] & mn[None, :]
@@ -243,12 +239,12 @@ def _diag_fwd_kernel(Aa, Bv, Hout, Init, Final, Pout, CU, T, N, CHUNK, NC,
         av = a_nxt.to(tl.float32)
         bv = b_nxt.to(tl.float32)
         m3 = ((t + BT) < t1)[:, None] & mn[None, :]
-        a_nxt = tl.load(Aa + offs + BT * N, mask=m3, other=1.0, eviction_policy=EV)
-        b_nxt = tl.load(Bv + offs + BT * N, mask=m3, other=0.0, eviction_policy=EV)
+        a_nxt = tl.load(Aa + offs + BT * N, mask=m3, other=1.0)
+        b_nxt = tl.load(Bv + offs + BT * N, mask=m3, other=0.0)
         ca, cb = tl.associative_scan((av, bv), 0, _affine_combine)
         hv = ca * x[None, :] + cb
         if STORE_H:
-            tl.store(Hout + offs, hv.to(Hout.dtype.element_ty), mask=m2, eviction_policy=EV)
+            tl.store(Hout + offs, hv.to(Hout.dtype.element_ty), mask=m2)
         x = tl.sum(tl.where(last, hv, 0.0), axis=0)
         if STORE_P:
             p = p * tl.sum(tl.where(last, ca, 0.0), axis=0)

@@ -7,7 +7,8 @@ tiles on 2 warps, the next tile prefetched into registers) ran at about 80 % of 
 (not profiled): a warp's registers hold too few prefetched bytes. TMA copies land in shared memory without holding registers: Triton's pipeliner turns
 the descriptor loads of a ``tl.range(num_stages=NS)`` loop into asynchronous bulk copies, ``NS - 1``
 tiles ahead, so one warp a 64-step tile is enough (91-95 % of a same-size copy on an H100 and an
-H200; ``tma_config`` has the numbers).
+H200; ``tma_config`` has the numbers). With many programs on an H200 (fp32) it runs too, on
+64 x 64 tiles with 2 warps (``_MANY_BY_DEVICE``): 1.7-5.1 % faster than the tile kernel there.
 
 Semantics are the tile kernel's: ``h_t = a_t h_{t-1} + b_t`` on ``(BT, BN)`` tiles, an in-tile
 ``tl.associative_scan`` over time composed with the carried state. The descriptors have shape
@@ -143,14 +144,36 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
     return nseq * cdiv(N, 32) < 4 * sms and nseq * cdiv(N, 16) >= sms
 
 
+# (BT, BN, num_warps, num_stages) with many programs (at least 4 per SM at BN = 32, where
+# ``tma_auto`` leaves the tile kernel), by GPU (a substring of its name), fp32 only (the dtype
+# measured). H200, fp32, CUDA-graph medians of 3 interleaved rounds, ms, against the tile kernel
+# (``scan._DIAG_BY_DEVICE``: 32 x 64, 2 warps) in the same run (RESULTS.md, thirty-third
+# session): B8 T2048 N4096 0.1964 / 0.2070, B8 T16384 N4096 1.5392 / 1.5651, B16 T2048 N2048
+# 0.1983 / 0.2070, B32 T2048 N1024 0.2011 / 0.2078, B8 T4096 N8192 0.7695 / 0.7830 (1.7-5.1 %
+# faster; a same-size copy 0.1910 at B8 T2048 N4096). Slower there: 64 x 64 on 4 warps or with
+# 2 stages, 32 x 64 (2 warps, 3 or 4 stages), 32 x 128 on 4 warps, the few-program configuration.
+_MANY_BY_DEVICE = {"H200": (64, 64, 2, 3)}
+
+
+def _many_cfg(b, N: int, nseq: int, sms: int):
+    """``_MANY_BY_DEVICE``'s row for ``b``'s GPU where the call has many programs and ``b`` is
+    fp32, else None."""
+    if b.element_size() != 4 or nseq * cdiv(N, 32) < 4 * sms:
+        return None
+    name = device_name(b.device)
+    return next((c for key, c in _MANY_BY_DEVICE.items() if key in name), None)
+
+
 def tma_config(a, b, nseq: int, tune: dict, sms: int):
     """``(BT, BN, num_warps, num_stages)`` of the TMA forward for ``a``, ``b`` ``(B, T, N)``, or
     None where the tile kernel runs. ``tune["diag_tma"]``: "auto" (the default: ``tma_auto`` on a
-    GPU), True (wherever ``tma_usable``: compute capability 9+, or the interpreter) or False.
-    Keys ``tma_bt``, ``tma_bn``, ``tma_nw``, ``tma_ns`` override the configuration: 64-step tiles
-    on one warp (no cross-warp barrier in the tile's scan), 16 channels while that makes at most
-    4 programs per SM (else 32), 3 pipeline stages, 4 with 16 channels and up to 3 programs per
-    SM except on an H100 (the two Hopper cards disagree; numbers below).
+    GPU, or many programs on a GPU with a ``_MANY_BY_DEVICE`` row), True (wherever
+    ``tma_usable``: compute capability 9+, or the interpreter) or False. Keys ``tma_bt``,
+    ``tma_bn``, ``tma_nw``, ``tma_ns`` override the configuration: with many programs the
+    device's row; else 64-step tiles on one warp (no cross-warp barrier in the tile's scan), 16
+    channels while that makes at most 4 programs per SM (else 32), 3 pipeline stages, 4 with 16
+    channels and up to 3 programs per SM except on an H100 (the two Hopper cards disagree;
+    numbers below).
 
     fp32, CUDA graphs, % of a same-size copy, tile kernel -> TMA (RESULTS.md, twenty-third
     session). H200: B8 T2048 N768 81 -> 91 % (3 stages: 86 %), B8 T1024 N768 78 -> 90 % (84 %),
@@ -158,20 +181,28 @@ def tma_config(a, b, nseq: int, tune: dict, sms: int):
     69 -> 85 % (4 stages: 80 %); 2 warps at B8 T2048 N768: 70 %. H100 80GB HBM3: B8 T2048 N768
     80 -> 93 % (4 stages: 82 %), B8 T1024 N768 84 -> 92 % (89 %), B8 T4096 N768 80 -> 95 % (82 %),
     B16 T2048 N512 76 -> 84 %, B8 T2048 N1536 80 -> 87 %. Left to the tile kernel: B8 T2048
-    N4096 (not few; H200 88 % against 78-85 %), B1 T2048 N768 and B2 T1024 N768 (48 / 96
-    programs; H200 0.0295 / 0.0157 ms against 0.0319 / 0.0167)."""
+    N4096 (not few; H200 88 % against 78-85 % with these one-warp tiles; on an H200 the 64 x 64
+    two-warp row of ``_MANY_BY_DEVICE`` beats it since the thirty-third session; not measured on
+    an H100), B1 T2048 N768 and B2 T1024 N768 (48 / 96 programs; H200 0.0295 / 0.0157 ms against
+    0.0319 / 0.0167)."""
     mode = tune.get("diag_tma", "auto")
     if mode not in (True, False, "auto"):
         raise ValueError(f'TUNE["diag_tma"] must be "auto", True or False, got {mode!r}')
     N = b.shape[-1]
+    many = _many_cfg(b, N, nseq, sms)
     if mode == "auto":
-        mode = b.is_cuda and tma_auto(N, nseq, sms)
-    bn = tune.get("tma_bn", 16 if nseq * cdiv(N, 16) <= 4 * sms else 32)
+        mode = b.is_cuda and (tma_auto(N, nseq, sms) or many is not None)
+    if many is not None:
+        bt, bn, nw, ns = many
+        bn = tune.get("tma_bn", bn)
+    else:
+        bt, nw = 64, 1
+        bn = tune.get("tma_bn", 16 if nseq * cdiv(N, 16) <= 4 * sms else 32)
+        four = bn == 16 and nseq * cdiv(N, bn) <= 3 * sms and "H100" not in device_name(b.device)
+        ns = 4 if four else 3
     if not mode or not tma_usable(a, b, bn):
         return None
-    four = bn == 16 and nseq * cdiv(N, bn) <= 3 * sms and "H100" not in device_name(b.device)
-    ns = tune.get("tma_ns", 4 if four else 3)
-    return tune.get("tma_bt", 64), bn, tune.get("tma_nw", 1), ns
+    return tune.get("tma_bt", bt), bn, tune.get("tma_nw", nw), tune.get("tma_ns", ns)
 
 
 def diag_tma_forward(a, b, h0, cu, cfg, empty):

@@ -28,6 +28,7 @@ import triton
 from lrnn_scan.bench.measure import graph_time
 from lrnn_scan.kernels.block_diagonal import diagonal_scan
 from lrnn_scan.kernels.block_diagonal import scan as S
+from lrnn_scan.kernels.block_diagonal import tma
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from scan_peers import try_accelerated_scan  # noqa: E402
@@ -82,10 +83,12 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     as_scan = try_accelerated_scan()
     dev = torch.device(DEVICE)
-    env = dict(device=torch.cuda.get_device_name() if dev.type == "cuda" else "CPU interpreter",
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU interpreter"
+    env = dict(device=name,
                torch=torch.__version__, triton=triton.__version__,
                date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-               default_fwd_tile=S._diag_default(dev))
+               default_fwd_tile=S._diag_default(dev),
+               tma_many_programs=next((c for k, c in tma._MANY_BY_DEVICE.items() if k in name), None))
     print(env, flush=True)
     rows = []
     for shape in a_.shapes:
@@ -144,7 +147,9 @@ def main(argv=None):
     path.write_text(json.dumps(dict(**env, rows=rows), indent=1, default=str))
     with open(out / "RESULTS_diagtile.md", "a") as f:
         f.write(f"\n## tools/diag_tile_vs_accel.py, {env['date']}\n\n{env['device']}, torch {env['torch']}, "
-                f"Triton {env['triton']}; fp32; default forward tile here {env['default_fwd_tile']}; "
+                f"Triton {env['triton']}; fp32; default forward tile here {env['default_fwd_tile']} (tile kernel"
+                + (f"; with many programs the default is the TMA forward, {env['tma_many_programs']}, "
+                   "tma._MANY_BY_DEVICE" if env["tma_many_programs"] else "") + "); "
                 f"graph ms = median over {a_.rounds} interleaved rounds of do_bench_cudagraph medians; "
                 "TB/s = inputs once + outputs once; accelerated-scan/this > 1: ours faster.\n\n"
                 "| B | T | N | kind | config | TUNE | graph ms | TB/s | accelerated-scan / this | "

@@ -123,6 +123,24 @@ def test_rule_and_config(monkeypatch):
         assert tma.tma_auto(N, nseq, 132) == want, (N, nseq)
 
 
+def test_many_programs_row(monkeypatch):
+    """With at least 4 programs an SM at BN = 32, fp32 on a GPU named in ``_MANY_BY_DEVICE`` (the
+    name faked here) takes that row; bf16, fewer programs or another GPU keep the one-warp tiles;
+    ``tma_*`` keys still override; "auto" never runs TMA on CPU tensors."""
+    monkeypatch.setattr(tma, "device_name", lambda device: "NVIDIA H200")
+    a, b = inputs(8, 2, 4096)
+    assert tma.tma_config(a, b, 8, {"diag_tma": True}, 132) == (64, 64, 2, 3)
+    assert tma.tma_config(a, b, 8, {"diag_tma": True, "tma_nw": 4, "tma_bn": 32}, 132) == (64, 32, 4, 3)
+    assert tma.tma_config(a.bfloat16(), b.bfloat16(), 8, {"diag_tma": True}, 132) == (64, 32, 1, 3)
+    few = (a[:, :, :2048].contiguous(), b[:, :, :2048].contiguous())  # 512 programs at BN = 32
+    assert tma.tma_config(*few, 8, {"diag_tma": True}, 132) == (64, 32, 1, 3)
+    assert tma.tma_config(a, b, 8, {"diag_tma": True}, 132) == (64, 64, 2, 3)
+    if DEV == "cpu":
+        assert tma.tma_config(a, b, 8, {}, 132) is None  # "auto": not on CPU tensors
+    monkeypatch.setattr(tma, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    assert tma.tma_config(a, b, 8, {"diag_tma": True}, 132) == (64, 32, 1, 3)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU_TMA, reason="GPU sizes")
 def test_auto_on_the_gpu_at_few_programs(monkeypatch):

@@ -124,21 +124,23 @@ def test_rule_and_config(monkeypatch):
 
 
 def test_many_programs_row(monkeypatch):
-    """With at least 4 programs an SM at BN = 32, fp32 on a GPU named in ``_MANY_BY_DEVICE`` (the
-    name faked here) takes that row; bf16, fewer programs or another GPU keep the one-warp tiles;
-    ``tma_*`` keys still override; "auto" never runs TMA on CPU tensors."""
+    """With at least 4 programs an SM at BN = 32 and ``T >= _MANY_MIN_T``, fp32 on a GPU named in
+    ``_MANY_BY_DEVICE`` (the name faked here; 4 SMs) takes that row; bf16, fewer programs, fewer
+    steps or another GPU keep the one-warp tiles; ``tma_*`` keys still override; "auto" never
+    runs TMA on CPU tensors."""
     monkeypatch.setattr(tma, "device_name", lambda device: "NVIDIA H200")
-    a, b = inputs(8, 2, 4096)
-    assert tma.tma_config(a, b, 8, {"diag_tma": True}, 132) == (64, 64, 2, 3)
-    assert tma.tma_config(a, b, 8, {"diag_tma": True, "tma_nw": 4, "tma_bn": 32}, 132) == (64, 32, 4, 3)
-    assert tma.tma_config(a.bfloat16(), b.bfloat16(), 8, {"diag_tma": True}, 132) == (64, 32, 1, 3)
-    few = (a[:, :, :2048].contiguous(), b[:, :, :2048].contiguous())  # 512 programs at BN = 32
-    assert tma.tma_config(*few, 8, {"diag_tma": True}, 132) == (64, 32, 1, 3)
-    assert tma.tma_config(a, b, 8, {"diag_tma": True}, 132) == (64, 64, 2, 3)
+    a, b = inputs(2, tma._MANY_MIN_T, 256)  # 2 x 8 programs at BN = 32: 4 an SM
+    few = (64, 32, 1, 3)
+    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 4) == (64, 64, 2, 3)
+    assert tma.tma_config(a, b, 2, {"diag_tma": True, "tma_nw": 4, "tma_bn": 32}, 4) == (64, 32, 4, 3)
+    assert tma.tma_config(a.bfloat16(), b.bfloat16(), 2, {"diag_tma": True}, 4) == few
+    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 5) == few  # 3.2 programs an SM
+    short = (a[:, :-1].contiguous(), b[:, :-1].contiguous())
+    assert tma.tma_config(*short, 2, {"diag_tma": True}, 4) == few
     if DEV == "cpu":
-        assert tma.tma_config(a, b, 8, {}, 132) is None  # "auto": not on CPU tensors
+        assert tma.tma_config(a, b, 2, {}, 4) is None  # "auto": not on CPU tensors
     monkeypatch.setattr(tma, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
-    assert tma.tma_config(a, b, 8, {"diag_tma": True}, 132) == (64, 32, 1, 3)
+    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 4) == few
 
 
 @pytest.mark.gpu

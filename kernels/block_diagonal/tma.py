@@ -7,8 +7,9 @@ tiles on 2 warps, the next tile prefetched into registers) ran at about 80 % of 
 (not profiled): a warp's registers hold too few prefetched bytes. TMA copies land in shared memory without holding registers: Triton's pipeliner turns
 the descriptor loads of a ``tl.range(num_stages=NS)`` loop into asynchronous bulk copies, ``NS - 1``
 tiles ahead, so one warp a 64-step tile is enough (91-95 % of a same-size copy on an H100 and an
-H200; ``tma_config`` has the numbers). With many programs on an H200 (fp32) it runs too, on
-64 x 64 tiles with 2 warps (``_MANY_BY_DEVICE``): 1.7-5.1 % faster than the tile kernel there.
+H200; ``tma_config`` has the numbers). With many programs on an H200 (fp32, ``T >= 2048``) it
+runs too, on 64 x 64 tiles with 2 warps (``_MANY_BY_DEVICE``): 1.7-5.1 % faster than the tile
+kernel there.
 
 Semantics are the tile kernel's: ``h_t = a_t h_{t-1} + b_t`` on ``(BT, BN)`` tiles, an in-tile
 ``tl.associative_scan`` over time composed with the carried state. The descriptors have shape
@@ -152,13 +153,17 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # 0.1983 / 0.2070, B32 T2048 N1024 0.2011 / 0.2078, B8 T4096 N8192 0.7695 / 0.7830 (1.7-5.1 %
 # faster; a same-size copy 0.1910 at B8 T2048 N4096). Slower there: 64 x 64 on 4 warps or with
 # 2 stages, 32 x 64 (2 warps, 3 or 4 stages), 32 x 128 on 4 warps, the few-program configuration.
+# Keys are substrings of the name (a GH200 takes the H200 row; not measured there). Only from
+# _MANY_MIN_T steps (the measured range): shorter calls keep the tile kernel, whose launch costs
+# the host less (no descriptors to encode; the module docstring of the few-program case).
 _MANY_BY_DEVICE = {"H200": (64, 64, 2, 3)}
+_MANY_MIN_T = 2048
 
 
 def _many_cfg(b, N: int, nseq: int, sms: int):
-    """``_MANY_BY_DEVICE``'s row for ``b``'s GPU where the call has many programs and ``b`` is
-    fp32, else None."""
-    if b.element_size() != 4 or nseq * cdiv(N, 32) < 4 * sms:
+    """``_MANY_BY_DEVICE``'s row for ``b`` ``(B, T, N)`` on its GPU where the call has many
+    programs, ``T >= _MANY_MIN_T`` and ``b`` is fp32, else None."""
+    if b.element_size() != 4 or b.shape[1] < _MANY_MIN_T or nseq * cdiv(N, 32) < 4 * sms:
         return None
     name = device_name(b.device)
     return next((c for key, c in _MANY_BY_DEVICE.items() if key in name), None)
@@ -167,7 +172,8 @@ def _many_cfg(b, N: int, nseq: int, sms: int):
 def tma_config(a, b, nseq: int, tune: dict, sms: int):
     """``(BT, BN, num_warps, num_stages)`` of the TMA forward for ``a``, ``b`` ``(B, T, N)``, or
     None where the tile kernel runs. ``tune["diag_tma"]``: "auto" (the default: ``tma_auto`` on a
-    GPU, or many programs on a GPU with a ``_MANY_BY_DEVICE`` row), True (wherever
+    GPU, or many programs over at least ``_MANY_MIN_T`` steps on a GPU with a
+    ``_MANY_BY_DEVICE`` row), True (wherever
     ``tma_usable``: compute capability 9+, or the interpreter) or False. Keys ``tma_bt``,
     ``tma_bn``, ``tma_nw``, ``tma_ns`` override the configuration: with many programs the
     device's row; else 64-step tiles on one warp (no cross-warp barrier in the tile's scan), 16

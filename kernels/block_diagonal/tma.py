@@ -155,7 +155,7 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # 2 stages, 32 x 64 (2 warps, 3 or 4 stages), 32 x 128 on 4 warps, the few-program configuration.
 # Keys are substrings of the name (a GH200 takes the H200 row; not measured there). Only from
 # _MANY_MIN_T steps (the measured range): shorter calls keep the tile kernel, whose launch costs
-# the host less (no descriptors to encode; the module docstring of the few-program case).
+# the host less (no descriptors to encode; README.md of this folder, "m = 1 with TMA loads").
 _MANY_BY_DEVICE = {"H200": (64, 64, 2, 3)}
 _MANY_MIN_T = 2048
 

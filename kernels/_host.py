@@ -57,3 +57,9 @@ def device_name(device: torch.device) -> str:
     if name is None:
         name = _NAMES[idx] = torch.cuda.get_device_name(idx)
     return name
+
+
+def row_by_name(table: dict, name: str):
+    """The value of the first key of ``table`` that is a substring of the GPU name ``name`` (so
+    "NVIDIA GH200 ..." takes an "H200" row), or None. Launch tables keyed by GPU model use it."""
+    return next((row for key, row in table.items() if key in name), None)

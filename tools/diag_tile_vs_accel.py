@@ -28,6 +28,7 @@ import triton
 from lrnn_scan.bench.measure import graph_time
 from lrnn_scan.kernels.block_diagonal import diagonal_scan
 from lrnn_scan.kernels.block_diagonal import scan as S
+from lrnn_scan.kernels._host import row_by_name
 from lrnn_scan.kernels.block_diagonal import tma
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -88,7 +89,7 @@ def main(argv=None):
                torch=torch.__version__, triton=triton.__version__,
                date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                default_fwd_tile=S._diag_default(dev),
-               tma_many_programs=next((c for k, c in tma._MANY_BY_DEVICE.items() if k in name), None))
+               tma_many_programs=row_by_name(tma._MANY_BY_DEVICE, name))
     print(env, flush=True)
     rows = []
     for shape in a_.shapes:

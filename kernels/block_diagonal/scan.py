@@ -20,7 +20,7 @@ import contextlib
 import os
 
 import torch
-from .._host import cdiv, device_name, max_seq_len, next_pow2, num_sms
+from .._host import cdiv, device_name, max_seq_len, next_pow2, num_sms, row_by_name
 
 from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
 from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kernel
@@ -309,7 +309,7 @@ def _diag_default(device, bwd=False):
     backward ``(BT, BN)`` from ``_DIAG_BWD_BY_DEVICE`` (CPU and other GPUs: 64 x 32)."""
     name = device_name(device)
     table = _DIAG_BWD_BY_DEVICE if bwd else _DIAG_BY_DEVICE
-    cfg = next((c for key, c in table.items() if key in name), None)
+    cfg = row_by_name(table, name)
     if cfg is None:
         return _DIAG_DEFAULT
     return cfg + (_DIAG_DEFAULT[2],) if bwd else cfg

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv, device_name
+from .._host import cdiv, device_name, row_by_name
 from .fwd import _affine_combine
 
 try:  # Triton >= 3.3 (host-side descriptors); older Triton: the tile kernel only
@@ -165,8 +165,7 @@ def _many_cfg(b, N: int, nseq: int, sms: int):
     programs, ``T >= _MANY_MIN_T`` and ``b`` is fp32, else None."""
     if b.element_size() != 4 or b.shape[1] < _MANY_MIN_T or nseq * cdiv(N, 32) < 4 * sms:
         return None
-    name = device_name(b.device)
-    return next((c for key, c in _MANY_BY_DEVICE.items() if key in name), None)
+    return row_by_name(_MANY_BY_DEVICE, device_name(b.device))
 
 
 def tma_config(a, b, nseq: int, tune: dict, sms: int):

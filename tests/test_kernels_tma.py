@@ -42,6 +42,22 @@ def test_forward(T, N, h0, cfg, monkeypatch):
     assert len(calls) == 1
 
 
+@pytest.mark.parametrize("B,T,N,persist,h0", [(3, 45, 20, 1, True), (3, 45, 20, 2, False),
+                                               (2, 1, 20, 1, True), (1, 33, 36, 3, True)])
+def test_persistent(B, T, N, persist, h0, monkeypatch):
+    """``TUNE["tma_persist"]``: programs that run column after column (4 SMs on the CPU).
+    B3 N20 in 8-channel tiles is 9 columns: 3 programs of 3 (persist 1) or 5 of 2 and 1
+    (persist 2), so a program crosses channel edges and sequences; T = 1 is one short tile per
+    column; persist 3 on 5 columns gives one each. The one-column kernel is not launched."""
+    calls = launches(monkeypatch)
+    monkeypatch.setattr(tma, "_diag_fwd_tma_kernel", None)  # launching it would raise
+    scanmod.TUNE.update(tma_persist=persist)
+    a, b = inputs(B, T, N, seed=B * T + persist)
+    e = errors(a, b, torch.randn(B, N).to(DEV) if h0 else None, None)
+    assert max(e) < 1e-5, e
+    assert len(calls) == 1
+
+
 def test_varlen(monkeypatch):
     """Boundaries inside tiles (a tile runs on into the next sequence), an empty sequence (its
     final state is h0), a one-step sequence, the last tile past ``T_total``."""
@@ -109,8 +125,10 @@ def test_rule_and_config(monkeypatch):
     a, b = inputs(16, 2, 4096)
     # 16 channels up to 4 programs an SM, else 32; 4 stages at 16 channels up to 3 an SM, else 3
     four = 3 if DEV == "cuda" and "H100" in torch.cuda.get_device_name() else 4
-    # many programs (4 an SM at BN = 32): the device's row of _MANY_BY_DEVICE where it has one
-    many = (64, 64, 2, 3) if DEV == "cuda" and "H200" in torch.cuda.get_device_name() else (64, 32, 1, 3)
+    # many programs (4 an SM at BN = 32) but T = 2, under _MANY_MIN_T: the one-warp tiles on every
+    # GPU (the H200's many-program row from T = 2048: test_many_programs_row)
+    many = (64, 32, 1, 3)
+    assert b.shape[1] < tma._MANY_MIN_T
     for N, nseq, want in ((768, 8, (64, 16, 1, four)), (512, 16, (64, 16, 1, 3)),
                           (1536, 8, (64, 32, 1, 3)), (4096, 8, many)):
         x, y = a[:nseq, :, :N], b[:nseq, :, :N]

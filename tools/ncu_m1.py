@@ -1,0 +1,62 @@
+"""Run the m = 1 forward (``diagonal_scan``, fp32, ``(B, T, N)``) once per ``scan.TUNE`` setting,
+and accelerated-scan's forward on the same data in its ``(B, N, T)`` layout, for Nsight Compute:
+the hardware counters say what the kernels move and how they fill the GPU (issue 3's m = 1
+target: at least as fast as accelerated-scan in the same run). On the GPU machine::
+
+    ncu --clock-control none --kernel-name regex:'_diag_fwd|forward_scan' --launch-skip 0 \\
+        --section SpeedOfLight --section LaunchStats --section Occupancy \\
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum \\
+        python3 tools/ncu_m1.py --shape 8x2048x4096 --configs default='{}' tile='{"diag_tma": false}'
+
+Each setting runs ``--runs`` times (the first compiles; profile them all or pass ``--launch-skip``).
+``--device cpu`` is a smoke run under ``TRITON_INTERPRET=1`` (no accelerated-scan there).
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from lrnn_scan.kernels.block_diagonal import diagonal_scan  # noqa: E402
+from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="8x2048x4096", help="BxTxN")
+    ap.add_argument("--configs", nargs="*", default=["default={}"], help="NAME=JSON of TUNE overrides")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--no-peer", action="store_true", help="skip accelerated-scan")
+    ap.add_argument("--device", default="cuda")
+    a = ap.parse_args(argv)
+    B, T, N = (int(v) for v in a.shape.split("x"))
+    g = torch.Generator(device=a.device).manual_seed(0)
+    x = torch.rand(B, T, N, device=a.device, generator=g) * 0.5 + 0.5
+    y = torch.randn(B, T, N, device=a.device, generator=g)
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    for item in a.configs:
+        name, _, js = item.partition("=")
+        with S.tuned(json.loads(js or "{}")), torch.no_grad():
+            for _ in range(a.runs):
+                diagonal_scan(x, y)
+                sync()
+        print(f"{name} done", flush=True)
+    if not a.no_peer and a.device == "cuda":
+        from scan_peers import try_accelerated_scan
+        peer = try_accelerated_scan()
+        if peer is None:
+            print("accelerated-scan not installed: skipped", flush=True)
+            return
+        xt, yt = x.transpose(1, 2).contiguous(), y.transpose(1, 2).contiguous()
+        with torch.no_grad():
+            for _ in range(a.runs):
+                peer(xt, yt)
+                sync()
+        print("accelerated-scan done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -42,22 +42,6 @@ def test_forward(T, N, h0, cfg, monkeypatch):
     assert len(calls) == 1
 
 
-@pytest.mark.parametrize("B,T,N,persist,h0", [(3, 45, 20, 1, True), (3, 45, 20, 2, False),
-                                               (2, 1, 20, 1, True), (1, 33, 36, 3, True)])
-def test_persistent(B, T, N, persist, h0, monkeypatch):
-    """``TUNE["tma_persist"]``: programs that run column after column (4 SMs on the CPU).
-    B3 N20 in 8-channel tiles is 9 columns: 3 programs of 3 (persist 1) or 5 of 2 and 1
-    (persist 2), so a program crosses channel edges and sequences; T = 1 is one short tile per
-    column; persist 3 on 5 columns gives one each. The one-column kernel is not launched."""
-    calls = launches(monkeypatch)
-    monkeypatch.setattr(tma, "_diag_fwd_tma_kernel", None)  # launching it would raise
-    scanmod.TUNE.update(tma_persist=persist)
-    a, b = inputs(B, T, N, seed=B * T + persist)
-    e = errors(a, b, torch.randn(B, N).to(DEV) if h0 else None, None)
-    assert max(e) < 1e-5, e
-    assert len(calls) == 1
-
-
 def test_varlen(monkeypatch):
     """Boundaries inside tiles (a tile runs on into the next sequence), an empty sequence (its
     final state is h0), a one-step sequence, the last tile past ``T_total``."""

@@ -340,8 +340,7 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False, max_len=None):
     nseq = B if cu is None else cu.numel() - 1
     tma_cfg = tma.tma_config(a, b, nseq, TUNE, _num_sms(b.device)) if chunk is None else None
     if tma_cfg is not None:  # few programs on Hopper: loads by TMA (tma.py)
-        return tma.diag_tma_forward(a, b, h0, cu, tma_cfg, _empty, TUNE.get("tma_persist", 0),
-                                    _num_sms(b.device)) + (None,)
+        return tma.diag_tma_forward(a, b, h0, cu, tma_cfg, _empty) + (None,)
     bt, bn, nw, ns = _diag_cfg(N, nseq, b.device)
     dev = b.device
     h = _empty(b.shape, b.dtype, dev)

@@ -98,60 +98,15 @@ def _diag_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, N, BT: tl.constexpr, 
         ok = (t < eos)[:, None]
         av = tl.where(ok, DA.load([sd, ts, n0]).reshape(BT, BN).to(tl.float32), 1.0)
         bv = tl.where(ok, DB.load([sd, ts, n0]).reshape(BT, BN).to(tl.float32), 0.0)
-        hv, x = _diag_tile(av, bv, x, last)
+        ca, cb = tl.associative_scan((av, bv), 0, _affine_combine)
+        # the tile's map x -> P x + E (its last row) does not depend on x: reduced off the serial
+        # chain, which is then one FMA a tile (the same arithmetic as h's last row)
+        P = tl.sum(tl.where(last, ca, 0.0), axis=0)
+        E = tl.sum(tl.where(last, cb, 0.0), axis=0)
+        hv = ca * x[None, :] + cb
         tma_store_rows(Hout, hv, row0, t, ok, n, mn, N)
+        x = P * x + E
     tl.store(Final + s.to(tl.int64) * N + n, x, mask=mn)
-
-
-@triton.jit
-def _diag_tile(av, bv, x, last):
-    """``(h, x_next)`` of one ``(BT, BN)`` tile entered with state ``x``: an in-tile
-    ``tl.associative_scan`` over time composed with ``x``, and the state after the tile."""
-    ca, cb = tl.associative_scan((av, bv), 0, _affine_combine)
-    # the tile's map x -> P x + E (its last row) does not depend on x: reduced off the serial
-    # chain, which is then one FMA a tile (the same arithmetic as h's last row)
-    P = tl.sum(tl.where(last, ca, 0.0), axis=0)
-    E = tl.sum(tl.where(last, cb, 0.0), axis=0)
-    return ca * x[None, :] + cb, P * x + E
-
-
-@triton.jit(do_not_specialize=["T", "B"])
-def _diag_fwd_tma_persist_kernel(DA, DB, Hout, Init, Final, T, N, B, BT: tl.constexpr,
-                                 BN: tl.constexpr, NS: tl.constexpr, HAS_INIT: tl.constexpr):
-    """``_diag_fwd_tma_kernel`` with persistent programs (no ``cu_seqlens``): program ``p`` of
-    ``G`` runs the columns ``u = p, p + G, ...`` (column ``u``: sequence ``u // cdiv(N, BN)``,
-    channel tile ``u % cdiv(N, BN)``) one after another in one flat loop over (column, tile),
-    so the pipeliner's TMA loads run on into the next column and a program fills its pipeline
-    once (not once per column, as a new program would)."""
-    pid = tl.program_id(0)
-    G = tl.num_programs(0)
-    ncn = tl.cdiv(N, BN)
-    nt = tl.cdiv(T, BT)
-    mine = tl.cdiv(B * ncn - pid, G)
-    r = tl.arange(0, BT)
-    last = (r == BT - 1)[:, None]
-    x = tl.zeros([BN], dtype=tl.float32)
-    for it in tl.range(0, mine * nt, num_stages=NS):
-        u = pid + (it // nt) * G
-        i = it % nt
-        s = u // ncn
-        n0 = (u % ncn) * BN
-        n = n0 + tl.arange(0, BN)
-        mn = n < N
-        first = (n * 0 + i) == 0  # a [BN] mask (the interpreter's loop index is a Python int)
-        if HAS_INIT:
-            x0 = tl.load(Init + s.to(tl.int64) * N + n, mask=mn & first, other=0.0).to(tl.float32)
-        else:
-            x0 = tl.zeros([BN], dtype=tl.float32)
-        x = tl.where(first, x0, x)
-        ts = i * BT
-        t = ts + r
-        ok = (t < T)[:, None]
-        av = tl.where(ok, DA.load([s, ts, n0]).reshape(BT, BN).to(tl.float32), 1.0)
-        bv = tl.where(ok, DB.load([s, ts, n0]).reshape(BT, BN).to(tl.float32), 0.0)
-        hv, x = _diag_tile(av, bv, x, last)
-        tma_store_rows(Hout, hv, s.to(tl.int64) * T, t, ok, n, mn, N)
-        tl.store(Final + s.to(tl.int64) * N + n, x, mask=mn & ((n * 0 + i) == nt - 1))
 
 
 @functools.lru_cache(maxsize=None)
@@ -255,12 +210,10 @@ def tma_config(a, b, nseq: int, tune: dict, sms: int):
     return tune.get("tma_bt", bt), bn, tune.get("tma_nw", nw), tune.get("tma_ns", ns)
 
 
-def diag_tma_forward(a, b, h0, cu, cfg, empty, persist: int = 0, sms: int = 1):
+def diag_tma_forward(a, b, h0, cu, cfg, empty):
     """``(h, final)`` of the m = 1 forward through ``_diag_fwd_tma_kernel``: ``a``, ``b``, ``h``
     ``(B, T, N)`` (``B == 1`` with ``cu_seqlens``), ``final`` fp32 ``(nseq, N)``; ``cfg`` from
-    ``tma_config``, ``empty`` the scan's allocator (NaN under poisoning). ``persist > 0`` (no
-    ``cu_seqlens`` only) runs ``_diag_fwd_tma_persist_kernel`` on at most ``persist`` programs
-    per SM (``sms`` of them), the columns spread evenly (every program one more or the same)."""
+    ``tma_config``, ``empty`` the scan's allocator (NaN under poisoning)."""
     B, T, N = b.shape
     bt, bn, nw, ns = cfg
     nseq = B if cu is None else cu.numel() - 1
@@ -270,13 +223,6 @@ def diag_tma_forward(a, b, h0, cu, cfg, empty, persist: int = 0, sms: int = 1):
 
     h = empty(b.shape, b.dtype, b.device)
     final = empty((nseq, N), torch.float32, b.device)
-    if persist > 0 and cu is None:
-        cols = B * cdiv(N, bn)
-        grid = cdiv(cols, cdiv(cols, persist * sms))  # each program cdiv(cols, persist * sms) or fewer
-        _diag_fwd_tma_persist_kernel[(grid,)](
-            desc(a), desc(b), h, h0 if h0 is not None else b, final, T, N, B, BT=bt, BN=bn, NS=ns,
-            HAS_INIT=h0 is not None, num_warps=nw)
-        return h, final
     _diag_fwd_tma_kernel[(cdiv(N, bn), nseq)](
         desc(a), desc(b), h, h0 if h0 is not None else b, final, cu if cu is not None else b,
         T, N, BT=bt, BN=bn, NS=ns, HAS_INIT=h0 is not None, VARLEN=cu is not None, num_warps=nw)

@@ -84,6 +84,22 @@ def test_diag_tile_vs_accel_smoke_on_the_interpreter(tmp_path, monkeypatch):
     assert (tmp_path / "RESULTS_diagtile.md").read_text().count("| 2 | 37 | 20 |") == 2 * len(mod.CONFIGS)
 
 
+def test_diag_tile_vs_accel_flushed_timer(monkeypatch):
+    """``--flush-l2``: each timed replay overwrites the buffer first, and the overwrite's own time
+    is subtracted (timer stubbed: 5 ms with the kernel, 2 without)."""
+    mod = _tool("diag_tile_vs_accel")
+    monkeypatch.setattr(mod, "DEVICE", "cpu")
+    ran = []
+
+    def stub(f, rep, return_mode):
+        ran.clear()
+        f()
+        return 5.0 if ran else 2.0
+    monkeypatch.setattr(mod, "BENCH", stub)
+    bench = mod.flushed_timer(1)
+    assert bench(lambda: ran.append(1), rep=3, return_mode="median") == 3.0
+
+
 def test_graph_time_synchronises_before_the_side_stream(monkeypatch):
     """graph_time must drain the current stream before do_bench_cudagraph starts its side stream
     (the 2026-11-25 NaN: a side-stream copy overwrote a temporary still queued on the default

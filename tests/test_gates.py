@@ -1,6 +1,8 @@
 """The L1-normalised gates and Proposition 1 (‖h‖_∞ ≤ max ‖v‖_∞ for every length)."""
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import lrnn_scan as ls
 from lrnn_scan.gates import GATE_VARIANTS, gate_function, normalize_gates
@@ -89,6 +91,26 @@ def test_proposition1_hlru_long_sequence(variant):
     v = torch.randn(1, T, 4, generator=gen(9), dtype=D) * 3
     h = ls.hlru_scan(z, v, variant)
     assert h.abs().max() <= v.abs().max() * (1 + 1e-9)
+
+
+@given(variant=st.sampled_from(NORMALISED), family=st.sampled_from(["bdlru", "hlru"]),
+       m=st.integers(1, 5), T=st.integers(1, 200), log_mag=st.floats(-3, 4), log_v=st.floats(-3, 3),
+       h0=st.booleans(), method=st.sampled_from(["sequential", "blelloch"]), seed=st.integers(0, 2 ** 16))
+def test_proposition1_property(variant, family, m, T, log_mag, log_v, h0, method, seed):
+    """Proposition 1 as a property: rows of ``[A_t, a0_t]`` with L1 norm <= 1 give
+    ``|h_t|_inf <= max(|h_0|_inf, max_s |v_s|_inf)`` for every t, and the final state too, for
+    any gate variant, block size or order, length, logit magnitude (1e-3 .. 1e4, random signs),
+    value scale, initial state and scan method (fp64, relative slack 1e-9)."""
+    g = gen(seed)
+    shape = (2, T, 3, m, m + 1) if family == "bdlru" else (2, T, 3, m + 1)
+    signs = torch.randint(0, 2, shape, generator=g) * 2 - 1
+    z = (signs * 10 ** log_mag * torch.rand(shape, generator=g)).to(D)
+    v = torch.randn(shape[:-1] if family == "bdlru" else shape[:3], generator=g, dtype=D) * 10 ** log_v
+    state = torch.randn(2, 3, m, generator=g, dtype=D) * 10 ** log_v * 2 if h0 else None
+    fn = ls.bdlru_scan if family == "bdlru" else ls.hlru_scan
+    h, hT = fn(z, v, variant, initial_state=state, output_final_state=True, method=method)
+    bound = max(v.abs().max(), state.abs().max() if h0 else 0.0) * (1 + 1e-9)
+    assert h.abs().max() <= bound and hT.abs().max() <= bound, (h.abs().max(), hT.abs().max(), bound)
 
 
 def test_unnormalised_gates_can_blow_up():

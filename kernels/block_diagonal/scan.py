@@ -297,7 +297,8 @@ _DIAG_FEW, _DIAG_FEW_BWD = (128, 16, 2), (64, 32, 2)  # few programs, fwd / bwd 
 # B8 T2048 N8192 too; (16, 64) 2-3 % behind (32, 64), (32, 128) and (64, 64) slower than (64, 32).
 # Keys are substrings of the name: "NVIDIA GH200 ..." takes the H200 row (not measured there).
 # On an H200 fp32 forwards of 2048+ steps with many programs run tma.py's TMA forward
-# (_MANY_BY_DEVICE there: 64 x 64 tiles, 2 warps, 1.7-5.1 % faster, thirty-third session); bf16
+# (_MANY_BY_DEVICE there: 64 x 64 tiles, 2 warps, 1.7-5.1 % faster on a warm L2, equal with the
+# L2 flushed, thirty-third and thirty-fourth sessions); bf16
 # keeps these tiles.
 _DIAG_BY_DEVICE = {"H100": (16, 64, 2), "H200": (32, 64, 2)}  # H100 80GB HBM3 (SXM), H200
 _DIAG_BWD_BY_DEVICE = {"H100": (16, 64), "H200": (32, 64)}

@@ -151,7 +151,9 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # (``scan._DIAG_BY_DEVICE``: 32 x 64, 2 warps) in the same run (RESULTS.md, thirty-third
 # session): B8 T2048 N4096 0.1964 / 0.2070, B8 T16384 N4096 1.5392 / 1.5651, B16 T2048 N2048
 # 0.1983 / 0.2070, B32 T2048 N1024 0.2011 / 0.2078, B8 T4096 N8192 0.7695 / 0.7830 (1.7-5.1 %
-# faster; a same-size copy 0.1910 at B8 T2048 N4096). Slower there: 64 x 64 on 4 warps or with
+# faster; a same-size copy 0.1910 at B8 T2048 N4096). That is with replays back to back (a warm
+# L2): with the L2 overwritten before each replay (``diag_tile_vs_accel.py --flush-l2``) the two
+# tie, 0.2006 / 0.1998 ms (thirty-fourth session). Slower there: 64 x 64 on 4 warps or with
 # 2 stages, 32 x 64 (2 warps, 3 or 4 stages), 32 x 128 on 4 warps, the few-program configuration.
 # Keys are substrings of the name (a GH200 takes the H200 row; not measured there). Only from
 # _MANY_MIN_T steps (the measured range): shorter calls keep the tile kernel, whose launch costs

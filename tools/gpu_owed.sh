@@ -32,6 +32,10 @@
 #   make the eager plans (kernels/block_diagonal/plan.py): tests/gpu/test_gpu_compile.py and
 #   tests/test_ecosystem.py -k "custom_op or plans or before_register" 28 passed on the H100 with
 #   the final code; compiled = eager within 1 % (tune_compare.py --compiled). Nothing is owed.
+#   Thirty-fourth (H200): owed, the block-diagonal GPU checks not reached since the thirty-third
+#   session's m = 1 TMA row (50 of 121; 71 passed, RESULTS.md). A fresh machine compiles every
+#   kernel, so run the suite over several calls with tools/gpu_suite_resume.sh (it skips what
+#   earlier calls passed and carries the Triton cache; its header says what to copy back).
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):

@@ -283,7 +283,7 @@ def test_diag_tma(cfg, dtype, tol):
 
 @pytest.mark.skipif(torch.cuda.is_available() and (torch.cuda.get_device_capability()[0] < 9 or
                                                    torch.cuda.get_device_properties(0).total_memory < 40e9),
-                    reason="TMA (compute capability 9+) and ~20 GB of GPU memory")
+                    reason="TMA (compute capability 9+) and ~30 GB of GPU memory")
 @pytest.mark.parametrize("B,T,N,dtype,tol", [(1, 2 ** 21, 1040, torch.bfloat16, 5e-3),
                                              (2, 2 ** 17, 8448, torch.float32, 1e-5)])
 def test_diag_tma_more_than_2_31_elements(B, T, N, dtype, tol):

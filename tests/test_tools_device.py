@@ -1,9 +1,11 @@
-"""tools/gpu_suite_resume.sh: the GPU checks over several device calls (run here on a tiny
-generated test file, no GPU needed)."""
+"""Device-side tools on the CPU: tools/gpu_suite_resume.sh (the GPU checks over several device
+calls; here on a tiny generated test file) and tools/ncu_m1.py (what Nsight Compute runs)."""
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,3 +52,16 @@ def test_a_call_stopped_by_its_time_limit_keeps_its_passes(tmp_path):
     first = _call(tmp_path, tmp_path / "out1", tmp_path / "absent.txt", timeout=8)
     assert "this call 3 passed" in first and "stopped at SUITE_TIMEOUT" in first, first
     assert len((tmp_path / "out1" / "suite_passed.txt").read_text().split()) == 3
+
+
+def test_ncu_m1_driver_runs_on_the_interpreter(capsys):
+    """tools/ncu_m1.py: each TUNE setting runs the m = 1 forward (the TMA kernel forced, then
+    the tile kernel) on the CPU interpreter; no accelerated-scan there."""
+    pytest.importorskip("triton")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ncu_m1", ROOT / "tools" / "ncu_m1.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(["--device", "cpu", "--shape", "2x37x64", "--runs", "1",
+              "--configs", 'tma={"diag_tma": true}', 'tile={"diag_tma": false}'])
+    assert capsys.readouterr().out.split() == ["tma", "done", "tile", "done"]

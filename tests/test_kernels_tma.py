@@ -109,12 +109,11 @@ def test_rule_and_config(monkeypatch):
     a, b = inputs(16, 2, 4096)
     # 16 channels up to 4 programs an SM, else 32; 4 stages at 16 channels up to 3 an SM, else 3
     four = 3 if DEV == "cuda" and "H100" in torch.cuda.get_device_name() else 4
-    # many programs (4 an SM at BN = 32) but T = 2, under _MANY_MIN_T: the one-warp tiles on every
-    # GPU (the H200's many-program row from T = 2048: test_many_programs_row)
-    many = (64, 32, 1, 3)
+    # N4096: many programs (4 an SM at BN = 32) but T = 2, under _MANY_MIN_T, so the one-warp tiles
+    # on every GPU (the H200's many-program row from T = 2048: test_many_programs_row)
     assert b.shape[1] < tma._MANY_MIN_T
     for N, nseq, want in ((768, 8, (64, 16, 1, four)), (512, 16, (64, 16, 1, 3)),
-                          (1536, 8, (64, 32, 1, 3)), (4096, 8, many)):
+                          (1536, 8, (64, 32, 1, 3)), (4096, 8, (64, 32, 1, 3))):
         x, y = a[:nseq, :, :N], b[:nseq, :, :N]
         assert tma.tma_config(x.contiguous(), y.contiguous(), nseq, {"diag_tma": True}, 132) == want
     assert tma.tma_config(a, b, 16, {"diag_tma": True, "tma_bt": 32, "tma_nw": 2}, 132)[::2] == (32, 2)

@@ -12,7 +12,6 @@ Each setting runs ``--runs`` times (the first compiles; profile them all or pass
 ``--device cpu`` is a smoke run under ``TRITON_INTERPRET=1`` (no accelerated-scan there).
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,11 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from lrnn_scan.kernels.block_diagonal import diagonal_scan  # noqa: E402
 from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tune_compare import parse_tune  # noqa: E402  (the tools' NAME=JSON / NAME=key:value+... words)
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="8x2048x4096", help="BxTxN")
-    ap.add_argument("--configs", nargs="*", default=["default={}"], help="NAME=JSON of TUNE overrides")
+    ap.add_argument("--configs", nargs="*", default=["default={}"],
+                    help="NAME=JSON or NAME=key:value+key:value of TUNE overrides (tune_compare.py's words)")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--no-peer", action="store_true", help="skip accelerated-scan")
     ap.add_argument("--device", default="cuda")
@@ -37,9 +40,8 @@ def main(argv=None):
     x = torch.rand(B, T, N, device=a.device, generator=g) * 0.5 + 0.5
     y = torch.randn(B, T, N, device=a.device, generator=g)
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
-    for item in a.configs:
-        name, _, js = item.partition("=")
-        with S.tuned(json.loads(js or "{}")), torch.no_grad():
+    for name, tune in parse_tune(a.configs).items():
+        with S.tuned(tune), torch.no_grad():
             for _ in range(a.runs):
                 diagonal_scan(x, y)
                 sync()

@@ -1,5 +1,7 @@
 """Device-side tools on the CPU: tools/gpu_suite_resume.sh (the GPU checks over several device
-calls; here on a tiny generated test file) and tools/ncu_m1.py (what Nsight Compute runs)."""
+calls; here on a tiny generated test file), tools/ncu_m1.py (what Nsight Compute runs) and
+tools/walk_order_probe.py (its kernel on the interpreter)."""
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +21,14 @@ def test_ok(i):
 def test_bad():
     assert False
 '''
+
+
+def _tool(name):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _call(tmp_path, out, passed_in, timeout=480):
@@ -58,10 +68,33 @@ def test_ncu_m1_driver_runs_on_the_interpreter(capsys):
     """tools/ncu_m1.py: each TUNE setting runs the m = 1 forward (the TMA kernel forced, then
     the tile kernel) on the CPU interpreter; no accelerated-scan there."""
     pytest.importorskip("triton")
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("ncu_m1", ROOT / "tools" / "ncu_m1.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _tool("ncu_m1")
     mod.main(["--device", "cpu", "--shape", "2x37x64", "--runs", "1",
               "--configs", 'tma={"diag_tma": true}', 'tile={"diag_tma": false}'])
     assert capsys.readouterr().out.split() == ["tma", "done", "tile", "done"]
+
+
+def test_walk_order_probe_on_the_interpreter(tmp_path, monkeypatch):
+    """tools/walk_order_probe.py: every walk (both layouts, tiles that do not divide T or N) writes
+    exactly ``a + b`` into a NaN-poisoned output; timer stubbed, no accelerated-scan."""
+    pytest.importorskip("triton")
+    mod = _tool("walk_order_probe")
+    monkeypatch.setattr(mod, "DEVICE", "cpu")
+    monkeypatch.setattr(mod, "BENCH", lambda f, rep, return_mode: (f(), 1.0)[1])
+    monkeypatch.setattr(mod, "try_accelerated_scan", lambda: None)
+    mod.main(["--shapes", "2x37x20", "--rounds", "1", "--out", str(tmp_path),
+              "--walks", "btn:8x16x1", "btn:64x32x2", "bnt:16x4x1", "bnt:64x1x1", "btn:8x16x1x3",
+              "bnt:8x4x1x2"])
+    rows = json.loads((tmp_path / "walk_order_probe.json").read_text())["rows"]
+    walks = [r for r in rows if ":" in r["kernel"]]
+    assert len(walks) == 6 and all(r["exact"] for r in walks), walks
+    assert [r["kernel"] for r in rows if ":" not in r["kernel"]] == ["torch.add (flat)", "scan (ours, default)"]
+
+
+def test_walk_order_probe_rejects_a_malformed_walk():
+    mod = _tool("walk_order_probe")
+    assert mod.parse_walk("btn:32x64x2") == ("btn", 32, 64, 2, 1)
+    assert mod.parse_walk("bnt:16x4x1x3") == ("bnt", 16, 4, 1, 3)
+    for bad in ("btn32x64x2", "tbn:32x64x2", "btn:32x48x2", "btn:32x64", "btn:32x64x2x0", "btn:1x1x1x1x1"):
+        with pytest.raises(SystemExit, match="--walks"):
+            mod.parse_walk(bad)

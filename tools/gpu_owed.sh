@@ -32,16 +32,14 @@
 #   make the eager plans (kernels/block_diagonal/plan.py): tests/gpu/test_gpu_compile.py and
 #   tests/test_ecosystem.py -k "custom_op or plans or before_register" 28 passed on the H100 with
 #   the final code; compiled = eager within 1 % (tune_compare.py --compiled). Nothing is owed.
-#   Thirty-fourth (H200): owed, the block-diagonal GPU checks not reached since the thirty-third
-#   session's m = 1 TMA row (50 of 121; 71 passed, RESULTS.md). A fresh machine compiles every
-#   kernel, so run the suite over several calls with tools/gpu_suite_resume.sh (it skips what
-#   earlier calls passed and carries the Triton cache; its header says what to copy back).
-#   Lead for the m = 1 forward against accelerated-scan (ncu, RESULTS.md "thirty-fourth": the same
-#   bytes, its DRAM at 87-88 % of peak with 19 warps an SM, ours 82-86 % with 4-8): tile variants
-#   with more warps an SM (512 programs of 2 warps at BN = 64 allow 7.8), timed warm and cold:
-#     python3 tools/diag_tile_vs_accel.py --out $OUT/d --configs default --flush-l2 256 \
-#       --tune tile=diag_tma:false w4=diag_tma:false+num_warps_diag:4 n32=diag_tma:false+bn:32 \
-#       --shapes 8x2048x4096 8x16384x4096
+#   Thirty-fourth (H200): 71 of the 121 block-diagonal GPU checks since the thirty-third
+#   session's m = 1 TMA row; thirty-fifth (H200): the other 50 passed through
+#   tools/gpu_suite_resume.sh (two calls, the Triton cache carried). Nothing is owed. The m = 1
+#   lead of the thirty-fourth (tile variants with more warps per SM) lost warm and cold; the
+#   gap to accelerated-scan on (B, T, N) is the walk over the layout (tools/walk_order_probe.py,
+#   RESULTS.md "thirty-fifth"): run it again with, e.g.,
+#     python3 tools/walk_order_probe.py --out $OUT/w --flush-l2 256 \
+#       --walks btn:32x64x2 btn:32x64x2x4 bnt:1024x1x4 --shapes 8x2048x4096
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):

@@ -125,23 +125,27 @@ def test_rule_and_config(monkeypatch):
 
 
 def test_many_programs_row(monkeypatch):
-    """With at least 4 programs an SM at BN = 32 and ``T >= _MANY_MIN_T``, fp32 on a GPU named in
-    ``_MANY_BY_DEVICE`` (the name faked here; 4 SMs) takes that row; bf16, fewer programs, fewer
-    steps or another GPU keep the one-warp tiles; ``tma_*`` keys still override; "auto" never
-    runs TMA on CPU tensors."""
+    """With at least ``_MANY_MIN_PER_SM`` (3.8) programs an SM at the row's BN (64) and
+    ``T >= _MANY_MIN_T``, fp32 on a GPU named in ``_MANY_BY_DEVICE`` (the name faked here) takes
+    that row; bf16, fewer programs (the TMA grid's partial second wave), fewer steps or another
+    GPU keep the one-warp tiles; ``tma_*`` keys still override; "auto" never runs TMA on CPU
+    tensors."""
     monkeypatch.setattr(tma, "device_name", lambda device: "NVIDIA H200")
-    a, b = inputs(2, tma._MANY_MIN_T, 256)  # 2 x 8 programs at BN = 32: 4 an SM
+    a, b = inputs(2, tma._MANY_MIN_T, 1024)  # 2 x 16 programs at BN = 64
     few = (64, 32, 1, 3)
-    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 4) == (64, 64, 2, 3)
-    assert tma.tma_config(a, b, 2, {"diag_tma": True, "tma_nw": 4, "tma_bn": 32}, 4) == (64, 32, 4, 3)
-    assert tma.tma_config(a.bfloat16(), b.bfloat16(), 2, {"diag_tma": True}, 4) == few
-    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 5) == few  # 3.2 programs an SM
+    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 8) == (64, 64, 2, 3)  # 4 an SM
+    assert tma.tma_config(a, b, 2, {"diag_tma": True, "tma_nw": 4, "tma_bn": 32}, 8) == (64, 32, 4, 3)
+    assert tma.tma_config(a.bfloat16(), b.bfloat16(), 2, {"diag_tma": True}, 8) == few
+    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 9) == few  # 3.6 programs an SM
+    # H200 B N4096: 132 SMs; B7 (3.4 an SM) keeps the tile kernel, B8 (3.9) and B9 take the row
+    for nseq, row in ((7, None), (8, (64, 64, 2, 3)), (9, (64, 64, 2, 3))):
+        assert tma._many_cfg(b, 4096, nseq, 132) == row, nseq
     short = (a[:, :-1].contiguous(), b[:, :-1].contiguous())
-    assert tma.tma_config(*short, 2, {"diag_tma": True}, 4) == few
+    assert tma.tma_config(*short, 2, {"diag_tma": True}, 8) == few
     if DEV == "cpu":
-        assert tma.tma_config(a, b, 2, {}, 4) is None  # "auto": not on CPU tensors
+        assert tma.tma_config(a, b, 2, {}, 8) is None  # "auto": not on CPU tensors
     monkeypatch.setattr(tma, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
-    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 4) == few
+    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 8) == few
 
 
 @pytest.mark.gpu

@@ -7,9 +7,9 @@ tiles on 2 warps, the next tile prefetched into registers) ran at about 80 % of 
 (not profiled): a warp's registers hold too few prefetched bytes. TMA copies land in shared memory without holding registers: Triton's pipeliner turns
 the descriptor loads of a ``tl.range(num_stages=NS)`` loop into asynchronous bulk copies, ``NS - 1``
 tiles ahead, so one warp a 64-step tile is enough (91-95 % of a same-size copy on an H100 and an
-H200; ``tma_config`` has the numbers). With many programs on an H200 (fp32, ``T >= 2048``) it
-runs too, on 64 x 64 tiles with 2 warps (``_MANY_BY_DEVICE``): 1.7-5.1 % faster than the tile
-kernel there.
+H200; ``tma_config`` has the numbers). With many programs on an H200 (fp32, ``T >= 2048``, at
+least 3.8 programs an SM) it runs too, on 64 x 64 tiles with 2 warps (``_MANY_BY_DEVICE``):
+1.7-5.1 % faster than the tile kernel there on a warm L2, equal on a cold one.
 
 Semantics are the tile kernel's: ``h_t = a_t h_{t-1} + b_t`` on ``(BT, BN)`` tiles, an in-tile
 ``tl.associative_scan`` over time composed with the carried state. The descriptors have shape
@@ -158,22 +158,34 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # Keys are substrings of the name (a GH200 takes the H200 row; not measured there). Only from
 # _MANY_MIN_T steps (the measured range): shorter calls keep the tile kernel, whose launch costs
 # the host less (no descriptors to encode; README.md of this folder, "m = 1 with TMA loads").
+# Only from _MANY_MIN_PER_SM programs an SM at the row's BN: the row fits 2 programs an SM
+# (shared memory) where the tile kernel fits 4, and each program walks the whole sequence, so
+# below about 4 an SM the TMA grid ends in a partly empty second wave that takes as long as a
+# full one, while the tile kernel's programs all run at once. H200, B N4096 T2048, L2 flushed,
+# TMA row / tile kernel, ms (thirty-fifth session): B5 0.1926 / 0.1302, B6 0.1951 / 0.1481,
+# B7 0.1969 / 0.1762 (3.4 an SM), B8 0.2006 / 0.2010 (3.9), B9 0.2870 / 0.3047, B12 0.2977 /
+# 0.3291 (past one wave of the tile kernel the TMA grid fills its waves better).
 _MANY_BY_DEVICE = {"H200": (64, 64, 2, 3)}
 _MANY_MIN_T = 2048
+_MANY_MIN_PER_SM = 3.8
 
 
 def _many_cfg(b, N: int, nseq: int, sms: int):
-    """``_MANY_BY_DEVICE``'s row for ``b`` ``(B, T, N)`` on its GPU where the call has many
-    programs, ``T >= _MANY_MIN_T`` and ``b`` is fp32, else None."""
-    if b.element_size() != 4 or b.shape[1] < _MANY_MIN_T or nseq * cdiv(N, 32) < 4 * sms:
+    """``_MANY_BY_DEVICE``'s row for ``b`` ``(B, T, N)`` on its GPU where the call has at least
+    ``_MANY_MIN_PER_SM`` programs an SM at the row's BN, ``T >= _MANY_MIN_T`` and ``b`` is fp32,
+    else None."""
+    if b.element_size() != 4 or b.shape[1] < _MANY_MIN_T:
         return None
-    return row_by_name(_MANY_BY_DEVICE, device_name(b.device))
+    row = row_by_name(_MANY_BY_DEVICE, device_name(b.device))
+    if row is None or nseq * cdiv(N, row[1]) < _MANY_MIN_PER_SM * sms:
+        return None
+    return row
 
 
 def tma_config(a, b, nseq: int, tune: dict, sms: int):
     """``(BT, BN, num_warps, num_stages)`` of the TMA forward for ``a``, ``b`` ``(B, T, N)``, or
     None where the tile kernel runs. ``tune["diag_tma"]``: "auto" (the default: ``tma_auto`` on a
-    GPU, or many programs over at least ``_MANY_MIN_T`` steps on a GPU with a
+    GPU, or many programs (``_many_cfg``) over at least ``_MANY_MIN_T`` steps on a GPU with a
     ``_MANY_BY_DEVICE`` row), True (wherever
     ``tma_usable``: compute capability 9+, or the interpreter) or False. Keys ``tma_bt``,
     ``tma_bn``, ``tma_nw``, ``tma_ns`` override the configuration: with many programs the

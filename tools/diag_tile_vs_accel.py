@@ -51,18 +51,29 @@ CONFIGS = {   # name -> scan.TUNE overrides (bt / bn / num_warps_diag set the ba
 }
 
 
-def flushed_timer(mb: int):
+def flushed_timer(mb: int, timer=None, device=None):
     """A ``BENCH`` whose every replay first overwrites ``mb`` MB (``zero_``: the 50-60 MB L2 holds
     none of the kernel's data, nor dirty lines of the last replay's stores, when it starts), minus
     the graph time of that overwrite alone (whose write-backs of the kernel's dirty lines are
     then charged to the kernel). ``triton.testing.do_bench`` clears the cache the same way, but
-    eagerly, with the host's launch cost inside the time."""
-    buf = torch.empty(mb * 2 ** 20 // 4, dtype=torch.int32, device=DEVICE)
+    eagerly, with the host's launch cost inside the time. ``timer`` / ``device``: default this
+    module's ``BENCH`` / ``DEVICE``."""
+    timer = BENCH if timer is None else timer
+    buf = torch.empty(mb * 2 ** 20 // 4, dtype=torch.int32, device=DEVICE if device is None else device)
 
     def bench(fn, rep, return_mode):
-        both = BENCH(lambda: (buf.zero_(), fn())[1], rep=rep, return_mode=return_mode)
-        return both - BENCH(buf.zero_, rep=rep, return_mode=return_mode)
+        both = timer(lambda: (buf.zero_(), fn())[1], rep=rep, return_mode=return_mode)
+        return both - timer(buf.zero_, rep=rep, return_mode=return_mode)
     return bench
+
+
+def random_inputs(shape: str, device):
+    """``a`` uniform in [0.5, 1) and ``x`` standard normal, ``(B, T, N)`` from ``"BxTxN"``, with
+    the generator (seed 0) that drew them."""
+    B, T, N = map(int, shape.split("x"))
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.rand(B, T, N, device=device, generator=g) * 0.5 + 0.5
+    return a, torch.randn(B, T, N, device=device, generator=g), g
 
 
 def _ref64(a, b):
@@ -110,10 +121,8 @@ def main(argv=None):
     print(env, flush=True)
     rows = []
     for shape in a_.shapes:
-        B, T, N = map(int, shape.split("x"))
-        g = torch.Generator(device=dev).manual_seed(0)
-        a = torch.rand(B, T, N, device=dev, generator=g) * 0.5 + 0.5
-        x = torch.randn(B, T, N, device=dev, generator=g)
+        a, x, g = random_inputs(shape, dev)
+        B, T, N = a.shape
         dh = torch.randn(B, T, N, device=dev, generator=g)
         ref = _ref64(a[:1], x[:1])
         fns, checks, grads0 = {}, {}, None

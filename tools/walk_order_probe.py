@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from scan_peers import try_accelerated_scan  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import diag_tile_vs_accel  # noqa: E402  (flushed_timer)
+import diag_tile_vs_accel  # noqa: E402  (flushed_timer, random_inputs)
 
 DEVICE = "cuda"       # the CPU smoke test (tests/test_tools_device.py) sets "cpu" (interpreter)
 BENCH = graph_time
@@ -118,8 +118,7 @@ def main(argv=None):
     walks = {w: parse_walk(w) for w in a_.walks}
     out = Path(a_.out)
     out.mkdir(parents=True, exist_ok=True)
-    diag_tile_vs_accel.DEVICE, diag_tile_vs_accel.BENCH = DEVICE, BENCH
-    bench = diag_tile_vs_accel.flushed_timer(a_.flush_l2) if a_.flush_l2 else BENCH
+    bench = diag_tile_vs_accel.flushed_timer(a_.flush_l2, BENCH, DEVICE) if a_.flush_l2 else BENCH
     as_scan = try_accelerated_scan()
     dev = torch.device(DEVICE)
     env = dict(device=torch.cuda.get_device_name() if dev.type == "cuda" else "CPU interpreter",
@@ -128,10 +127,8 @@ def main(argv=None):
     print(env, flush=True)
     rows = []
     for shape in a_.shapes:
-        B, T, N = map(int, shape.split("x"))
-        g = torch.Generator(device=dev).manual_seed(0)
-        a = torch.rand(B, T, N, device=dev, generator=g) * 0.5 + 0.5
-        x = torch.randn(B, T, N, device=dev, generator=g)
+        a, x, _ = diag_tile_vs_accel.random_inputs(shape, dev)
+        B, T, N = a.shape
         at, xt = a.transpose(1, 2).contiguous(), x.transpose(1, 2).contiguous()
         want, want_t = a + x, at + xt
         h, ht = torch.full_like(a, float("nan")), torch.full_like(at, float("nan"))

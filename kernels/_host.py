@@ -19,6 +19,13 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def row_divisor(n: int) -> int:
+    """The largest power of two (at most 16) dividing the row length ``n``: a kernel that gets it
+    as a constexpr can prove its rows that aligned (Triton marks int arguments only by divisibility
+    by 16), so ``N = 4104`` still loads 16-byte vectors (``block_diagonal/fwd._diag_fwd_kernel``)."""
+    return min(16, n & -n) if n > 0 else 16
+
+
 def next_pow2(n: int) -> int:
     """Smallest power of two ``>= n`` (1 for ``n <= 1``)."""
     return 1 << max(0, (int(n) - 1).bit_length())

@@ -164,6 +164,22 @@ def test_diagonal_tile_configs(fwd_cfg, bwd_cfg):
     run_check(a, b, torch.randn(4, 20).to(DEV), cu, 1e-5, fn="diag")
 
 
+@pytest.mark.parametrize("N", [18, 20, 24, 40, 48])
+def test_diagonal_row_divisor(N):
+    """Rows of 2, 4, 8 and 16-divisible lengths: the m = 1 kernels get ``NV = row_divisor(N)``
+    and rebuild ``N`` as ``(N // NV) * NV``; a wrong ``NV`` would drop columns (fails here)."""
+    from lrnn_scan.kernels._host import row_divisor
+    assert row_divisor(N) == {18: 2, 20: 4, 24: 8, 40: 8, 48: 16}[N]
+    scanmod.TUNE.update(bt=8, bn=32, bt_bwd=8, bn_bwd=32, chunk=0)
+    g = torch.Generator().manual_seed(N)
+    a = (2 * torch.rand(2, 37, N, generator=g) - 1).to(DEV)
+    b = torch.randn(2, 37, N, generator=g).to(DEV)
+    run_check(a, b, torch.randn(2, N).to(DEV), None, 1e-5, fn="diag")
+    scanmod.TUNE["chunk"] = 16
+    cu = torch.tensor([0, 5, 40, 74], dtype=torch.int64, device=DEV)
+    run_check(a.view(1, 74, N), b.view(1, 74, N), torch.randn(3, N).to(DEV), cu, 1e-5, fn="diag")
+
+
 def test_diagonal_forward_tile_by_gpu_name(monkeypatch):
     """The m = 1 tiles are picked by GPU name (H100: 16 x 64 forward and backward, measured there;
     H200: 32 x 64 forward and backward; other GPUs 64 x 32); the backward has 4 warps; the
@@ -185,6 +201,30 @@ def test_diagonal_forward_tile_by_gpu_name(monkeypatch):
     monkeypatch.setitem(scanmod.TUNE, "bt", 16)
     assert scanmod._diag_cfg(many[1], many[0], dev)[:3] == (16, 64, 2)   # TUNE's bt, the H200's bn
     assert scanmod._diag_cfg(4096, 8, torch.device("cpu"))[:2] == (16, 32)
+
+
+def test_diagonal_short_tiles_in_band(monkeypatch):
+    """H200: 16-step tiles where 32-step ones would leave a thin last wave (``_DIAG_SHORT_BANDS``,
+    programs per SM at BN = 64): forward B9-B13 at N4096 (4.4-6.3 an SM), not B8 / B16; backward
+    B5-B7 (2.4-3.4), not B8 nor B4 (few programs); TUNE's ``bt`` wins; other GPUs keep their tiles."""
+    from lrnn_scan.kernels import _host as host
+    monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
+    scanmod.TUNE.clear()
+    dev = torch.device("cuda", 0)
+    monkeypatch.setitem(host._NAMES, 0, "NVIDIA H200")
+    fwd = {B: scanmod._diag_cfg(4096, B, dev)[0] for B in (5, 8, 9, 13, 14, 16, 20)}
+    bwd = {B: scanmod._diag_cfg(4096, B, dev, bwd=True)[0] for B in (4, 5, 7, 8, 9, 13)}
+    assert fwd == {5: 32, 8: 32, 9: 16, 13: 16, 14: 16, 16: 32, 20: 32}
+    assert bwd == {4: 64, 5: 16, 7: 16, 8: 32, 9: 32, 13: 32}   # B4: the few-programs tiles
+    assert scanmod._diag_cfg(4096, 9, dev)[1:3] == (64, 2) and scanmod._diag_cfg(4096, 5, dev, True)[2] == 4
+    assert scanmod._diag_cfg(8192, 5, dev)[0] == 16                  # 4.8 an SM: the same band
+    monkeypatch.setitem(scanmod.TUNE, "bt", 32)
+    assert scanmod._diag_cfg(4096, 9, dev)[0] == 32
+    scanmod.TUNE.clear()
+    monkeypatch.setitem(host._NAMES, 0, "NVIDIA H100 80GB HBM3")
+    assert not scanmod._diag_short(4096, 9, dev) and scanmod._diag_cfg(4096, 9, dev)[0] == 16
+    monkeypatch.setitem(host._NAMES, 0, "NVIDIA A100-SXM4-80GB")
+    assert scanmod._diag_cfg(4096, 9, dev)[0] == 64
 
 
 def test_diagonal_varlen_chunked():

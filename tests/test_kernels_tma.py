@@ -148,6 +148,23 @@ def test_many_programs_row(monkeypatch):
     assert tma.tma_config(a, b, 2, {"diag_tma": True}, 8) == few
 
 
+def test_auto_needs_64_byte_rows(monkeypatch):
+    """"auto" takes TMA (few programs, or the many-program row) only where a row is a multiple
+    of 64 bytes (N4104 and N776 fp32 lost to the tile kernel on an H200); ``many=False`` (the
+    scan's 16-step band) drops the row, while ``diag_tma=True`` still forces the few-program
+    tiles."""
+    monkeypatch.setattr(tma, "device_name", lambda device: "NVIDIA H200")
+    for N, nseq, want in ((784, 8, True), (776, 8, False), (1544, 4, False), (1536, 4, True)):
+        b = torch.zeros(nseq, 2, N, device=DEV)
+        assert tma._auto_takes(b, nseq, 132, False) == want, N      # tma_auto's few programs
+        assert tma._auto_takes(b.bfloat16(), nseq, 132, False) == (N % 32 == 0), N
+    b = torch.zeros(1, 2, 4104, device=DEV)
+    assert not tma._auto_takes(b, 8, 132, True) and tma._auto_takes(b[..., :4096], 8, 132, True)
+    a, b = inputs(2, tma._MANY_MIN_T, 1024)
+    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 8) == (64, 64, 2, 3)
+    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 8, many=False) == (64, 32, 1, 3)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _GPU_TMA, reason="GPU sizes")
 def test_auto_on_the_gpu_at_few_programs(monkeypatch):

@@ -134,10 +134,11 @@ def _bd_bwd_kernel_g4(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
 def _diag_bwd_kernel(Aa, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, N, CHUNK, NC,
                      BT: tl.constexpr, BN: tl.constexpr, HAS_H0: tl.constexpr,
                      HAS_MUIN: tl.constexpr, STORE_GRADS: tl.constexpr, STORE_MUOUT: tl.constexpr,
-                     VARLEN: tl.constexpr):
+                     VARLEN: tl.constexpr, NV: tl.constexpr = 1):
     """m = 1: tile row ``r`` is time ``top - 1 - r`` (reversal by indexing, not ``reverse=True``);
     ``lam_t = g_t + coef_t * lam_{t+1}`` with ``coef_t = a_{t+1}`` inside the chunk and ``1`` at its
-    last step, where the carry is ``mu_in`` itself."""
+    last step, where the carry is ``mu_in`` itself. ``NV`` as in ``fwd._diag_fwd_kernel``."""
+    N = (N // NV) * NV  # see fwd._diag_fwd_kernel
     pid_n = tl.program_id(0)
     s = tl.program_id(1)
     c = tl.program_id(2)

@@ -212,9 +212,11 @@ def _affine_combine(a1, b1, a2, b2):
 def _diag_fwd_kernel(Aa, Bv, Hout, Init, Final, Pout, CU, T, N, CHUNK, NC,
                      BT: tl.constexpr, BN: tl.constexpr, HAS_INIT: tl.constexpr,
                      STORE_H: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_P: tl.constexpr,
-                     VARLEN: tl.constexpr):
+                     VARLEN: tl.constexpr, NV: tl.constexpr = 1):
     """``h_t = a_t h_{t-1} + b_t`` on ``(BT, BN)`` tiles: an in-tile associative scan over time
-    composed with the carried state; ``STORE_P`` also writes the chunk's product of ``a``."""
+    composed with the carried state; ``STORE_P`` also writes the chunk's product of ``a``.
+    ``NV``: a power of two dividing ``N`` (``_host.row_divisor``)."""
+    N = (N // NV) * NV  # the same N, proven NV-aligned: 16-byte loads where N % 16 != 0
     pid_n = tl.program_id(0)
     s = tl.program_id(1)
     c = tl.program_id(2)

@@ -20,7 +20,7 @@ import contextlib
 import os
 
 import torch
-from .._host import cdiv, device_name, max_seq_len, next_pow2, num_sms, row_by_name
+from .._host import cdiv, device_name, max_seq_len, next_pow2, num_sms, row_by_name, row_divisor
 
 from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
 from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kernel
@@ -305,6 +305,20 @@ _DIAG_FEW, _DIAG_FEW_BWD = (128, 16, 2), (64, 32, 2)  # few programs, fwd / bwd 
 _DIAG_BY_DEVICE = {"H100": (16, 64, 2), "H200": (32, 64, 2)}  # H100 80GB HBM3 (SXM), H200
 _DIAG_BWD_BY_DEVICE = {"H100": (16, 64), "H200": (32, 64)}
 _DIAG_DEFAULT = (64, 32, 2)
+# (forward, backward) bands (lo, hi] of programs per SM at BN = 64 where 16-step tiles replace the
+# 32-step ones (and, forward, tma.py's TMA row). Why: each program walks the whole sequence, so a
+# grid of P programs with s slots an SM takes full waves plus a last wave that costs about half a
+# wave even when nearly empty; 16-step tiles take half the registers (Triton 3.6 ptxas: forward
+# 125 against 233 at 2 warps, 8 programs an SM against 4; backward 125 against 179 at 4 warps, 4
+# against 2), so they run grids that would leave the 32-step kernel a thin last wave. H200, N4096
+# T2048, L2 flushed, ms (RESULTS.md, thirty-sixth session). Forward, 32-step / 16-step / TMA row:
+# B9 (4.4 an SM) 0.3024 / 0.2264 / 0.2861, B10 0.3103 / 0.2431 / 0.2901, B11 0.3252 / 0.2676 /
+# 0.2931, B12 0.3299 / 0.2936 / 0.2974, B13 0.3350 / 0.3211 / 0.3807, B14 (6.8) 0.3475 / 0.3482 /
+# 0.3876; outside: B7 0.1771 / 0.1936, B16 (7.8) 0.3926 / 0.3984 / 0.3959, B20 0.5252 / 0.6141 /
+# 0.4909. Backward (fwd+bwd minus fwd), 32-step / 16-step: B5 (2.4) 0.2837 / 0.2286, B6 0.2870 /
+# 0.2491, B7 (3.4) 0.2934 / 0.2880; outside: B9 0.4443 / 0.5670, B16 0.6427 / 0.6511 (B13, B14:
+# 16-step 3 % faster, left out).
+_DIAG_SHORT_BANDS = {"H200": ((4.0, 7.0), (1.9, 3.5))}
 
 
 def _diag_default(device, bwd=False):
@@ -318,16 +332,29 @@ def _diag_default(device, bwd=False):
     return cfg + (_DIAG_DEFAULT[2],) if bwd else cfg
 
 
+def _diag_short(N, nseq, device, bwd=False):
+    """Whether ``nseq`` sequences of ``N`` channels fall in the device's ``_DIAG_SHORT_BANDS``
+    band (forward or backward): 16-step tiles there."""
+    bands = row_by_name(_DIAG_SHORT_BANDS, device_name(device))
+    if bands is None:
+        return False
+    lo, hi = bands[bwd]
+    return lo < nseq * cdiv(N, 64) / _num_sms(device) <= hi
+
+
 def _diag_cfg(N, nseq, device, bwd=False):
     """(BT, BN, num_warps, num_stages) of the m = 1 tiles. Forward: ``_diag_default`` (per GPU,
-    measured at B8 T2048 N4096; RESULTS.md); with fewer than 4 programs per SM at BN = 32
-    ``_DIAG_FEW`` (backward ``_DIAG_FEW_BWD``; keys ``bt_few``/``bn_few``/``nw_few`` for both).
-    The backward has its own keys (``bt_bwd``, ``bn_bwd``, ``nw_bwd``; default: the forward's);
-    its tiles need not match the forward's (chunks are any length)."""
+    measured at B8 T2048 N4096; RESULTS.md), 16 steps in ``_diag_short``'s bands; with fewer than
+    4 programs per SM at BN = 32 ``_DIAG_FEW`` (backward ``_DIAG_FEW_BWD``; keys ``bt_few``/
+    ``bn_few``/``nw_few`` for both). The backward has its own keys (``bt_bwd``, ``bn_bwd``,
+    ``nw_bwd``; default: the forward's); its tiles need not match the forward's (chunks are any
+    length)."""
     few = nseq * cdiv(N, 32) < 4 * _num_sms(device)
     fw = _DIAG_FEW_BWD if bwd else _DIAG_FEW
     d = (TUNE.get("bt_few", fw[0]), TUNE.get("bn_few", fw[1]),
          TUNE.get("nw_few", fw[2])) if few else _diag_default(device, bwd)
+    if not few and _diag_short(N, nseq, device, bwd):
+        d = (16,) + tuple(d[1:])
     bt, bn, nw = TUNE.get("bt", d[0]), TUNE.get("bn", d[1]), TUNE.get("num_warps_diag", d[2])
     if bwd:  # 4 warps: B8 T2048 N4096 fwd+bwd 0.5629 ms against 0.7796 with 2 (same run)
         nw = nw if few or "num_warps_diag" in TUNE else 4
@@ -341,10 +368,12 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False, max_len=None):
         return diag_lookback_forward(a, b, h0, cu, chunk, TUNE, _empty, _diag_cfg, max_len)
     B, T, N = b.shape
     nseq = B if cu is None else cu.numel() - 1
-    tma_cfg = tma.tma_config(a, b, nseq, TUNE, _num_sms(b.device)) if chunk is None else None
+    many = not _diag_short(N, nseq, b.device)  # in the band the 16-step tiles beat the TMA row
+    tma_cfg = tma.tma_config(a, b, nseq, TUNE, _num_sms(b.device), many) if chunk is None else None
     if tma_cfg is not None:  # few programs on Hopper: loads by TMA (tma.py)
         return tma.diag_tma_forward(a, b, h0, cu, tma_cfg, _empty) + (None,)
     bt, bn, nw, ns = _diag_cfg(N, nseq, b.device)
+    nv = row_divisor(N)
     dev = b.device
     h = _empty(b.shape, b.dtype, dev)
     final = _empty((nseq, N), torch.float32, dev)
@@ -356,24 +385,24 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False, max_len=None):
         _diag_fwd_kernel[(gn, nseq, 1)](
             a, b, h, h0 if h0 is not None else dummy, final, dummy, cu_arg, T, N, max(T, 1), 1,
             BT=bt, BN=bn, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True, STORE_P=False,
-            VARLEN=varlen, num_warps=nw)
+            VARLEN=varlen, NV=nv, num_warps=nw)
         return h, final, None
     nc = cdiv(max_seq_len(T, cu, max_len), chunk)
     P = _empty((nseq, nc, N), torch.float32, dev)
     E = _empty((nseq, nc, N), torch.float32, dev)
     _diag_fwd_kernel[(gn, nseq, nc)](
         a, b, dummy, dummy, E, P, cu_arg, T, N, chunk, nc, BT=bt, BN=bn, HAS_INIT=False,
-        STORE_H=False, STORE_FINAL=True, STORE_P=True, VARLEN=varlen, num_warps=nw)
+        STORE_H=False, STORE_FINAL=True, STORE_P=True, VARLEN=varlen, NV=nv, num_warps=nw)
     X = _empty((nseq, nc, N), torch.float32, dev)
     _diag_fwd_kernel[(gn, nseq, 1)](
         P, E, X, h0 if h0 is not None else dummy, final, dummy, dummy, nc, N, nc, 1,
         BT=bt, BN=bn, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True, STORE_P=False,
-        VARLEN=False, num_warps=nw)
+        VARLEN=False, NV=nv, num_warps=nw)
     first = (h0.float() if h0 is not None else torch.zeros(nseq, N, device=dev))[:, None]
     init = torch.cat([first, X[:, :-1]], 1).contiguous()
     _diag_fwd_kernel[(gn, nseq, nc)](
         a, b, h, init, dummy, dummy, cu_arg, T, N, chunk, nc, BT=bt, BN=bn, HAS_INIT=True,
-        STORE_H=True, STORE_FINAL=False, STORE_P=False, VARLEN=varlen, num_warps=nw)
+        STORE_H=True, STORE_FINAL=False, STORE_P=False, VARLEN=varlen, NV=nv, num_warps=nw)
     return h, final, P
 
 
@@ -384,6 +413,7 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False, max_len=None)
     B, T, N = h.shape
     nseq = B if cu is None else cu.numel() - 1
     bt, bn, nw, ns = _diag_cfg(N, nseq, h.device, bwd=True)
+    nv = row_divisor(N)
     dev = h.device
     da = _empty(a.shape, a.dtype, dev)
     db = _empty(h.shape, h.dtype, dev)
@@ -397,25 +427,25 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False, max_len=None)
         _diag_bwd_kernel[(gn, nseq, 1)](
             a, h, h0_arg, g, da, db, dhT if dhT is not None else dummy, dh0, cu_arg, T, N,
             max(T, 1), 1, BT=bt, BN=bn, HAS_H0=h0 is not None, HAS_MUIN=dhT is not None,
-            STORE_GRADS=True, STORE_MUOUT=True, VARLEN=varlen, num_warps=nw)
+            STORE_GRADS=True, STORE_MUOUT=True, VARLEN=varlen, NV=nv, num_warps=nw)
         return da, db, dh0
     nc = P.shape[1]
     F = _empty((nseq, nc, N), torch.float32, dev)
     _diag_bwd_kernel[(gn, nseq, nc)](
         a, h, h0_arg, g, dummy, dummy, dummy, F, cu_arg, T, N, chunk, nc, BT=bt, BN=bn,
         HAS_H0=False, HAS_MUIN=False, STORE_GRADS=False, STORE_MUOUT=True, VARLEN=varlen,
-        num_warps=nw)
+        NV=nv, num_warps=nw)
     X = _empty((nseq, nc, N), torch.float32, dev)
     _diag_fwd_kernel[(gn, nseq, 1)](
         P.flip(1).contiguous(), F.flip(1).contiguous(), X, dhT if dhT is not None else dummy,
         dh0, dummy, dummy, nc, N, nc, 1, BT=bt, BN=bn, HAS_INIT=dhT is not None, STORE_H=True,
-        STORE_FINAL=True, STORE_P=False, VARLEN=False, num_warps=nw)
+        STORE_FINAL=True, STORE_P=False, VARLEN=False, NV=nv, num_warps=nw)
     last = (dhT.float() if dhT is not None else torch.zeros(nseq, N, device=dev))[:, None]
     muin = torch.cat([X.flip(1)[:, 1:], last], 1).contiguous()
     _diag_bwd_kernel[(gn, nseq, nc)](
         a, h, h0_arg, g, da, db, muin, dummy, cu_arg, T, N, chunk, nc, BT=bt, BN=bn,
         HAS_H0=h0 is not None, HAS_MUIN=True, STORE_GRADS=True, STORE_MUOUT=False,
-        VARLEN=varlen, num_warps=nw)
+        VARLEN=varlen, NV=nv, num_warps=nw)
     return da, db, dh0
 
 

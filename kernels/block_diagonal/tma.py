@@ -166,6 +166,12 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # B7 0.1969 / 0.1762 (3.4 an SM), B8 0.2006 / 0.2010 (3.9), B9 0.2870 / 0.3047, B12 0.2977 /
 # 0.3291 (past one wave of the tile kernel the TMA grid fills its waves better).
 _MANY_BY_DEVICE = {"H200": (64, 64, 2, 3)}
+# "auto" takes TMA only where rows (N elements) are a multiple of 64 bytes: below that the boxes
+# start off 64-byte boundaries and the TMA forward lost to the tile kernel, H200 fp32 B8 T2048, L2
+# flushed, TMA / tile ms (thirty-sixth session): N4104 (32-byte rows) 0.3017 / 0.2138, N4100
+# 0.3005 / 0.2258, N776 (few programs) 0.0557 / 0.0512; 64-byte rows kept their TMA lead: N4112
+# 0.2021 / 0.2117, N784 0.0453 / 0.0504, N4160 (128-byte) 0.2004 / 0.2016.
+_AUTO_ROW_ALIGN = 64
 _MANY_MIN_T = 2048
 _MANY_MIN_PER_SM = 3.8
 
@@ -182,11 +188,19 @@ def _many_cfg(b, N: int, nseq: int, sms: int):
     return row
 
 
-def tma_config(a, b, nseq: int, tune: dict, sms: int):
+def _auto_takes(b, nseq: int, sms: int, many: bool) -> bool:
+    """The "auto" rule for ``b`` ``(B, T, N)`` on a GPU: rows of ``_AUTO_ROW_ALIGN`` bytes and
+    ``tma_auto`` or ``many`` (``_many_cfg`` found a row)."""
+    N = b.shape[-1]
+    return N * b.element_size() % _AUTO_ROW_ALIGN == 0 and (tma_auto(N, nseq, sms) or many)
+
+
+def tma_config(a, b, nseq: int, tune: dict, sms: int, many: bool = True):
     """``(BT, BN, num_warps, num_stages)`` of the TMA forward for ``a``, ``b`` ``(B, T, N)``, or
     None where the tile kernel runs. ``tune["diag_tma"]``: "auto" (the default: ``tma_auto`` on a
-    GPU, or many programs (``_many_cfg``) over at least ``_MANY_MIN_T`` steps on a GPU with a
-    ``_MANY_BY_DEVICE`` row), True (wherever
+    GPU, or many programs (``_many_cfg``; ``many=False``: not) over at least ``_MANY_MIN_T`` steps
+    on a GPU with a ``_MANY_BY_DEVICE`` row; either only where rows are ``_AUTO_ROW_ALIGN``-byte
+    aligned), True (wherever
     ``tma_usable``: compute capability 9+, or the interpreter) or False. Keys ``tma_bt``,
     ``tma_bn``, ``tma_nw``, ``tma_ns`` override the configuration: with many programs the
     device's row; else 64-step tiles on one warp (no cross-warp barrier in the tile's scan), 16
@@ -208,9 +222,9 @@ def tma_config(a, b, nseq: int, tune: dict, sms: int):
     if mode not in (True, False, "auto"):
         raise ValueError(f'TUNE["diag_tma"] must be "auto", True or False, got {mode!r}')
     N = b.shape[-1]
-    many = _many_cfg(b, N, nseq, sms)
+    many = _many_cfg(b, N, nseq, sms) if many else None
     if mode == "auto":
-        mode = b.is_cuda and (tma_auto(N, nseq, sms) or many is not None)
+        mode = b.is_cuda and _auto_takes(b, nseq, sms, many is not None)
     if many is not None:
         bt, bn, nw, ns = many
         bn = tune.get("tma_bn", bn)

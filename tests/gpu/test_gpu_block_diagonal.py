@@ -258,6 +258,26 @@ def test_diag_tiles(cfg):
         tune.clear()
 
 
+@pytest.mark.parametrize("N", [4098, 4100, 4104, 4099])   # row_divisor 2, 4, 8, 1
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
+@pytest.mark.parametrize("tile", [False, True])
+def test_diag_unaligned_rows(N, dtype, tol, tile):
+    """m = 1 rows whose length is not a multiple of 16 (the kernels' ``NV`` constexpr,
+    ``_host.row_divisor``): the default plan and the tile kernel forced, one pass with h0 and
+    chunked varlen with boundaries inside chunks."""
+    tune = bd.scan.TUNE
+    try:
+        tune.update(chunk=0, **({"diag_tma": False} if tile else {}))
+        A, b = make(2, 1001, N, 1, dtype, seed=N)
+        check(A, b, torch.randn(2, N, 1, device=DEV), None, tol)
+        tune["chunk"] = 200
+        cu = torch.tensor([0, 5, 700, 700, 2002], device=DEV, dtype=torch.int64)
+        check(A.detach().view(1, 2002, N, 1, 1), b.detach().view(1, 2002, N, 1),
+              torch.randn(4, N, 1, device=DEV), cu, tol)
+    finally:
+        tune.clear()
+
+
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9,
                     reason="TMA needs compute capability 9+")
 @pytest.mark.parametrize("cfg", [None, (64, 16, 1, 4), (64, 32, 1, 3), (128, 16, 2, 3), (32, 8, 1, 6),

@@ -309,7 +309,7 @@ def test_bwd_v1_stages(monkeypatch):
     assert seen and all(ns == 5 for _, ns in seen), seen
     seen.clear()
     scanmod.TUNE.pop("num_stages")
-    monkeypatch.setattr(scanmod, "_bwd_variant", lambda m, nprog: "v1")
+    monkeypatch.setattr(scanmod, "_bwd_variant", lambda m, nprog, device=None: "v1")
     scanmod.TUNE.update(bh=1)
     monkeypatch.setattr(scanmod, "_BWD_FEW", 4)
     A, b = make(1, 5, 6, 4, seed=3)                          # 6 programs >= 4: configured stages
@@ -378,6 +378,28 @@ def test_variant_rules():
     assert scanmod._fwd_variant(True) == "ring8" and scanmod._fwd_variant(False) == "ring4"
     scanmod.TUNE.update(bwd_variant="g4", variant="ring2")
     assert bv(2, 10) == "g4" and scanmod._fwd_variant(True) == "ring2"
+
+
+def test_ring2_band_m8(monkeypatch):
+    """m = 8 on an H200 takes ring2 where ring4's second wave would be thin (``_RING2_BANDS_M8``,
+    programs per SM: N4096 has 256 two-block programs a sequence): forward B8-B12, not B4 / B16;
+    backward B5-B6, not B4 / B7; other m, other GPUs, few programs and TUNE keep their kernels."""
+    from lrnn_scan.kernels import _host as host
+    monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
+    dev = torch.device("cuda", 0)
+    monkeypatch.setitem(host._NAMES, 0, "NVIDIA H200")
+    fwd = {B: scanmod._fwd_variant(False, 8, 256 * B, dev) for B in (4, 7, 8, 12, 13, 16)}
+    assert fwd == {4: "ring4", 7: "ring4", 8: "ring2", 12: "ring2", 13: "ring4", 16: "ring4"}
+    bwd = {B: scanmod._bwd_variant(8, 256 * B, dev) for B in (4, 5, 6, 7, 8)}
+    assert bwd == {4: "ring4", 5: "ring2", 6: "ring2", 7: "ring4", 8: "ring4"}
+    assert scanmod._fwd_variant(True, 8, 256 * 9, dev) == "ring8"
+    assert scanmod._fwd_variant(False, 4, 256 * 9, dev) == "ring4" and scanmod._bwd_variant(4, 256 * 5, dev) == "ring2"
+    assert scanmod._bwd_variant(16, 256 * 5, dev) == "v1"
+    monkeypatch.setitem(scanmod.TUNE, "variant", "ring4")
+    assert scanmod._fwd_variant(False, 8, 256 * 9, dev) == "ring4"
+    scanmod.TUNE.clear()
+    monkeypatch.setitem(host._NAMES, 0, "NVIDIA H100 80GB HBM3")
+    assert scanmod._fwd_variant(False, 8, 256 * 9, dev) == "ring4" and scanmod._bwd_variant(8, 256 * 5, dev) == "ring4"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

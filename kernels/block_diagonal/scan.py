@@ -130,29 +130,53 @@ def _bd_cfg(m):
     return mp, bh, nw, ns
 
 
-def _fwd_variant(few=False):
+# m = 8 on an H200: ``ring2`` (8 slots) in place of ``ring4`` within (lo, hi] programs per SM,
+# (forward, backward). Why: ring4 fits 16 programs an SM, so just past one wave (B9-B12 at N4096:
+# 17-23 an SM) it ends in a thin second wave; ring2's fewer registers hold them in one, but it
+# keeps fewer loads in flight, so it loses where ring4 fills its waves. H200 fp32 T2048 N4096, %
+# of a same-size copy, ring4 / ring2 (thirty-sixth session, tools/tune_compare.py): forward B8
+# (15.5 an SM) 98 / 100, B9 85 / 99, B10 87 / 99, B12 (23.3) 91 / 98, B8 T8192 93 / 97; outside:
+# B4 101 / 84, B16 (31) 99 / 89, B8 N8192 100 / 90. fwd+bwd, the backward's ring4 / ring2: B5
+# (9.7) 52 / 64, B6 57 / 62; outside: B4 63 / 63, B7 61 / 51, B8 63 / 54.
+_RING2_BANDS_M8 = {"H200": ((14.0, 24.0), (8.0, 12.0))}
+
+
+def _ring2_band(m, nprog, device, bwd=False):
+    """Whether ``nprog`` programs of block size ``m`` fall in ``_RING2_BANDS_M8`` on ``device``."""
+    bands = row_by_name(_RING2_BANDS_M8, device_name(device)) if m == 8 and device is not None else None
+    if bands is None:
+        return False
+    lo, hi = bands[bwd]
+    return lo < nprog / _num_sms(device) <= hi
+
+
+def _fwd_variant(few=False, m=0, nprog=0, device=None):
     """``ring8`` (``_bd_fwd_ring``, 32 slots), ``ring4`` (16), ``ring2`` (8), ``g4`` (hand-pipelined
     4-step groups) or ``v1`` (one-step loop); ``TUNE['variant']`` overrides. On an H200 (fp32,
     B8 T2048 N768, one pass, 96-384 programs) ring8 beat ring4 by 1.13-1.74x at m = 2..16 (more
     bytes in flight per program) and was 4.7x slower at m = 32 (spills); in chunked passes (more
     programs) it lost to ring4 at B1 T16384 m = 2..16. So ``few`` (an unchunked pass with fewer
     than 3 programs per SM) and m <= 16 take ring8, the rest ring4 (within 2 % of the best at
-    B8 N4096, README.md)."""
-    return TUNE.get("variant", "ring8" if few else "ring4")
+    B8 N4096, README.md), except ring2 in ``_RING2_BANDS_M8`` (``m``, ``nprog`` programs on
+    ``device``)."""
+    if "variant" in TUNE:
+        return TUNE["variant"]
+    return "ring8" if few else "ring2" if _ring2_band(m, nprog, device) else "ring4"
 
 
-def _bwd_variant(m, nprog):
+def _bwd_variant(m, nprog, device=None):
     """Backward kernel, from forward+backward timings (README.md "Backward"). 1024+ programs (B8
     T2048 N4096; H200 2026-11-22): ring4 for m = 2, 5..8, ring2 for m = 3, 4, 17..32, v1 for
     m = 9..16. Below 1024 programs: ring4 for m = 2 (H100 CUDA graphs 2026-11-25: B8 T2048 N768
     m = 2 / 4 / 8 0.307 / 0.509 / 0.653 ms against g4's 0.481 / 0.704 / 0.809), ring2 above 16,
     and for m = 3..16 v1 with 16 stages (``_bwd_launch``: its loads become ``cp.async`` copies 15
     steps ahead; 2026-11-26, H100 m = 4 / 8 / 16 0.418 / 0.568 / 1.011 ms against ring4's 0.508 /
-    0.651 / 1.033, H200 likewise). ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
+    0.651 / 1.033, H200 likewise); ring2 in ``_RING2_BANDS_M8`` (``device``).
+    ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
     if "bwd_variant" in TUNE:
         return TUNE["bwd_variant"]
     mp = next_pow2(m)
-    if mp == 32:
+    if mp == 32 or _ring2_band(m, nprog, device, bwd=True):
         return "ring2"
     if mp == 16:
         return "v1"
@@ -162,7 +186,7 @@ def _bwd_variant(m, nprog):
 
 
 def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
-    var = _bwd_variant(M, nprog := grid[0] * grid[1] * grid[2])
+    var = _bwd_variant(M, nprog := grid[0] * grid[1] * grid[2], args[0].device)
     if var.startswith("ring"):  # ring = ring2 (8 slots); ring4: 16 slots
         _bd_bwd_ring[grid](*args, M=M, MP=MP, BH=BH, R=int(var[4:] or 2), **kw)
     elif var == "g4":
@@ -196,7 +220,7 @@ def _ring_gather(m, mp):
 
 
 def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, NS, few=False, **kw):
-    var = _fwd_variant(few and M <= 16)
+    var = _fwd_variant(few and M <= 16, M, grid[0] * grid[1] * grid[2], A.device)
     if var.startswith("ring"):
         _bd_fwd_ring[grid](A, b, h, init, final, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH,
                            R=int(var[4:]), SUMMARY=False, GATHER=_ring_gather(M, MP), **kw)

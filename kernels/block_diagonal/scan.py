@@ -130,14 +130,9 @@ def _bd_cfg(m):
     return mp, bh, nw, ns
 
 
-# m = 8 on an H200: ``ring2`` (8 slots) in place of ``ring4`` within (lo, hi] programs per SM,
-# (forward, backward). Why: ring4 fits 16 programs an SM, so just past one wave (B9-B12 at N4096:
-# 17-23 an SM) it ends in a thin second wave; ring2's fewer registers hold them in one, but it
-# keeps fewer loads in flight, so it loses where ring4 fills its waves. H200 fp32 T2048 N4096, %
-# of a same-size copy, ring4 / ring2 (thirty-sixth session, tools/tune_compare.py): forward B8
-# (15.5 an SM) 98 / 100, B9 85 / 99, B10 87 / 99, B12 (23.3) 91 / 98, B8 T8192 93 / 97; outside:
-# B4 101 / 84, B16 (31) 99 / 89, B8 N8192 100 / 90. fwd+bwd, the backward's ring4 / ring2: B5
-# (9.7) 52 / 64, B6 57 / 62; outside: B4 63 / 63, B7 61 / 51, B8 63 / 54.
+# m = 8 on an H200: ``ring2`` in place of ``ring4`` within (lo, hi] programs per SM (forward,
+# backward), where ring4 (16 programs an SM) would end in a thin last wave: forward B9 N4096 85 ->
+# 99 % of copy, fwd+bwd B5 52 -> 64 % (MEASURED.md, "Wave-tail bands").
 _RING2_BANDS_M8 = {"H200": ((14.0, 24.0), (8.0, 12.0))}
 
 
@@ -329,19 +324,10 @@ _DIAG_FEW, _DIAG_FEW_BWD = (128, 16, 2), (64, 32, 2)  # few programs, fwd / bwd 
 _DIAG_BY_DEVICE = {"H100": (16, 64, 2), "H200": (32, 64, 2)}  # H100 80GB HBM3 (SXM), H200
 _DIAG_BWD_BY_DEVICE = {"H100": (16, 64), "H200": (32, 64)}
 _DIAG_DEFAULT = (64, 32, 2)
-# (forward, backward) bands (lo, hi] of programs per SM at BN = 64 where 16-step tiles replace the
-# 32-step ones (and, forward, tma.py's TMA row). Why: each program walks the whole sequence, so a
-# grid of P programs with s slots an SM takes full waves plus a last wave that costs about half a
-# wave even when nearly empty; 16-step tiles take half the registers (Triton 3.6 ptxas: forward
-# 125 against 233 at 2 warps, 8 programs an SM against 4; backward 125 against 179 at 4 warps, 4
-# against 2), so they run grids that would leave the 32-step kernel a thin last wave. H200, N4096
-# T2048, L2 flushed, ms (RESULTS.md, thirty-sixth session). Forward, 32-step / 16-step / TMA row:
-# B9 (4.4 an SM) 0.3024 / 0.2264 / 0.2861, B10 0.3103 / 0.2431 / 0.2901, B11 0.3252 / 0.2676 /
-# 0.2931, B12 0.3299 / 0.2936 / 0.2974, B13 0.3350 / 0.3211 / 0.3807, B14 (6.8) 0.3475 / 0.3482 /
-# 0.3876; outside: B7 0.1771 / 0.1936, B16 (7.8) 0.3926 / 0.3984 / 0.3959, B20 0.5252 / 0.6141 /
-# 0.4909. Backward (fwd+bwd minus fwd), 32-step / 16-step: B5 (2.4) 0.2837 / 0.2286, B6 0.2870 /
-# 0.2491, B7 (3.4) 0.2934 / 0.2880; outside: B9 0.4443 / 0.5670, B16 0.6427 / 0.6511 (B13, B14:
-# 16-step 3 % faster, left out).
+# (forward, backward) bands (lo, hi] of programs per SM at BN = 64 where 16-step tiles (half the
+# registers, twice the programs per SM) replace the 32-step ones (and, forward, tma.py's TMA row)
+# so the grid runs in one wave: H200 B9 N4096 forward 0.3024 -> 0.2264 ms, B5 backward 0.2837 ->
+# 0.2286 (MEASURED.md, "Wave-tail bands").
 _DIAG_SHORT_BANDS = {"H200": ((4.0, 7.0), (1.9, 3.5))}
 
 
@@ -357,8 +343,7 @@ def _diag_default(device, bwd=False):
 
 
 def _diag_short(N, nseq, device, bwd=False):
-    """Whether ``nseq`` sequences of ``N`` channels fall in the device's ``_DIAG_SHORT_BANDS``
-    band (forward or backward): 16-step tiles there."""
+    """Whether ``nseq`` rows of ``N`` channels are in the device's ``_DIAG_SHORT_BANDS`` band."""
     bands = row_by_name(_DIAG_SHORT_BANDS, device_name(device))
     if bands is None:
         return False
@@ -367,12 +352,11 @@ def _diag_short(N, nseq, device, bwd=False):
 
 
 def _diag_cfg(N, nseq, device, bwd=False):
-    """(BT, BN, num_warps, num_stages) of the m = 1 tiles. Forward: ``_diag_default`` (per GPU,
-    measured at B8 T2048 N4096; RESULTS.md), 16 steps in ``_diag_short``'s bands; with fewer than
-    4 programs per SM at BN = 32 ``_DIAG_FEW`` (backward ``_DIAG_FEW_BWD``; keys ``bt_few``/
-    ``bn_few``/``nw_few`` for both). The backward has its own keys (``bt_bwd``, ``bn_bwd``,
-    ``nw_bwd``; default: the forward's); its tiles need not match the forward's (chunks are any
-    length)."""
+    """(BT, BN, num_warps, num_stages) of the m = 1 tiles: ``_diag_default`` (per GPU; B8 T2048
+    N4096), 16 steps in ``_diag_short``'s bands; below 4 programs per SM at BN = 32 ``_DIAG_FEW``
+    (backward ``_DIAG_FEW_BWD``; keys ``bt_few``/``bn_few``/``nw_few``). The backward has its own
+    keys (``bt_bwd``, ``bn_bwd``, ``nw_bwd``; default: the forward's); its tiles need not match
+    the forward's (chunks are any length)."""
     few = nseq * cdiv(N, 32) < 4 * _num_sms(device)
     fw = _DIAG_FEW_BWD if bwd else _DIAG_FEW
     d = (TUNE.get("bt_few", fw[0]), TUNE.get("bn_few", fw[1]),

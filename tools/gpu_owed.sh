@@ -40,14 +40,17 @@
 #   RESULTS.md "thirty-fifth"): run it again with, e.g.,
 #     python3 tools/walk_order_probe.py --out $OUT/w --flush-l2 256 \
 #       --walks btn:32x64x2 btn:32x64x2x4 bnt:1024x1x4 --shapes 8x2048x4096
-#   Leads from the thirty-fifth's other shapes (RESULTS.md): just past one wave (H200 B9 N4096,
-#   576 programs) the m = 1 forward is 0.75x accelerated-scan; 16-step tiles halve the registers
-#   per channel, so one wave might hold them (untimed):
+#   Thirty-sixth (H200, 8 calls): the thirty-fifth's leads ran and became defaults: 16-step
+#   m = 1 tiles in the wave-tail bands (scan._DIAG_SHORT_BANDS), 16-byte loads on rows with
+#   N % 4 == 0 (NV, _host.row_divisor; the N4104 loads were scalar, PTX-confirmed), TMA only
+#   on 64-byte rows, m = 8 ring2 bands (scan._RING2_BANDS_M8). Their GPU tests passed. Leads:
+#   m = 1 fwd+bwd at B9 (0.899x) and B13 (0.938x): the backward at 4-7 programs per SM (v1-like
+#   deeper pipelines, or 2-warp 16-step tiles), e.g.
 #     python3 tools/diag_tile_vs_accel.py --out $OUT/d --configs default --flush-l2 256 \
-#       --tune tile=diag_tma:false t16=diag_tma:false+bt:16 t16w4=diag_tma:false+bt:16+num_warps_diag:4 \
-#       --shapes 9x2048x4096 10x2048x4096 11x2048x4096 13x2048x4096 5x2048x4096
-#   (the backward too: fwd+bwd 0.82x at B5 and B9). Rows not 64-byte aligned (N4104): 0.63x;
-#   the tile kernel's loads are likely scalar there (N not a multiple of 16): try tl.multiple_of.
+#       --tune b16w2=bt_bwd:16+nw_bwd:2 b8=bt_bwd:8 --shapes 9x2048x4096 13x2048x4096
+#   few programs with unaligned rows (B8 N776 0.79x / 0.66x accelerated-scan); m = 8 fwd+bwd
+#   at B9-B10 (56-59 %): v1 / ring2 / ring4 by band; the same batch sweep for m = 16, 32 and
+#   for bf16 (not timed), e.g. tune_compare.py --m 16 --shapes 5x2048x4096 ... 12x2048x4096.
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):

@@ -44,10 +44,13 @@
 #   m = 1 tiles in the wave-tail bands (scan._DIAG_SHORT_BANDS), 16-byte loads on rows with
 #   N % 4 == 0 (NV, _host.row_divisor; the N4104 loads were scalar, PTX-confirmed), TMA only
 #   on 64-byte rows, m = 8 ring2 bands (scan._RING2_BANDS_M8). Their GPU tests passed. Leads:
-#   m = 1 fwd+bwd at B9 (0.899x) and B13 (0.938x): the backward at 4-7 programs per SM (v1-like
-#   deeper pipelines, or 2-warp 16-step tiles), e.g.
+#   m = 1 fwd+bwd at B9 (0.899x) and B13 (0.938x): call 9 found backward tiles that reach
+#   0.988x (B9, 64 x 32 on 4 warps) and 0.995x (B13, 16 x 64 on 2 warps); sweep them over
+#   B9-B14 to draw a backward band:
 #     python3 tools/diag_tile_vs_accel.py --out $OUT/d --configs default --flush-l2 256 \
-#       --tune b16w2=bt_bwd:16+nw_bwd:2 b8=bt_bwd:8 --shapes 9x2048x4096 13x2048x4096
+#       --tune b64=bt_bwd:64+bn_bwd:32 b16w2=bt_bwd:16+nw_bwd:2 \
+#       --shapes 9x2048x4096 10x2048x4096 11x2048x4096 12x2048x4096 13x2048x4096 14x2048x4096
+#   m = 16 forward dips at B6 / B9 (85 / 87 % of copy, call 9): the m = 8 story, untried.
 #   few programs with unaligned rows (B8 N776 0.79x / 0.66x accelerated-scan); m = 8 fwd+bwd
 #   at B9-B10 (56-59 %): v1 / ring2 / ring4 by band; the same batch sweep for m = 16, 32 and
 #   for bf16 (not timed), e.g. tune_compare.py --m 16 --shapes 5x2048x4096 ... 12x2048x4096.

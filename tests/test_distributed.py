@@ -20,7 +20,6 @@ import datetime
 import json
 import os
 import tempfile
-import time
 import traceback
 
 import pytest
@@ -29,6 +28,8 @@ import torch
 import lrnn_scan as ls
 from lrnn_scan import distributed as lsd
 from lrnn_scan.testing import random_operator
+
+from _spawn import run_ranks
 
 D = torch.float64
 SPAWN_TIMEOUT = 150.0
@@ -378,26 +379,8 @@ def _worker(rank, world, store, cases, out_dir):
 
 
 def _spawn(world, cases):
-    import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_worker, args=(world, os.path.join(out_dir, "pg_store"), cases, out_dir),
-                                 nprocs=world, join=False, start_method="spawn")
-        deadline = time.monotonic() + SPAWN_TIMEOUT
-        try:
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"distributed workers (world={world}) did not finish in "
-                                       f"{SPAWN_TIMEOUT:.0f} s")
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
-        out = {}
-        for r in range(world):
-            with open(os.path.join(out_dir, f"rank{r}.json")) as fh:
-                out[r] = json.load(fh)
-        return out
+        return run_ranks(_worker, world, out_dir, (cases, out_dir), SPAWN_TIMEOUT)
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
-import warnings
 
 import pytest
 import torch
 
+from _spawn import run_ranks
 from lrnn_scan.mad_tasks import TrainConfig, train
 from lrnn_scan.mad_tasks.train import build_for_config
 
@@ -59,40 +58,8 @@ def _init(rank, world, store):
 
 
 def _spawn(fn, out_dir, *args):
-    """Runs ``fn`` on ``WORLD`` spawned ranks; returns each rank's ``rank<r>.json``. A rank that
-    fails (no results file, or a non-zero exit that is not a signal) fails the test. A rank
-    killed by a signal after writing its results is tolerated with a warning: the workers write
-    them right before ``destroy_process_group``, and gloo's teardown aborted a rank there in CI
-    after every collective had finished ("terminate called without an active exception",
-    SIGABRT, 2026-11-29; the file store below fixed the earlier TCP case). The processes are
-    polled, not ``ctx.join``-ed: ``join`` SIGTERMs the other ranks at the first failure, possibly
-    before they write their results."""
-    import torch.multiprocessing as mp
-    store = os.path.join(out_dir, f"pg_store_{os.getpid()}_{time.monotonic_ns()}")
-    ctx = mp.start_processes(fn, args=(WORLD, store, out_dir, *args), nprocs=WORLD,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + SPAWN_TIMEOUT
-    try:
-        for p in ctx.processes:
-            p.join(max(0.0, deadline - time.monotonic()))
-        if any(p.is_alive() for p in ctx.processes):
-            raise TimeoutError(f"workers did not finish in {SPAWN_TIMEOUT:.0f} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    out = {}
-    for r, p in enumerate(ctx.processes):
-        path = os.path.join(out_dir, f"rank{r}.json")
-        assert os.path.exists(path), f"rank {r} exited with code {p.exitcode} before writing its results"
-        assert p.exitcode is not None and p.exitcode <= 0, f"rank {r} exited with code {p.exitcode}"
-        if p.exitcode < 0:
-            warnings.warn(f"rank {r} was killed by signal {-p.exitcode} after writing its results "
-                          "(gloo teardown)")
-        with open(path) as fh:
-            out[r] = json.load(fh)
-    return out
+    """``fn(rank, world, store, out_dir, *args)`` on ``WORLD`` ranks (``_spawn.run_ranks``)."""
+    return run_ranks(fn, WORLD, out_dir, (out_dir, *args), SPAWN_TIMEOUT)
 
 
 def _strip(res: dict) -> dict:

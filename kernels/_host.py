@@ -70,3 +70,14 @@ def row_by_name(table: dict, name: str):
     """The value of the first key of ``table`` that is a substring of the GPU name ``name`` (so
     "NVIDIA GH200 ..." takes an "H200" row), or None. Launch tables keyed by GPU model use it."""
     return next((row for key, row in table.items() if key in name), None)
+
+
+def device_band(table: dict, device, key, per_sm: float):
+    """The launch choice of a wave-tail band table for ``device``, or None. ``table`` maps a GPU
+    name substring (``row_by_name``) to ``{key: (((lo, hi), choice), ...)}``; the first band with
+    ``lo < per_sm <= hi`` (programs per SM) gives ``choice``. None for a non-CUDA device, a GPU
+    without a row, a row without ``key``, or ``per_sm`` outside every band."""
+    if device is None or device.type != "cuda":
+        return None
+    bands = (row_by_name(table, device_name(device)) or {}).get(key, ())
+    return next((choice for (lo, hi), choice in bands if lo < per_sm <= hi), None)

@@ -203,28 +203,54 @@ def test_diagonal_forward_tile_by_gpu_name(monkeypatch):
     assert scanmod._diag_cfg(4096, 8, torch.device("cpu"))[:2] == (16, 32)
 
 
-def test_diagonal_short_tiles_in_band(monkeypatch):
-    """H200: 16-step tiles where 32-step ones would leave a thin last wave (``_DIAG_SHORT_BANDS``,
-    programs per SM at BN = 64): forward B9-B13 at N4096 (4.4-6.3 an SM), not B8 / B16; backward
-    B5-B7 (2.4-3.4), not B8 nor B4 (few programs); TUNE's ``bt`` wins; other GPUs keep their tiles."""
+def test_diagonal_wave_tail_bands(monkeypatch):
+    """H200: the m = 1 tiles of ``_DIAG_BANDS`` (programs per SM at BN = 64, N4096: B -> 0.485 B)
+    where the default would leave a thin last wave: forward 16 x 64 at B9-B14, not B8 / B16;
+    backward 16 x 64 (4 warps) at B5-B7, 64 x 32 at B9, 16 x 64 on 2 warps at B13-B15, the default
+    at B8, B10-B12, B16 and the few-programs tiles at B4; TUNE's keys win; other GPUs keep theirs."""
     from lrnn_scan.kernels import _host as host
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
     scanmod.TUNE.clear()
     dev = torch.device("cuda", 0)
     monkeypatch.setitem(host._NAMES, 0, "NVIDIA H200")
-    fwd = {B: scanmod._diag_cfg(4096, B, dev)[0] for B in (5, 8, 9, 13, 14, 16, 20)}
-    bwd = {B: scanmod._diag_cfg(4096, B, dev, bwd=True)[0] for B in (4, 5, 7, 8, 9, 13)}
-    assert fwd == {5: 32, 8: 32, 9: 16, 13: 16, 14: 16, 16: 32, 20: 32}
-    assert bwd == {4: 64, 5: 16, 7: 16, 8: 32, 9: 32, 13: 32}   # B4: the few-programs tiles
-    assert scanmod._diag_cfg(4096, 9, dev)[1:3] == (64, 2) and scanmod._diag_cfg(4096, 5, dev, True)[2] == 4
+    fwd = {B: scanmod._diag_cfg(4096, B, dev)[:3] for B in (5, 8, 9, 13, 14, 16, 20)}
+    assert fwd == {5: (32, 64, 2), 8: (32, 64, 2), 9: (16, 64, 2), 13: (16, 64, 2),
+                   14: (16, 64, 2), 16: (32, 64, 2), 20: (32, 64, 2)}
+    bwd = {B: scanmod._diag_cfg(4096, B, dev, bwd=True)[:3] for B in (4, 5, 7, 8, 9, 10, 12, 13, 15, 16)}
+    assert bwd == {4: scanmod._DIAG_FEW_BWD, 5: (16, 64, 4), 7: (16, 64, 4), 8: (32, 64, 4),
+                   9: (64, 32, 4), 10: (32, 64, 4), 12: (32, 64, 4), 13: (16, 64, 2),
+                   15: (16, 64, 2), 16: (32, 64, 4)}
     assert scanmod._diag_cfg(8192, 5, dev)[0] == 16                  # 4.8 an SM: the same band
+    assert scanmod._diag_cfg(4608, 8, dev, bwd=True)[:2] == (64, 32)  # 4.4 an SM
     monkeypatch.setitem(scanmod.TUNE, "bt", 32)
     assert scanmod._diag_cfg(4096, 9, dev)[0] == 32
+    monkeypatch.setitem(scanmod.TUNE, "nw_bwd", 8)
+    assert scanmod._diag_cfg(4096, 13, dev, bwd=True)[:3] == (32, 64, 8)
     scanmod.TUNE.clear()
     monkeypatch.setitem(host._NAMES, 0, "NVIDIA H100 80GB HBM3")
-    assert not scanmod._diag_short(4096, 9, dev) and scanmod._diag_cfg(4096, 9, dev)[0] == 16
+    assert scanmod._diag_band(4096, 9, dev) is None and scanmod._diag_cfg(4096, 9, dev)[0] == 16
+    assert scanmod._diag_cfg(4096, 13, dev, bwd=True)[:3] == (16, 64, 4)
     monkeypatch.setitem(host._NAMES, 0, "NVIDIA A100-SXM4-80GB")
     assert scanmod._diag_cfg(4096, 9, dev)[0] == 64
+
+
+def test_device_band():
+    """``_host.device_band``: the first (lo, hi] band holding the value, by GPU name and key;
+    None on the CPU, for an unknown GPU or key, and outside every band."""
+    from lrnn_scan.kernels import _host as host
+    table = {"H200": {"k": (((1.0, 2.0), "a"), ((2.0, 4.0), "b"))}}
+    dev = torch.device("cuda", 7)
+    saved = host._NAMES.get(7)
+    host._NAMES[7] = "NVIDIA H200"
+    try:
+        got = [host.device_band(table, dev, "k", x) for x in (1.0, 1.5, 2.0, 2.5, 4.0, 4.5)]
+        assert got == [None, "a", "a", "b", "b", None]
+        assert host.device_band(table, dev, "other", 1.5) is None
+        host._NAMES[7] = "NVIDIA H100 80GB HBM3"
+        assert host.device_band(table, dev, "k", 1.5) is None
+    finally:
+        host._NAMES.pop(7) if saved is None else host._NAMES.__setitem__(7, saved)
+    assert host.device_band(table, torch.device("cpu"), "k", 1.5) is host.device_band(table, None, "k", 1.5) is None
 
 
 def test_diagonal_varlen_chunked():
@@ -380,26 +406,32 @@ def test_variant_rules():
     assert bv(2, 10) == "g4" and scanmod._fwd_variant(True) == "ring2"
 
 
-def test_ring2_band_m8(monkeypatch):
-    """m = 8 on an H200 takes ring2 where ring4's second wave would be thin (``_RING2_BANDS_M8``,
-    programs per SM: N4096 has 256 two-block programs a sequence): forward B8-B12, not B4 / B16;
-    backward B5-B6, not B4 / B7; other m, other GPUs, few programs and TUNE keep their kernels."""
+def test_variant_bands(monkeypatch):
+    """H200 ``_VARIANT_BANDS`` (programs per SM; N4096 has 256 programs a sequence at m = 8 and 16):
+    m = 8 forward ring2 at B8-B12, not B4 / B16; backward ring2 at B5-B6, v1 at B9-B10, ring4 at
+    B4, B7-B8, B11; m = 16 forward ring2 at B5-B7, g4 at B9-B10, ring4 at B4, B8, B11; other m,
+    other GPUs, few programs and TUNE keep their kernels."""
     from lrnn_scan.kernels import _host as host
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
     dev = torch.device("cuda", 0)
     monkeypatch.setitem(host._NAMES, 0, "NVIDIA H200")
     fwd = {B: scanmod._fwd_variant(False, 8, 256 * B, dev) for B in (4, 7, 8, 12, 13, 16)}
     assert fwd == {4: "ring4", 7: "ring4", 8: "ring2", 12: "ring2", 13: "ring4", 16: "ring4"}
-    bwd = {B: scanmod._bwd_variant(8, 256 * B, dev) for B in (4, 5, 6, 7, 8)}
-    assert bwd == {4: "ring4", 5: "ring2", 6: "ring2", 7: "ring4", 8: "ring4"}
+    bwd = {B: scanmod._bwd_variant(8, 256 * B, dev) for B in (4, 5, 6, 7, 8, 9, 10, 11)}
+    assert bwd == {4: "ring4", 5: "ring2", 6: "ring2", 7: "ring4", 8: "ring4", 9: "v1", 10: "v1",
+                   11: "ring4"}
+    f16 = {B: scanmod._fwd_variant(False, 16, 256 * B, dev) for B in (4, 5, 7, 8, 9, 10, 11)}
+    assert f16 == {4: "ring4", 5: "ring2", 7: "ring2", 8: "ring4", 9: "g4", 10: "g4", 11: "ring4"}
+    assert scanmod._bwd_variant(16, 256 * 5, dev) == "v1" and scanmod._bwd_variant(16, 256 * 9, dev) == "v1"
     assert scanmod._fwd_variant(True, 8, 256 * 9, dev) == "ring8"
     assert scanmod._fwd_variant(False, 4, 256 * 9, dev) == "ring4" and scanmod._bwd_variant(4, 256 * 5, dev) == "ring2"
-    assert scanmod._bwd_variant(16, 256 * 5, dev) == "v1"
+    assert scanmod._fwd_variant(False, 12, 256 * 5, dev) == "ring4"    # m = 12: no band measured
     monkeypatch.setitem(scanmod.TUNE, "variant", "ring4")
     assert scanmod._fwd_variant(False, 8, 256 * 9, dev) == "ring4"
     scanmod.TUNE.clear()
     monkeypatch.setitem(host._NAMES, 0, "NVIDIA H100 80GB HBM3")
     assert scanmod._fwd_variant(False, 8, 256 * 9, dev) == "ring4" and scanmod._bwd_variant(8, 256 * 5, dev) == "ring4"
+    assert scanmod._fwd_variant(False, 16, 256 * 5, dev) == "ring4"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -41,19 +41,20 @@
 #     python3 tools/walk_order_probe.py --out $OUT/w --flush-l2 256 \
 #       --walks btn:32x64x2 btn:32x64x2x4 bnt:1024x1x4 --shapes 8x2048x4096
 #   Thirty-sixth (H200, 8 calls): the thirty-fifth's leads ran and became defaults: 16-step
-#   m = 1 tiles in the wave-tail bands (scan._DIAG_SHORT_BANDS), 16-byte loads on rows with
+#   m = 1 tiles in the wave-tail bands (now scan._DIAG_BANDS), 16-byte loads on rows with
 #   N % 4 == 0 (NV, _host.row_divisor; the N4104 loads were scalar, PTX-confirmed), TMA only
-#   on 64-byte rows, m = 8 ring2 bands (scan._RING2_BANDS_M8). Their GPU tests passed. Leads:
-#   m = 1 fwd+bwd at B9 (0.899x) and B13 (0.938x): call 9 found backward tiles that reach
-#   0.988x (B9, 64 x 32 on 4 warps) and 0.995x (B13, 16 x 64 on 2 warps); sweep them over
-#   B9-B14 to draw a backward band:
-#     python3 tools/diag_tile_vs_accel.py --out $OUT/d --configs default --flush-l2 256 \
-#       --tune b64=bt_bwd:64+bn_bwd:32 b16w2=bt_bwd:16+nw_bwd:2 \
-#       --shapes 9x2048x4096 10x2048x4096 11x2048x4096 12x2048x4096 13x2048x4096 14x2048x4096
-#   m = 16 forward dips at B6 / B9 (85 / 87 % of copy, call 9): the m = 8 story, untried.
-#   few programs with unaligned rows (B8 N776 0.79x / 0.66x accelerated-scan); m = 8 fwd+bwd
-#   at B9-B10 (56-59 %): v1 / ring2 / ring4 by band; the same batch sweep for m = 16, 32 and
-#   for bf16 (not timed), e.g. tune_compare.py --m 16 --shapes 5x2048x4096 ... 12x2048x4096.
+#   on 64-byte rows, m = 8 ring2 bands (now scan._VARIANT_BANDS). Their GPU tests passed. Leads:
+#   Thirty-seventh (H200, 4 calls): those leads ran and became defaults in one pair of band
+#   tables (scan._DIAG_BANDS for the m = 1 tiles, scan._VARIANT_BANDS for m >= 2 variants,
+#   read by _host.device_band): m = 1 backward 64 x 32 at (4, 4.75] and 16 x 64 on 2 warps at
+#   (6, 7.5] programs per SM (B9 0.994x, B13 0.995x accelerated-scan fwd+bwd); m = 16 forward
+#   ring2 at (8, 14], g4 at (16, 20] (B5 101 %, B9 100 %); m = 8 backward v1 at (16, 20].
+#   test_wave_tail_bands (14) passed. Leads left: few programs with unaligned rows (B8 N776
+#   0.79x / 0.66x accelerated-scan); m = 1 forward below accelerated-scan (0.917-0.97x at
+#   B5-B7, the (B, T, N) walk); bf16 in the bands (not timed); the NV alignment for the m >= 2
+#   kernels (check PTX on the CPU first: tools/aot_check.py --ptx-dir), e.g.
+#     python3 tools/tune_compare.py --m 16 --rounds 2 --out $OUT/f16 --tune old=variant:ring4 \
+#       --shapes 5x2048x4096 9x2048x4096
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):

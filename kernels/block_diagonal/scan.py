@@ -20,7 +20,7 @@ import contextlib
 import os
 
 import torch
-from .._host import cdiv, device_name, max_seq_len, next_pow2, num_sms, row_by_name, row_divisor
+from .._host import cdiv, device_band, device_name, max_seq_len, next_pow2, num_sms, row_by_name, row_divisor
 
 from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
 from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kernel
@@ -130,19 +130,20 @@ def _bd_cfg(m):
     return mp, bh, nw, ns
 
 
-# m = 8 on an H200: ``ring2`` in place of ``ring4`` within (lo, hi] programs per SM (forward,
-# backward), where ring4 (16 programs an SM) would end in a thin last wave: forward B9 N4096 85 ->
-# 99 % of copy, fwd+bwd B5 52 -> 64 % (MEASURED.md, "Wave-tail bands").
-_RING2_BANDS_M8 = {"H200": ((14.0, 24.0), (8.0, 12.0))}
+# Wave-tail bands of the m >= 2 kernels on a GPU: {GPU: {(m, "fwd" | "bwd"): (((lo, hi), variant),
+# ...)}} by programs per SM (``_host.device_band``), where the default variant's last wave would be
+# thin: m = 8 forward B9 N4096 85 -> 99 % of copy (ring2), fwd+bwd B5 52 -> 64 % (ring2), B9 58 ->
+# 61 % (v1); m = 16 forward B5 76 -> 101 % (ring2), B9 88 -> 100 % (g4) (MEASURED.md).
+_VARIANT_BANDS = {"H200": {(8, "fwd"): (((14.0, 24.0), "ring2"),),
+                           (8, "bwd"): (((8.0, 12.0), "ring2"), ((16.0, 20.0), "v1")),
+                           (16, "fwd"): (((8.0, 14.0), "ring2"), ((16.0, 20.0), "g4"))}}
 
 
-def _ring2_band(m, nprog, device, bwd=False):
-    """Whether ``nprog`` programs of block size ``m`` fall in ``_RING2_BANDS_M8`` on ``device``."""
-    bands = row_by_name(_RING2_BANDS_M8, device_name(device)) if m == 8 and device is not None else None
-    if bands is None:
-        return False
-    lo, hi = bands[bwd]
-    return lo < nprog / _num_sms(device) <= hi
+def _variant_band(m, nprog, device, bwd=False):
+    """The ``_VARIANT_BANDS`` variant for ``nprog`` programs of block size ``m``, or None."""
+    if device is None:
+        return None
+    return device_band(_VARIANT_BANDS, device, (m, "bwd" if bwd else "fwd"), nprog / _num_sms(device))
 
 
 def _fwd_variant(few=False, m=0, nprog=0, device=None):
@@ -152,11 +153,10 @@ def _fwd_variant(few=False, m=0, nprog=0, device=None):
     bytes in flight per program) and was 4.7x slower at m = 32 (spills); in chunked passes (more
     programs) it lost to ring4 at B1 T16384 m = 2..16. So ``few`` (an unchunked pass with fewer
     than 3 programs per SM) and m <= 16 take ring8, the rest ring4 (within 2 % of the best at
-    B8 N4096, README.md), except ring2 in ``_RING2_BANDS_M8`` (``m``, ``nprog`` programs on
-    ``device``)."""
+    B8 N4096, README.md), except in ``_VARIANT_BANDS`` (``m``, ``nprog`` programs on ``device``)."""
     if "variant" in TUNE:
         return TUNE["variant"]
-    return "ring8" if few else "ring2" if _ring2_band(m, nprog, device) else "ring4"
+    return "ring8" if few else _variant_band(m, nprog, device) or "ring4"
 
 
 def _bwd_variant(m, nprog, device=None):
@@ -166,12 +166,15 @@ def _bwd_variant(m, nprog, device=None):
     m = 2 / 4 / 8 0.307 / 0.509 / 0.653 ms against g4's 0.481 / 0.704 / 0.809), ring2 above 16,
     and for m = 3..16 v1 with 16 stages (``_bwd_launch``: its loads become ``cp.async`` copies 15
     steps ahead; 2026-11-26, H100 m = 4 / 8 / 16 0.418 / 0.568 / 1.011 ms against ring4's 0.508 /
-    0.651 / 1.033, H200 likewise); ring2 in ``_RING2_BANDS_M8`` (``device``).
+    0.651 / 1.033, H200 likewise); ``_VARIANT_BANDS`` first (``device``).
     ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
     if "bwd_variant" in TUNE:
         return TUNE["bwd_variant"]
+    band = _variant_band(m, nprog, device, bwd=True)
+    if band is not None:
+        return band
     mp = next_pow2(m)
-    if mp == 32 or _ring2_band(m, nprog, device, bwd=True):
+    if mp == 32:
         return "ring2"
     if mp == 16:
         return "v1"
@@ -324,48 +327,45 @@ _DIAG_FEW, _DIAG_FEW_BWD = (128, 16, 2), (64, 32, 2)  # few programs, fwd / bwd 
 _DIAG_BY_DEVICE = {"H100": (16, 64, 2), "H200": (32, 64, 2)}  # H100 80GB HBM3 (SXM), H200
 _DIAG_BWD_BY_DEVICE = {"H100": (16, 64), "H200": (32, 64)}
 _DIAG_DEFAULT = (64, 32, 2)
-# (forward, backward) bands (lo, hi] of programs per SM at BN = 64 where 16-step tiles (half the
-# registers, twice the programs per SM) replace the 32-step ones (and, forward, tma.py's TMA row)
-# so the grid runs in one wave: H200 B9 N4096 forward 0.3024 -> 0.2264 ms, B5 backward 0.2837 ->
-# 0.2286 (MEASURED.md, "Wave-tail bands").
-_DIAG_SHORT_BANDS = {"H200": ((4.0, 7.0), (1.9, 3.5))}
+# Wave-tail bands of the m = 1 tiles (``_host.device_band``; programs per SM counted at BN = 64),
+# where the default tile would end in a thin last wave: {GPU: {"fwd" | "bwd": (((lo, hi), (BT, BN,
+# num_warps)), ...)}}. 16-step tiles take half the registers (twice the programs per SM): H200 B9
+# N4096 forward 0.3024 -> 0.2264 ms (and beat tma.py's TMA row there), B5 backward 0.2837 ->
+# 0.2286; fwd+bwd against accelerated-scan (L2 flushed) B9 0.897x -> 0.990x (64 x 32), B13 0.940x
+# -> 0.996x (16 x 64 on 2 warps) (MEASURED.md, "Wave-tail bands").
+_DIAG_BANDS = {"H200": {"fwd": (((4.0, 7.0), (16, 64, 2)),),
+                        "bwd": (((1.9, 3.5), (16, 64, 4)), ((4.0, 4.75), (64, 32, 4)),
+                                ((6.0, 7.5), (16, 64, 2)))}}
 
 
 def _diag_default(device, bwd=False):
-    """The m = 1 tile for ``device``: forward ``(BT, BN, num_warps)`` from ``_DIAG_BY_DEVICE``,
-    backward ``(BT, BN)`` from ``_DIAG_BWD_BY_DEVICE`` (CPU and other GPUs: 64 x 32)."""
+    """The m = 1 tile ``(BT, BN, num_warps)`` for ``device``: ``_DIAG_BY_DEVICE`` forward,
+    ``_DIAG_BWD_BY_DEVICE`` backward (CPU and other GPUs: 64 x 32); the backward on 4 warps (B8
+    T2048 N4096 fwd+bwd 0.5629 ms against 0.7796 with 2, same run)."""
     name = device_name(device)
-    table = _DIAG_BWD_BY_DEVICE if bwd else _DIAG_BY_DEVICE
-    cfg = row_by_name(table, name)
-    if cfg is None:
-        return _DIAG_DEFAULT
-    return cfg + (_DIAG_DEFAULT[2],) if bwd else cfg
+    cfg = row_by_name(_DIAG_BWD_BY_DEVICE if bwd else _DIAG_BY_DEVICE, name) or _DIAG_DEFAULT
+    return cfg[:2] + (4,) if bwd else cfg
 
 
-def _diag_short(N, nseq, device, bwd=False):
-    """Whether ``nseq`` rows of ``N`` channels are in the device's ``_DIAG_SHORT_BANDS`` band."""
-    bands = row_by_name(_DIAG_SHORT_BANDS, device_name(device))
-    if bands is None:
-        return False
-    lo, hi = bands[bwd]
-    return lo < nseq * cdiv(N, 64) / _num_sms(device) <= hi
+def _diag_band(N, nseq, device, bwd=False):
+    """The ``_DIAG_BANDS`` tile for ``nseq`` rows of ``N`` channels on ``device``, or None."""
+    per_sm = nseq * cdiv(N, 64) / _num_sms(device)
+    return device_band(_DIAG_BANDS, device, "bwd" if bwd else "fwd", per_sm)
 
 
 def _diag_cfg(N, nseq, device, bwd=False):
     """(BT, BN, num_warps, num_stages) of the m = 1 tiles: ``_diag_default`` (per GPU; B8 T2048
-    N4096), 16 steps in ``_diag_short``'s bands; below 4 programs per SM at BN = 32 ``_DIAG_FEW``
-    (backward ``_DIAG_FEW_BWD``; keys ``bt_few``/``bn_few``/``nw_few``). The backward has its own
-    keys (``bt_bwd``, ``bn_bwd``, ``nw_bwd``; default: the forward's); its tiles need not match
-    the forward's (chunks are any length)."""
-    few = nseq * cdiv(N, 32) < 4 * _num_sms(device)
-    fw = _DIAG_FEW_BWD if bwd else _DIAG_FEW
-    d = (TUNE.get("bt_few", fw[0]), TUNE.get("bn_few", fw[1]),
-         TUNE.get("nw_few", fw[2])) if few else _diag_default(device, bwd)
-    if not few and _diag_short(N, nseq, device, bwd):
-        d = (16,) + tuple(d[1:])
+    N4096) or, in its bands, ``_diag_band``'s; below 4 programs per SM at BN = 32 ``_DIAG_FEW``
+    (backward ``_DIAG_FEW_BWD``; keys ``bt_few``/``bn_few``/``nw_few``). TUNE keys ``bt``, ``bn``,
+    ``num_warps_diag`` set both passes; the backward's own keys (``bt_bwd``, ``bn_bwd``,
+    ``nw_bwd``) override them: its tiles need not match the forward's (chunks are any length)."""
+    if nseq * cdiv(N, 32) < 4 * _num_sms(device):
+        fw = _DIAG_FEW_BWD if bwd else _DIAG_FEW
+        d = (TUNE.get("bt_few", fw[0]), TUNE.get("bn_few", fw[1]), TUNE.get("nw_few", fw[2]))
+    else:
+        d = _diag_band(N, nseq, device, bwd) or _diag_default(device, bwd)
     bt, bn, nw = TUNE.get("bt", d[0]), TUNE.get("bn", d[1]), TUNE.get("num_warps_diag", d[2])
-    if bwd:  # 4 warps: B8 T2048 N4096 fwd+bwd 0.5629 ms against 0.7796 with 2 (same run)
-        nw = nw if few or "num_warps_diag" in TUNE else 4
+    if bwd:
         bt, bn, nw = TUNE.get("bt_bwd", bt), TUNE.get("bn_bwd", bn), TUNE.get("nw_bwd", nw)
     return bt, bn, nw, TUNE.get("num_stages_diag", 3)
 
@@ -376,7 +376,7 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False, max_len=None):
         return diag_lookback_forward(a, b, h0, cu, chunk, TUNE, _empty, _diag_cfg, max_len)
     B, T, N = b.shape
     nseq = B if cu is None else cu.numel() - 1
-    many = not _diag_short(N, nseq, b.device)  # in the band the 16-step tiles beat the TMA row
+    many = _diag_band(N, nseq, b.device) is None  # in a band its tiles beat the TMA row
     tma_cfg = tma.tma_config(a, b, nseq, TUNE, _num_sms(b.device), many) if chunk is None else None
     if tma_cfg is not None:  # few programs on Hopper: loads by TMA (tma.py)
         return tma.diag_tma_forward(a, b, h0, cu, tma_cfg, _empty) + (None,)

@@ -165,8 +165,9 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # TMA row / tile kernel, ms (thirty-fifth session): B5 0.1926 / 0.1302, B6 0.1951 / 0.1481,
 # B7 0.1969 / 0.1762 (3.4 an SM), B8 0.2006 / 0.2010 (3.9), B9 0.2870 / 0.3047, B12 0.2977 /
 # 0.3291 (past one wave of the tile kernel the TMA grid fills its waves better). Since the
-# thirty-sixth session the scan passes ``many=False`` in its 16-step band (``scan._diag_short``:
-# 4-7 programs an SM, B9-B14 at N4096), where those tiles beat this row (B9 0.2264 / 0.2861).
+# thirty-sixth session the scan passes ``many=False`` in its forward 16-step band
+# (``scan._diag_band``: 4-7 programs an SM, B9-B14 at N4096), where those tiles beat this row
+# (B9 0.2264 / 0.2861).
 _MANY_BY_DEVICE = {"H200": (64, 64, 2, 3)}
 # "auto" takes TMA only where rows (N elements) are a multiple of 64 bytes: below that the boxes
 # start off 64-byte boundaries and the TMA forward lost to the tile kernel, H200 fp32 B8 T2048, L2

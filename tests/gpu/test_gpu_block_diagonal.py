@@ -258,6 +258,27 @@ def test_diag_tiles(cfg):
         tune.clear()
 
 
+# (m, B): N4096 shapes inside the H200's wave-tail bands (programs per SM): m = 1 B5 backward
+# (1.9, 3.5], B9 forward (4, 7] and backward (4, 4.75], B13 backward (6, 7.5] (scan._DIAG_BANDS);
+# m = 8 B5 backward ring2, B9 forward ring2 and backward v1; m = 16 B5 ring2, B9 g4 forwards
+# (scan._VARIANT_BANDS). T = 512: the bands count programs, not steps.
+@pytest.mark.parametrize("m,B", [(1, 5), (1, 9), (1, 13), (8, 5), (8, 9), (16, 5), (16, 9)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
+def test_wave_tail_bands(m, B, dtype, tol):
+    """The kernels the band tables pick, against fp64 with all gradients; on an H200 the test
+    first asserts that the shape is inside a band (so it cannot pass on the default kernels)."""
+    S, H, dev = bd.scan, 4096 // m, torch.device(DEV)
+    if "H200" in torch.cuda.get_device_name():
+        if m == 1:
+            picked = [S._diag_band(4096, B, dev), S._diag_band(4096, B, dev, bwd=True)]
+        else:
+            nprog = B * -(-H // S._bd_cfg(m)[1])
+            picked = [S._variant_band(m, nprog, dev), S._variant_band(m, nprog, dev, bwd=True)]
+        assert any(p is not None for p in picked), (m, B, picked)
+    A, b = make(B, 512, H, m, dtype, seed=40 + B * m)
+    check(A, b, torch.randn(B, H, m, device=DEV), None, tol)
+
+
 @pytest.mark.parametrize("N", [4098, 4100, 4104, 4099])   # row_divisor 2, 4, 8, 1
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
 @pytest.mark.parametrize("tile", [False, True])

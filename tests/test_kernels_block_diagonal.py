@@ -166,8 +166,8 @@ def test_diagonal_tile_configs(fwd_cfg, bwd_cfg):
 
 @pytest.mark.parametrize("N", [18, 20, 24, 40, 48])
 def test_diagonal_row_divisor(N):
-    """Rows of 2, 4, 8 and 16-divisible lengths: the m = 1 kernels get ``NV = row_divisor(N)``
-    and rebuild ``N`` as ``(N // NV) * NV``; a wrong ``NV`` would drop columns (fails here)."""
+    """Rows of 2, 4, 8 and 16-divisible lengths: the m = 1 kernels (tiles, look-backs) get
+    ``NV = row_divisor(N)``, rebuild ``N`` as ``(N // NV) * NV``; a wrong ``NV`` fails here."""
     from lrnn_scan.kernels._host import row_divisor
     assert row_divisor(N) == {18: 2, 20: 4, 24: 8, 40: 8, 48: 16}[N]
     scanmod.TUNE.update(bt=8, bn=32, bt_bwd=8, bn_bwd=32, chunk=0)
@@ -177,6 +177,9 @@ def test_diagonal_row_divisor(N):
     run_check(a, b, torch.randn(2, N).to(DEV), None, 1e-5, fn="diag")
     scanmod.TUNE["chunk"] = 16
     cu = torch.tensor([0, 5, 40, 74], dtype=torch.int64, device=DEV)
+    run_check(a.view(1, 74, N), b.view(1, 74, N), torch.randn(3, N).to(DEV), cu, 1e-5, fn="diag")
+    del scanmod.TUNE["chunk"]  # the look-back kernels (lookback.py, lookback_bwd.py) take NV too
+    scanmod.TUNE.update(fwd_lookback=True, bwd_lookback=True, lb_chunk=16, lb_bn=32)
     run_check(a.view(1, 74, N), b.view(1, 74, N), torch.randn(3, N).to(DEV), cu, 1e-5, fn="diag")
 
 
@@ -240,16 +243,12 @@ def test_device_band():
     from lrnn_scan.kernels import _host as host
     table = {"H200": {"k": (((1.0, 2.0), "a"), ((2.0, 4.0), "b"))}}
     dev = torch.device("cuda", 7)
-    saved = host._NAMES.get(7)
-    host._NAMES[7] = "NVIDIA H200"
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(host._NAMES, 7, "NVIDIA H200")
         got = [host.device_band(table, dev, "k", x) for x in (1.0, 1.5, 2.0, 2.5, 4.0, 4.5)]
-        assert got == [None, "a", "a", "b", "b", None]
-        assert host.device_band(table, dev, "other", 1.5) is None
-        host._NAMES[7] = "NVIDIA H100 80GB HBM3"
+        assert got == [None, "a", "a", "b", "b", None] and host.device_band(table, dev, "o", 1.5) is None
+        mp.setitem(host._NAMES, 7, "NVIDIA H100 80GB HBM3")
         assert host.device_band(table, dev, "k", 1.5) is None
-    finally:
-        host._NAMES.pop(7) if saved is None else host._NAMES.__setitem__(7, saved)
     assert host.device_band(table, torch.device("cpu"), "k", 1.5) is host.device_band(table, None, "k", 1.5) is None
 
 

@@ -52,7 +52,7 @@ def check(B, N, T, cu=None, with_h0=True, final_grad=True, dtype=torch.float32, 
     return errs
 
 
-@pytest.mark.parametrize("T", [1, 17, 64, 129])
+@pytest.mark.parametrize("T", [1, 17, 20, 24, 64, 129])   # 20, 24: the kernels' TV = 4, 8
 @pytest.mark.parametrize("B,N", [(2, 3), (1, 5)])
 def test_forward_backward(B, N, T):
     check(B, N, T)

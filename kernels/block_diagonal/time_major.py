@@ -17,8 +17,10 @@ element (scalar loads of the same cache lines).
 
 With ``cu_seqlens`` the tensors are ``(1, N, T_total)`` and a program walks one sequence's range
 of its rows. Offsets are int64. The kernels see the length only as the row stride ``RS`` (``T``,
-or ``T_total``), which Triton specialises by divisibility by 16 (and the value 1), not by value:
-rows of a length divisible by 16 keep vectorised loads, and other lengths compile nothing new.
+or ``T_total``), which Triton specialises by divisibility by 16 (and the value 1), not by value;
+the kernels also take ``TV = _host.row_divisor(T)`` (a constexpr) and rebuild ``RS`` as
+``(RS // TV) * TV``, so rows of a length divisible by 4 or 8 keep 16-byte vectors too (one of
+five variants per dtype; other lengths compile nothing new).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv, next_pow2, num_sms
+from .._host import cdiv, next_pow2, num_sms, row_divisor
 from .fwd import _affine_combine
 
 # (BR rows, BT steps, num_warps, num_stages) of the forward and the backward; TUNE keys
@@ -74,7 +76,9 @@ def _tm_row_vals(P, sr, mr, HAS: tl.constexpr, BR: tl.constexpr):
 
 @triton.jit(do_not_specialize=["R"])
 def _tm_fwd_kernel(Aa, Bv, Hout, Init, Final, CU, R, RS, BR: tl.constexpr, BT: tl.constexpr,
-                   NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr):
+                   NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr,
+                   TV: tl.constexpr = 1):
+    RS = (RS // TV) * TV  # the same stride, proven TV-aligned (module doc)
     pid = tl.program_id(0)
     s = tl.program_id(1)
     rows, mr, base, bos, eos, sr = _tm_rows(CU, s, pid, R, RS, BR, VARLEN)
@@ -98,7 +102,8 @@ def _tm_fwd_kernel(Aa, Bv, Hout, Init, Final, CU, R, RS, BR: tl.constexpr, BT: t
 @triton.jit(do_not_specialize=["R"])
 def _tm_bwd_kernel(Aa, Hs, H0, G, DhT, DA, DB, DH0, CU, R, RS, BR: tl.constexpr,
                    BT: tl.constexpr, NS: tl.constexpr, HAS_H0: tl.constexpr,
-                   HAS_DHT: tl.constexpr, VARLEN: tl.constexpr):
+                   HAS_DHT: tl.constexpr, VARLEN: tl.constexpr, TV: tl.constexpr = 1):
+    RS = (RS // TV) * TV  # as the forward's
     pid = tl.program_id(0)
     s = tl.program_id(1)
     rows, mr, base, bos, eos, sr = _tm_rows(CU, s, pid, R, RS, BR, VARLEN)
@@ -160,7 +165,8 @@ def time_major_forward(a, b, h0, cu, max_len, tune, empty):
     if final.numel():   # no rows: an empty grid is not launched (T = 0 still writes the final state)
         _tm_fwd_kernel[grid](
             a, b, h, h0 if h0 is not None else b, final, cu if cu is not None else b, R, T,
-            BR=br, BT=bt, NS=ns, HAS_INIT=h0 is not None, VARLEN=cu is not None, num_warps=nw)
+            BR=br, BT=bt, NS=ns, HAS_INIT=h0 is not None, VARLEN=cu is not None,
+            TV=row_divisor(T), num_warps=nw)
     return h, final
 
 
@@ -177,7 +183,7 @@ def time_major_backward(a, h, h0, g, dhT, cu, max_len, tune, empty):
         _tm_bwd_kernel[grid](
             a, h, h0 if h0 is not None else h, g, dhT if dhT is not None else h, da, db, dh0,
             cu if cu is not None else h, R, T, BR=br, BT=bt, NS=ns, HAS_H0=h0 is not None,
-            HAS_DHT=dhT is not None, VARLEN=cu is not None, num_warps=nw)
+            HAS_DHT=dhT is not None, VARLEN=cu is not None, TV=row_divisor(T), num_warps=nw)
     return da, db, dh0
 
 

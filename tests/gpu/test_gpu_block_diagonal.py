@@ -281,17 +281,20 @@ def test_wave_tail_bands(m, B, dtype, tol):
 
 @pytest.mark.parametrize("N", [4098, 4100, 4104, 4099])   # row_divisor 2, 4, 8, 1
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
-@pytest.mark.parametrize("tile", [False, True])
-def test_diag_unaligned_rows(N, dtype, tol, tile):
+@pytest.mark.parametrize("path", ["default", "tile", "lookback"])
+def test_diag_unaligned_rows(N, dtype, tol, path):
     """m = 1 rows whose length is not a multiple of 16 (the kernels' ``NV`` constexpr,
-    ``_host.row_divisor``): the default plan and the tile kernel forced, one pass with h0 and
-    chunked varlen with boundaries inside chunks."""
+    ``_host.row_divisor``): the default plan, the tile kernel and the look-back forward and
+    backward forced, one pass with h0 and varlen with boundaries inside chunks (chunked but for
+    the look-backs)."""
     tune = bd.scan.TUNE
     try:
-        tune.update(chunk=0, **({"diag_tma": False} if tile else {}))
+        tune.update({"default": {"chunk": 0}, "tile": {"chunk": 0, "diag_tma": False},
+                     "lookback": {"fwd_lookback": True, "bwd_lookback": True}}[path])
         A, b = make(2, 1001, N, 1, dtype, seed=N)
         check(A, b, torch.randn(2, N, 1, device=DEV), None, tol)
-        tune["chunk"] = 200
+        if path != "lookback":
+            tune["chunk"] = 200
         cu = torch.tensor([0, 5, 700, 700, 2002], device=DEV, dtype=torch.int64)
         check(A.detach().view(1, 2002, N, 1, 1), b.detach().view(1, 2002, N, 1),
               torch.randn(4, N, 1, device=DEV), cu, tol)
@@ -429,6 +432,17 @@ def test_time_major_long(dtype, tol, varlen):
     cu = torch.tensor([0, 1000, 1001, 40000, T], device=DEV) if varlen else None
     _time_major_check(a, x, torch.randn(4 if varlen else B, N, device=DEV), cu, tol)
     _time_major_check(a.detach().clone(), x.detach().clone(), None, cu, tol, final=False)
+
+
+@pytest.mark.parametrize("T", [4100, 4104, 4098, 4099])   # row_divisor 4, 8, 2, 1
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
+def test_time_major_unaligned_rows(T, dtype, tol):
+    """Time contiguous rows whose length is not a multiple of 16 (the kernels' ``TV`` constexpr,
+    ``_host.row_divisor``), with and without h0 and the final state's gradient."""
+    A, b = make(2, T, 96, 1, dtype, seed=T)
+    a, x = A[..., 0, 0].transpose(1, 2).contiguous(), b[..., 0].transpose(1, 2).contiguous()
+    _time_major_check(a, x, torch.randn(2, 96, device=DEV), None, tol)
+    _time_major_check(a.detach().clone(), x.detach().clone(), None, None, tol, final=False)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory < 40e9,

@@ -49,10 +49,15 @@
 #   read by _host.device_band): m = 1 backward 64 x 32 at (4, 4.75] and 16 x 64 on 2 warps at
 #   (6, 7.5] programs per SM (B9 0.994x, B13 0.995x accelerated-scan fwd+bwd); m = 16 forward
 #   ring2 at (8, 14], g4 at (16, 20] (B5 101 %, B9 100 %); m = 8 backward v1 at (16, 20].
-#   test_wave_tail_bands (14) passed. Leads left: few programs with unaligned rows (B8 N776
-#   0.79x / 0.66x accelerated-scan); m = 1 forward below accelerated-scan (0.917-0.97x at
-#   B5-B7, the (B, T, N) walk); bf16 in the bands (not timed); the NV alignment for the m >= 2
-#   kernels (check PTX on the CPU first: tools/aot_check.py --ptx-dir), e.g.
+#   test_wave_tail_bands (14) passed. The m = 1 look-back (NV) and time-major (TV) kernels load
+#   16-byte vectors on rows that are a multiple of 4 (B8 N776 fwd+bwd 0.80x accelerated-scan,
+#   was 0.66x; time-major T4104 forward 100 % of copy, was 52 %); test_diag_unaligned_rows
+#   (24) and test_time_major_unaligned_rows (8) passed. Leads left: the time-major backward at
+#   T4100 / T4104 (78 % against 96.5 % at T4096; not its tile length, call 7); the m = 1
+#   forward at few programs on unaligned rows (B8 N776 0.80x); the m = 1 forward below
+#   accelerated-scan (0.917-0.97x at B5-B7, the (B, T, N) walk); bf16 in the bands (not
+#   timed); the NV alignment for m >= 2 (only rows H * m not a multiple of 16, e.g. m = 2 with
+#   odd H: check PTX on the CPU first, tools/aot_check.py --ptx-dir), e.g.
 #     python3 tools/tune_compare.py --m 16 --rounds 2 --out $OUT/f16 --tune old=variant:ring4 \
 #       --shapes 5x2048x4096 9x2048x4096
 #   The compiled timings again, e.g.

@@ -234,7 +234,8 @@ def test_backward_auto_rule(monkeypatch):
     would time-chunk or the one-pass backward has few programs over long sequences (then the
     forward is chosen as for inference and leaves no chunk products); True always, False never,
     a forced ``TUNE["chunk"]`` keeps the chunked backward; bad values refused. Gradients against
-    fp64 every time."""
+    fp64 every time. The counts below assume 4 SMs (the CPU's): on a GPU the same is patched in."""
+    monkeypatch.setattr(scanmod, "_num_sms", lambda device: 4)
     calls = bwd_spy(monkeypatch)
     rules = {}
 

@@ -138,6 +138,18 @@ def _cases(family, dev, small):
                 h0 = _leaf(torch.randn(nseq, N, device=dev), torch.float32)
                 return diagonal_scan(a, b, h0, True, cu, time_dim=2), (a, b, h0)
             yield f"T{T}_{'varlen' if cu is not None else 'B1'}_time_major", run_tm
+
+        def run_rows(time_major):   # rows of 8-element multiples: the kernels' NV / TV = 8
+            from lrnn_scan.kernels.block_diagonal import scan as S
+            N, T = (20, T_var) if small else (776, T_long + 8)
+            shape = (1, N, T) if time_major else (1, T, N)
+            a = _leaf(torch.rand(*shape, device=dev) * 0.99, torch.float32)
+            b = _leaf(torch.randn(*shape, device=dev), torch.float32)
+            h0 = _leaf(torch.randn(1, N, device=dev), torch.float32)
+            with S.tuned({} if time_major else {"fwd_lookback": True, "bwd_lookback": True}):
+                return diagonal_scan(a, b, h0, True, time_dim=2 if time_major else 1), (a, b, h0)
+        yield "rows_NV8_lookbacks", lambda: run_rows(False)
+        yield "rows_TV8_time_major", lambda: run_rows(True)
     elif family == "fused_gates":
         for m in ((1, 2, 3) if small else (1, 2, 4, 8)):
             for variant in ("softmax", "sigmoid"):

@@ -52,7 +52,10 @@
 #   test_wave_tail_bands (14) passed. The m = 1 look-back (NV) and time-major (TV) kernels load
 #   16-byte vectors on rows that are a multiple of 4 (B8 N776 fwd+bwd 0.80x accelerated-scan,
 #   was 0.66x; time-major T4104 forward 100 % of copy, was 52 %); test_diag_unaligned_rows
-#   (24) and test_time_major_unaligned_rows (8) passed. Leads left: the time-major backward at
+#   (24) and test_time_major_unaligned_rows (8) passed. OWED on a GPU (call 8 ran out of time):
+#     python3 -m pytest tests/test_kernels_lookback.py -k "backward_auto_rule or many_tiles"
+#   (the rule test now patches 4 SMs in; the two many-tiles forwards at 128 x 32 / 128 x 4 were
+#   not reached; the other 33 passed with the NV change). Leads left: the time-major backward at
 #   T4100 / T4104 (78 % against 96.5 % at T4096; not its tile length, call 7); the m = 1
 #   forward at few programs on unaligned rows (B8 N776 0.80x); the m = 1 forward below
 #   accelerated-scan (0.917-0.97x at B5-B7, the (B, T, N) walk); bf16 in the bands (not

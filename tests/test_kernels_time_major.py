@@ -58,6 +58,17 @@ def test_forward_backward(B, N, T):
     check(B, N, T)
 
 
+@pytest.mark.parametrize("T,cu", [(16, None), (70, None), (100, None), (129, None),
+                                  (190, [0, 37, 37, 120, 190]), (150, [0, 64, 150])])
+def test_tail_tiles(T, cu):
+    """64-step tiles, then the steps past a row's (or sequence's) last whole tile in 16-step tiles:
+    none, one, several (100 = 64 + 3 x 16 with a partial one), whole tiles of a sequence that
+    starts mid-tile, an empty sequence."""
+    with bd.scan.tuned(dict(tm_bt=64, tm_bt_bwd=64, tm_btt=16, tm_btt_bwd=16)):
+        assert time_major._cfg(bd.scan.TUNE, T, True)[1::3] == ((64, 16) if T >= 64 else (16, 16))
+        check(2 if cu is None else 1, 3, T, cu)
+
+
 @pytest.mark.parametrize("cu", [[0, 5, 5, 33, 70], [0, 1, 17, 18, 70], [0, 70]])
 def test_varlen(cu):
     """Boundaries inside 16-step tiles, an empty sequence (its final state is h0, dh0 = dL/dh_T)
@@ -109,6 +120,13 @@ def test_tile_cut_to_sequence():
     assert time_major._cfg({}, 100, True)[1] == 128
     assert time_major._cfg({}, 10 ** 6, False)[1] == time_major.TM_FWD[1]
     assert time_major._cfg(dict(tm_bt_bwd=64, tm_br_bwd=4), 10 ** 6, True)[:2] == (4, 64)
+    # the rest past the whole tiles in one tile of its next power of two (at least TM_TAIL_MIN);
+    # varlen keeps whole tiles (each sequence has its own rest); TUNE wins
+    lo, bt = time_major.TM_TAIL_MIN, time_major.TM_BWD[1]
+    assert [time_major._cfg({}, 4 * bt + r, True)[4] for r in (0, 8, 300, bt - 8)] == [bt, lo, 512, bt]
+    assert time_major._cfg({}, 4 * bt + 8, True, varlen=True)[4] == bt
+    assert time_major._cfg({}, 20, False)[4] == 32
+    assert time_major._cfg(dict(tm_btt_bwd=64), 4 * bt + 300, True)[4] == 64
     # 8 warps for forwards with many programs per SM; the backward keeps its 4; TUNE wins
     many = time_major.TM_FWD_NW8_FROM * 132
     assert time_major._cfg({}, 2048, False, many, 132)[2] == 8

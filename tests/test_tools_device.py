@@ -74,6 +74,14 @@ def test_ncu_m1_driver_runs_on_the_interpreter(capsys):
     assert capsys.readouterr().out.split() == ["tma", "done", "tile", "done"]
 
 
+def test_ncu_tm_driver_runs_on_the_interpreter(capsys):
+    """tools/ncu_tm.py: the time-major forward and backward at each T (one with a rest past the
+    whole tiles) on the CPU interpreter."""
+    pytest.importorskip("triton")
+    _tool("ncu_tm").main(["--device", "cpu", "--B", "1", "--N", "3", "--T", "16", "37", "--runs", "1"])
+    assert capsys.readouterr().out.split() == ["T", "16", "done", "T", "37", "done"]
+
+
 def test_walk_order_probe_on_the_interpreter(tmp_path, monkeypatch):
     """tools/walk_order_probe.py: every walk (both layouts, tiles that do not divide T or N) writes
     exactly ``a + b`` into a NaN-poisoned output; timer stubbed, no accelerated-scan."""

@@ -434,7 +434,8 @@ def test_time_major_long(dtype, tol, varlen):
     _time_major_check(a.detach().clone(), x.detach().clone(), None, cu, tol, final=False)
 
 
-@pytest.mark.parametrize("T", [4100, 4104, 4098, 4099])   # row_divisor 4, 8, 2, 1
+# row_divisor 4, 8, 2, 1; 4396 and 6136: 3 and 16 tiles of TM_TAIL = 128 past the 2048-step tiles
+@pytest.mark.parametrize("T", [4100, 4104, 4098, 4099, 4396, 6136])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
 def test_time_major_unaligned_rows(T, dtype, tol):
     """Time contiguous rows whose length is not a multiple of 16 (the kernels' ``TV`` constexpr,

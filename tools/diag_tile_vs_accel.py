@@ -67,13 +67,13 @@ def flushed_timer(mb: int, timer=None, device=None):
     return bench
 
 
-def random_inputs(shape: str, device):
-    """``a`` uniform in [0.5, 1) and ``x`` standard normal, ``(B, T, N)`` from ``"BxTxN"``, with
-    the generator (seed 0) that drew them."""
+def random_inputs(shape: str, device, dtype=torch.float32):
+    """``a`` uniform in [0.5, 1) and ``x`` standard normal, ``(B, T, N)`` from ``"BxTxN"``, drawn
+    in fp32 and rounded to ``dtype``, with the generator (seed 0) that drew them."""
     B, T, N = map(int, shape.split("x"))
     g = torch.Generator(device=device).manual_seed(0)
     a = torch.rand(B, T, N, device=device, generator=g) * 0.5 + 0.5
-    return a, torch.randn(B, T, N, device=device, generator=g), g
+    return a.to(dtype), torch.randn(B, T, N, device=device, generator=g).to(dtype), g
 
 
 def _ref64(a, b):
@@ -101,6 +101,8 @@ def main(argv=None):
     ap.add_argument("--tune", nargs="*", default=[], help="extra columns NAME=JSON of TUNE overrides")
     ap.add_argument("--flush-l2", type=int, default=0, metavar="MB",
                     help="overwrite MB megabytes before each replay and subtract its time (flushed_timer)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="of a, b, h and the gradients (the state stays fp32)")
     a_ = ap.parse_args(argv)
     configs = {n: CONFIGS[n] for n in a_.configs}
     extra = parse_tune(a_.tune)
@@ -117,13 +119,14 @@ def main(argv=None):
                torch=torch.__version__, triton=triton.__version__,
                date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                default_fwd_tile=S._diag_default(dev),
-               tma_many_programs=row_by_name(tma._MANY_BY_DEVICE, name), flush_l2_mb=a_.flush_l2)
+               tma_many_programs=row_by_name(tma._MANY_BY_DEVICE, name), flush_l2_mb=a_.flush_l2,
+               dtype=a_.dtype)
     print(env, flush=True)
     rows = []
     for shape in a_.shapes:
-        a, x, g = random_inputs(shape, dev)
+        a, x, g = random_inputs(shape, dev, getattr(torch, a_.dtype))
         B, T, N = a.shape
-        dh = torch.randn(B, T, N, device=dev, generator=g)
+        dh = torch.randn(B, T, N, device=dev, generator=g).to(a.dtype)
         ref = _ref64(a[:1], x[:1])
         fns, checks, grads0 = {}, {}, None
         ag, xg = a.clone().requires_grad_(), x.clone().requires_grad_()    # shared by the configs
@@ -160,7 +163,7 @@ def main(argv=None):
             peer = statistics.median(times[("accelerated-scan", kind)]) if as_scan else None
             for n in fns:
                 ms = statistics.median(times[(n, kind)])
-                nbytes = B * T * N * 4 * (3 if kind == "fwd" else 6)
+                nbytes = B * T * N * a.element_size() * (3 if kind == "fwd" else 6)
                 rows.append(dict(B=B, T=T, N=N, kind=kind, config=n, tune=configs.get(n, "peer"),
                                  graph_ms=round(ms, 5), rounds=[round(v, 5) for v in times[(n, kind)]],
                                  tbs=round(nbytes / ms / 1e9, 3),
@@ -174,7 +177,7 @@ def main(argv=None):
     path.write_text(json.dumps(dict(**env, rows=rows), indent=1, default=str))
     with open(out / "RESULTS_diagtile.md", "a") as f:
         f.write(f"\n## tools/diag_tile_vs_accel.py, {env['date']}\n\n{env['device']}, torch {env['torch']}, "
-                f"Triton {env['triton']}; fp32; default forward tile here {env['default_fwd_tile']} (tile kernel"
+                f"Triton {env['triton']}; {a_.dtype}; default forward tile here {env['default_fwd_tile']} (tile kernel"
                 + (f"; with many programs the default is the TMA forward, {env['tma_many_programs']}, "
                    "tma._MANY_BY_DEVICE" if env["tma_many_programs"] else "") + "); "
                 f"graph ms = median over {a_.rounds} interleaved rounds of do_bench_cudagraph medians"

@@ -83,11 +83,12 @@ def compiled_columns():
             "btn_op_transposed": torch.compile(transposed, fullgraph=True)}
 
 
-def run_shape(B, T, N, configs, as_scan, rounds, extra=None):
+def run_shape(B, T, N, configs, as_scan, rounds, extra=None, dtype=torch.float32):
     g = torch.Generator(device=DEVICE).manual_seed(0)
     a = torch.rand(B, N, T, device=DEVICE, generator=g) * 0.5 + 0.5   # (B, N, T), time contiguous
     x = torch.randn(B, N, T, device=DEVICE, generator=g)
     dh = torch.randn(B, N, T, device=DEVICE, generator=g)
+    a, x, dh = (v.to(dtype) for v in (a, x, dh))
     at, xt, dht = (v.transpose(1, 2).contiguous() for v in (a, x, dh))   # (B, T, N) for the default
     ad, xd, atd, xtd = a, x, at, xt      # the forwards take these (no autograd graph)
     a, x, at, xt = (v.detach().requires_grad_() for v in (a, x, at, xt))
@@ -114,7 +115,8 @@ def run_shape(B, T, N, configs, as_scan, rounds, extra=None):
             h_vs_fp64=_rel(as_scan(ad, xd)[0, :64], ref),
             grad_vs_btn=max(_rel(u, v) for u, v in zip(_grad(as_scan, a, x, dh), g0)))
     rows = []
-    for kind, k, nbytes in (("fwd", 0, 12), ("fwdbwd", 1, 32)):
+    for kind, k, per in (("fwd", 0, 3), ("fwdbwd", 1, 8)):   # tensors of (B, N, T) moved once
+        nbytes = per * a.element_size()
         ms = timed_rounds({n: f[k] for n, f in fns.items()}, B * T * N * nbytes, rounds, device=DEVICE)
         peer = ms.get("accelerated-scan")
         for n, v in ms.items():
@@ -133,7 +135,7 @@ def render(path, note=""):
     m = d["meta"]
     cols = list(dict.fromkeys(r["config"] for r in d["rows"]))
     out = [f"### tools/tm_vs_accel.py, {m['date']}\n", f"{m['device']}, torch {m['torch']}, Triton {m['triton']}; "
-           f"fp32; CUDA-graph medians of {m['rounds']} interleaved rounds; `(B, N, T)` tensors for the "
+           f"{m.get('dtype', 'float32')}; CUDA-graph medians of {m['rounds']} interleaved rounds; `(B, N, T)` tensors for the "
            "`tm_*` columns and accelerated-scan, `(B, T, N)` for `btn_default` (the same values "
            "transposed). In brackets: accelerated-scan's ms / the column's ms. " + m["note"] + ". " + note + "\n"]
     for kind in ("fwd", "fwdbwd"):
@@ -161,6 +163,8 @@ def main(argv=None):
     ap.add_argument("--configs", nargs="*", default=None,
                     help="name=key:value+key:value (tune_compare's form); default: CONFIGS")
     ap.add_argument("--compiled", action="store_true", help="add the compiled_columns() columns")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="of a, b, h and the gradients (the state stays fp32)")
     args = ap.parse_args(argv)
     if args.render:
         text = render(args.render, args.note)
@@ -175,14 +179,15 @@ def main(argv=None):
     env = dict(tool="tm_vs_accel", torch=torch.__version__,
                device=torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU interpreter",
                triton=triton.__version__, date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-               rounds=args.rounds, note="fwd bytes a,b,h; fwdbwd bytes 32/elem (fwd 12 + bwd a,h,g,da,db 20); "
-                                        "copy column moves the same bytes")
+               rounds=args.rounds, dtype=args.dtype,
+               note="fwd bytes a,b,h; fwdbwd bytes 8 tensors (fwd 3 + bwd a,h,g,da,db 5); "
+                    "copy column moves the same bytes")
     print(env, flush=True)
     as_scan = try_accelerated_scan()
     rows = []
     for shape in args.shapes:
         rows += run_shape(*map(int, shape.split("x")), configs, as_scan, args.rounds,
-                          compiled_columns() if args.compiled else None)
+                          compiled_columns() if args.compiled else None, getattr(torch, args.dtype))
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
     (out / "tm_vs_accel.json").write_text(json.dumps(dict(meta=env, rows=rows), indent=1, default=str))

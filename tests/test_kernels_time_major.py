@@ -120,6 +120,9 @@ def test_tile_cut_to_sequence():
     assert time_major._cfg({}, 100, True)[1] == 128
     assert time_major._cfg({}, 10 ** 6, False)[1] == time_major.TM_FWD[1]
     assert time_major._cfg(dict(tm_bt_bwd=64, tm_br_bwd=4), 10 ** 6, True)[:2] == (4, 64)
+    # 2-byte elements: twice the steps (the same bytes a tile), still cut to the sequence
+    assert [time_major._cfg({}, T, bwd, itemsize=2)[1] for T, bwd in ((10 ** 6, False), (10 ** 6, True),
+                                                                     (3000, False), (2048, True))] == [4096, 4096, 4096, 2048]
     # the rest past the whole tiles in one tile of its next power of two (at least TM_TAIL_MIN);
     # varlen keeps whole tiles (each sequence has its own rest); TUNE wins
     lo, bt = time_major.TM_TAIL_MIN, time_major.TM_BWD[1]

@@ -127,9 +127,9 @@ def test_rule_and_config(monkeypatch):
 def test_many_programs_row(monkeypatch):
     """With at least ``_MANY_MIN_PER_SM`` (3.8) programs an SM at the row's BN (64) and
     ``T >= _MANY_MIN_T``, fp32 on a GPU named in ``_MANY_BY_DEVICE`` (the name faked here) takes
-    that row; bf16, fewer programs (the TMA grid's partial second wave), fewer steps or another
-    GPU keep the one-warp tiles; ``tma_*`` keys still override; "auto" never runs TMA on CPU
-    tensors."""
+    that row, bf16 / fp16 ``_MANY_16BIT_BY_DEVICE``'s (one-warp 64 x 32 tiles, counted at BN 32);
+    fewer programs (the TMA grid's partial second wave), fewer steps or another GPU keep the
+    one-warp tiles; ``tma_*`` keys still override; "auto" never runs TMA on CPU tensors."""
     monkeypatch.setattr(tma, "device_name", lambda device: "NVIDIA H200")
     a, b = inputs(2, tma._MANY_MIN_T, 1024)  # 2 x 16 programs at BN = 64
     few = (64, 32, 1, 3)
@@ -140,6 +140,11 @@ def test_many_programs_row(monkeypatch):
     # H200 B N4096: 132 SMs; B7 (3.4 an SM) keeps the tile kernel, B8 (3.9) and B9 take the row
     for nseq, row in ((7, None), (8, (64, 64, 2, 3)), (9, (64, 64, 2, 3))):
         assert tma._many_cfg(b, 4096, nseq, 132) == row, nseq
+    # 16-bit: B4 N4096 is 3.9 programs an SM at BN 32, B3 2.9; no row for 8-byte elements
+    for dtype in (torch.bfloat16, torch.float16):
+        for nseq, row in ((3, None), (4, (64, 32, 1, 3)), (8, (64, 32, 1, 3))):
+            assert tma._many_cfg(b.to(dtype), 4096, nseq, 132) == row, (dtype, nseq)
+    assert tma._many_cfg(b.double(), 4096, 8, 132) is None
     short = (a[:, :-1].contiguous(), b[:, :-1].contiguous())
     assert tma.tma_config(*short, 2, {"diag_tma": True}, 8) == few
     if DEV == "cpu":
@@ -169,8 +174,9 @@ def test_auto_needs_64_byte_rows(monkeypatch):
 @pytest.mark.skipif(not _GPU_TMA, reason="GPU sizes")
 def test_auto_on_the_gpu_at_few_programs(monkeypatch):
     """On a GPU the default sends B8 T2048 N768 (fp32 and bf16) through TMA, with gradients too,
-    and leaves B8 T2048 N4096 (many programs) to the tile kernel, except in fp32 on a GPU with a
-    row in ``tma._MANY_BY_DEVICE`` (an H200), where TMA runs with that row's tiles."""
+    and leaves B8 T2048 N4096 (many programs) to the tile kernel, except on a GPU with a row in
+    ``tma._MANY_BY_DEVICE`` (fp32) or ``_MANY_16BIT_BY_DEVICE`` (bf16) (an H200), where TMA runs
+    with that row's tiles."""
     scanmod.TUNE.clear()
     calls = launches(monkeypatch)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 5e-3)):
@@ -182,12 +188,13 @@ def test_auto_on_the_gpu_at_few_programs(monkeypatch):
     a, b = inputs(8, 2048, 4096, seed=13)
     assert max(errors(a, b, None, None)) < 1e-5
     many = any(k in torch.cuda.get_device_name() for k in tma._MANY_BY_DEVICE)
+    many16 = any(k in torch.cuda.get_device_name() for k in tma._MANY_16BIT_BY_DEVICE)
     assert len(calls) == 3 + many
-    assert max(errors(a.bfloat16(), b.bfloat16(), None, None)) < 5e-3  # bf16: the tile kernel
-    assert len(calls) == 3 + many
+    assert max(errors(a.bfloat16(), b.bfloat16(), None, None)) < 5e-3
+    assert len(calls) == 3 + many + many16
     if many:  # with gradients too
         grad_check(*inputs(8, 2048, 4096, seed=14), None, None)
-        assert len(calls) == 5
+        assert len(calls) == 4 + many + many16
 
 
 def test_through_torch_compile(monkeypatch):

@@ -179,13 +179,21 @@ _MANY_MIN_T = 2048
 _MANY_MIN_PER_SM = 3.8
 
 
+# 16-bit inputs: the tile kernel's fp32 tiles ran bf16 at 0.62x accelerated-scan's forward speed
+# (H200, B8 T2048 N4096, L2 flushed; T16384 0.63x); these one-warp TMA tiles 0.82x / 0.67x
+# (fwd+bwd 0.90x / 0.86x against 0.82x / 0.84x). Larger or deeper tile-kernel tiles were slower
+# still (RESULTS.md, thirty-eighth session).
+_MANY_16BIT_BY_DEVICE = {"H200": (64, 32, 1, 3)}
+
+
 def _many_cfg(b, N: int, nseq: int, sms: int):
-    """``_MANY_BY_DEVICE``'s row for ``b`` ``(B, T, N)`` on its GPU where the call has at least
-    ``_MANY_MIN_PER_SM`` programs an SM at the row's BN, ``T >= _MANY_MIN_T`` and ``b`` is fp32,
-    else None."""
-    if b.element_size() != 4 or b.shape[1] < _MANY_MIN_T:
+    """``_MANY_BY_DEVICE``'s row (fp32; ``_MANY_16BIT_BY_DEVICE``'s for bf16 / fp16) for ``b``
+    ``(B, T, N)`` on its GPU where the call has at least ``_MANY_MIN_PER_SM`` programs an SM at
+    the row's BN and ``T >= _MANY_MIN_T``, else None."""
+    table = {4: _MANY_BY_DEVICE, 2: _MANY_16BIT_BY_DEVICE}.get(b.element_size())
+    if table is None or b.shape[1] < _MANY_MIN_T:
         return None
-    row = row_by_name(_MANY_BY_DEVICE, device_name(b.device))
+    row = row_by_name(table, device_name(b.device))
     if row is None or nseq * cdiv(N, row[1]) < _MANY_MIN_PER_SM * sms:
         return None
     return row

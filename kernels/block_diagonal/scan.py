@@ -376,7 +376,7 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False, max_len=None):
         return diag_lookback_forward(a, b, h0, cu, chunk, TUNE, _empty, _diag_cfg, max_len)
     B, T, N = b.shape
     nseq = B if cu is None else cu.numel() - 1
-    many = _diag_band(N, nseq, b.device) is None  # in a band its tiles beat the TMA row
+    many = b.element_size() == 2 or _diag_band(N, nseq, b.device) is None  # band: fp32 only
     tma_cfg = tma.tma_config(a, b, nseq, TUNE, _num_sms(b.device), many) if chunk is None else None
     if tma_cfg is not None:  # few programs on Hopper: loads by TMA (tma.py)
         return tma.diag_tma_forward(a, b, h0, cu, tma_cfg, _empty) + (None,)

@@ -321,7 +321,7 @@ _DIAG_FEW, _DIAG_FEW_BWD = (128, 16, 2), (64, 32, 2)  # few programs, fwd / bwd 
 # On an H200 fp32 forwards of 2048+ steps with many programs run tma.py's TMA forward
 # (_MANY_BY_DEVICE there: 64 x 64 tiles, 2 warps, 1.7-5.1 % faster on a warm L2, equal with the
 # L2 flushed, thirty-third and thirty-fourth sessions); bf16
-# keeps these tiles. More warps per SM lost on the H200 (B8 T2048 N4096, L2 flushed: 4 warps
+# its own row (tma._MANY_16BIT_BY_DEVICE, thirty-eighth). More warps per SM lost on the H200 (B8 T2048 N4096, L2 flushed: 4 warps
 # 0.2023, 32 x 32 tiles 0.2045 against 0.2010 ms): the walk through time over (B, T, N) is the
 # limit, not the scan (tools/walk_order_probe.py; RESULTS.md, thirty-fifth session).
 _DIAG_BY_DEVICE = {"H100": (16, 64, 2), "H200": (32, 64, 2)}  # H100 80GB HBM3 (SXM), H200

@@ -210,7 +210,7 @@ def tma_config(a, b, nseq: int, tune: dict, sms: int, many: bool = True):
     """``(BT, BN, num_warps, num_stages)`` of the TMA forward for ``a``, ``b`` ``(B, T, N)``, or
     None where the tile kernel runs. ``tune["diag_tma"]``: "auto" (the default: ``tma_auto`` on a
     GPU, or many programs (``_many_cfg``; ``many=False``: not) over at least ``_MANY_MIN_T`` steps
-    on a GPU with a ``_MANY_BY_DEVICE`` row; either only where rows are ``_AUTO_ROW_ALIGN``-byte
+    on a GPU with a ``_MANY_BY_DEVICE`` row (``_MANY_16BIT_BY_DEVICE`` for bf16 / fp16); either only where rows are ``_AUTO_ROW_ALIGN``-byte
     aligned), True (wherever
     ``tma_usable``: compute capability 9+, or the interpreter) or False. Keys ``tma_bt``,
     ``tma_bn``, ``tma_nw``, ``tma_ns`` override the configuration: with many programs the

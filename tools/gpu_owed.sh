@@ -63,6 +63,16 @@
 #   odd H: check PTX on the CPU first, tools/aot_check.py --ptx-dir), e.g.
 #     python3 tools/tune_compare.py --m 16 --rounds 2 --out $OUT/f16 --tune old=variant:ring4 \
 #       --shapes 5x2048x4096 9x2048x4096
+#   Thirty-eighth (H200, 8 calls): the owed look-back tests passed (10). The time-major rest
+#   past the last whole tile runs in one short tile (Nsight Compute: the masked tile was 1.47x
+#   the backward's instructions; T4104 fwd+bwd 87 -> 90 % of copy). bf16 m = 1 (new --dtype in
+#   tools/diag_tile_vs_accel.py and tools/tm_vs_accel.py): the TMA row for 16-bit inputs
+#   (tma._MANY_16BIT_BY_DEVICE, also in the fp32 band) and 4096-step time-major tiles; tests
+#   passed (test_kernels_tma / time_major on the GPU 48, -k time_major 17, test_diag_tma bf16 2).
+#   Nothing owed. Leads: the bf16 tile kernel (more shuffles along time than fp32's, PTX;
+#   MEASURED.md "bf16 m = 1"), bf16 at few programs (B8 N768 0.57x, B1 T16384 N768 0.38x), e.g.
+#     python3 tools/diag_tile_vs_accel.py --out $OUT/d --rounds 2 --configs default \
+#       --flush-l2 256 --dtype bfloat16 --tune lb=lb_chunk:256 --shapes 8x2048x768 1x16384x768
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):

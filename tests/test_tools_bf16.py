@@ -2,21 +2,13 @@
 ``tools/diag_tile_vs_accel.py``) on the CPU interpreter, timers stubbed: the byte counts behind
 their TB/s and %-of-copy columns use 2-byte elements, the header names the dtype, and the checks
 see bf16 rounding (above fp32's errors, within bf16's)."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from test_tools_results import _tool
+
 pytest.importorskip("triton")
-
-
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_tm_vs_accel_bf16(tmp_path, monkeypatch, capsys):

@@ -18,7 +18,8 @@ element (scalar loads of the same cache lines).
 A row's steps past its last whole ``BT`` tile run in tiles of ``BTT`` steps (``_cfg``: one tile
 of the rest's next power of two), after the whole tiles in the forward and before them in the
 backward: a scan tile costs the same instructions however many of its steps are masked, so
-``T = 4104`` on 2048-step tiles alone ran three tiles' instructions for two tiles' bytes.
+``T = 4104`` on 2048-step tiles alone ran three tiles' instructions for two tiles' bytes. Each
+rest length's power of two (128 to ``BT``) is its own compiled variant.
 
 With ``cu_seqlens`` the tensors are ``(1, N, T_total)`` and a program walks one sequence's range
 of its rows. Offsets are int64. The kernels see the length only as the row stride ``RS`` (``T``,

@@ -70,8 +70,12 @@
 #   (tma._MANY_16BIT_BY_DEVICE, also in the fp32 band) and 4096-step time-major tiles; tests
 #   passed (test_kernels_tma / time_major on the GPU 48, -k time_major 17, test_diag_tma bf16 2).
 #   Nothing owed. Leads: the bf16 tile kernel (more shuffles along time than fp32's, PTX;
-#   MEASURED.md "bf16 m = 1"), bf16 at few programs (B8 N768 0.57x, B1 T16384 N768 0.38x), e.g.
+#   MEASURED.md "bf16 m = 1"; TUNE diag_vec = 4 gives fp32's layout, untimed), bf16 at few
+#   programs (B8 N768 0.57x, B1 T16384 N768 0.38x), e.g.
 #     python3 tools/diag_tile_vs_accel.py --out $OUT/d --rounds 2 --configs default \
+#       --flush-l2 256 --dtype bfloat16 --tune tile=diag_tma:false v4=diag_tma:false+diag_vec:4 \
+#       --shapes 8x2048x4096 12x2048x4096 8x16384x4096
+#     python3 tools/diag_tile_vs_accel.py --out $OUT/d2 --rounds 2 --configs default \
 #       --flush-l2 256 --dtype bfloat16 --tune lb=lb_chunk:256 --shapes 8x2048x768 1x16384x768
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune

@@ -212,16 +212,21 @@ def _affine_combine(a1, b1, a2, b2):
 def _diag_fwd_kernel(Aa, Bv, Hout, Init, Final, Pout, CU, T, N, CHUNK, NC,
                      BT: tl.constexpr, BN: tl.constexpr, HAS_INIT: tl.constexpr,
                      STORE_H: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_P: tl.constexpr,
-                     VARLEN: tl.constexpr, NV: tl.constexpr = 1):
+                     VARLEN: tl.constexpr, NV: tl.constexpr = 1, VEC: tl.constexpr = 0):
     """``h_t = a_t h_{t-1} + b_t`` on ``(BT, BN)`` tiles: an in-tile associative scan over time
     composed with the carried state; ``STORE_P`` also writes the chunk's product of ``a``.
-    ``NV``: a power of two dividing ``N`` (``_host.row_divisor``)."""
+    ``NV``: a power of two dividing ``N`` (``_host.row_divisor``). ``VEC`` > 0 caps the channels
+    a lane loads at once (TUNE ``diag_vec``, one-pass forward only): 16-bit inputs otherwise get
+    8 a lane, so fp32's layout with 4 (fewer lanes along time, 134 shuffles a 32 x 64 tile
+    against 210; Triton 3.6 PTX) is ``VEC = 4``. Not timed yet (MEASURED.md, "bf16 m = 1")."""
     N = (N // NV) * NV  # the same N, proven NV-aligned: 16-byte loads where N % 16 != 0
     pid_n = tl.program_id(0)
     s = tl.program_id(1)
     c = tl.program_id(2)
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
     n = pid_n * BN + tl.arange(0, BN)
+    if VEC > 0:
+        n = tl.max_contiguous(n, VEC)  # the vector width follows the proven contiguity
     mn = n < N
     r = tl.arange(0, BT)
     last = (r == BT - 1)[:, None]

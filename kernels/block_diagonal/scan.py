@@ -393,7 +393,7 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False, max_len=None):
         _diag_fwd_kernel[(gn, nseq, 1)](
             a, b, h, h0 if h0 is not None else dummy, final, dummy, cu_arg, T, N, max(T, 1), 1,
             BT=bt, BN=bn, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True, STORE_P=False,
-            VARLEN=varlen, NV=nv, num_warps=nw)
+            VARLEN=varlen, NV=nv, VEC=TUNE.get("diag_vec", 0), num_warps=nw)
         return h, final, None
     nc = cdiv(max_seq_len(T, cu, max_len), chunk)
     P = _empty((nseq, nc, N), torch.float32, dev)

@@ -5,6 +5,7 @@ interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1`` when there is no GPU;
 same tests run the compiled kernels). On a GPU: ``tests/gpu/test_gpu_compile.py``."""
 import datetime
 import multiprocessing as mp
+import os
 import subprocess
 import sys
 
@@ -185,8 +186,12 @@ def _ddp_worker(rank, world, store_path, x, out_path):
         # both ranks reach teardown together: a rank that destroyed the group while rank 0 was
         # still saving aborted once in CI ("terminate called without an active exception", -6)
         dist.barrier()
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # gloo's C++ teardown still aborted once after the barrier (CI on 533c30c, exit -6); the work
+    # is done and saved, so leave without running it
+    os._exit(0)
 
 
 def test_ddp_gloo_matches_single_process(tmp_path):

@@ -32,6 +32,25 @@ def eager_loop(A, b):
     return torch.stack(out, 1)
 
 
+# accelerated-scan 0.3.1's scalar.scan works on 2048-step blocks (its kernels' BLOCK default)
+ACCEL_BLOCK = 2048
+
+
+def accelerated_scan_grad_ok(T: int) -> bool:
+    """Whether accelerated-scan's backward stays inside its tensors at sequence length ``T``.
+
+    Its ``backward_scan`` (scalar.py, 0.3.1) loads ``states[t - 1]`` under the mask ``t > 0``
+    alone, so the padding lanes of a block shorter than ``ACCEL_BLOCK`` steps read the next
+    sequence's states and, for the last sequence, up to 2047 elements past the end of ``states``
+    (the interpreter shows it: ``tools/accel_reads_past.py``). Where those addresses lie outside
+    any allocation the kernel faults, "an illegal memory access" (H200: fp32 B8 T1024 N4096 in the
+    thirty-third session, bf16 B8 T1024 / B16 T512 / B5 T1024 N4096 in the thirty-ninth; T2048 and
+    the multiples of 2048 ran clean). The values read are multiplied by zero and never stored, so
+    its gradients are right when it does not fault; whether it faults depends on the allocator.
+    The tools time its backward only where this is True."""
+    return T % ACCEL_BLOCK == 0
+
+
 def try_accelerated_scan():
     try:
         from accelerated_scan.scalar import scan as as_scan

@@ -26,6 +26,19 @@ def row_divisor(n: int) -> int:
     return min(16, n & -n) if n > 0 else 16
 
 
+def diag_vec(itemsize: int, tune: dict, bwd: bool = False) -> int:
+    """``VEC`` of the m = 1 tile kernels (``block_diagonal.fwd._diag_fwd_kernel``, ``bwd.
+    _diag_bwd_kernel``): the most channels a lane loads at once, 0 for no cap. 16-bit inputs get 4,
+    fp32's layout: left alone, a 16-byte vector holds 8 bf16 channels, so more of a tile's lanes lie
+    along time and its scan shuffles more (Triton 3.6 PTX, 32 x 64 tiles: forward 210 shuffles
+    against 134, backward on 4 warps 116 against 72). H200 bf16, L2 flushed, forward ms without /
+    with the cap (thirty-ninth session): B8 T2048 N4096 0.1769 / 0.1662, B12 0.2537 / 0.2347,
+    B8 T16384 1.3531 / 1.2823, B8 T2048 N4104 0.1830 / 0.1725. TUNE ``diag_vec`` sets both passes,
+    ``diag_vec_bwd`` the backward's."""
+    vec = tune.get("diag_vec", 4 if itemsize == 2 else 0)
+    return tune.get("diag_vec_bwd", vec) if bwd else vec
+
+
 def next_pow2(n: int) -> int:
     """Smallest power of two ``>= n`` (1 for ``n <= 1``)."""
     return 1 << max(0, (int(n) - 1).bit_length())

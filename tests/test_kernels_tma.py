@@ -232,30 +232,3 @@ def test_band_keeps_the_16bit_row(monkeypatch):
         a, b = inputs(1, 5, 40, dtype=dtype)
         bd.diagonal_scan(a, b)
     assert seen == [(torch.float32, False), (torch.bfloat16, True), (torch.float16, True)]
-
-
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
-def test_diag_vec_reaches_the_tile_forward(dtype, tol, monkeypatch):
-    """TUNE ``diag_vec`` reaches the one-pass tile forward as ``VEC`` (0 by default: no cap; a
-    layout hint, the same numbers), with and without ``h0``, against fp64."""
-    seen, real = [], scanmod._diag_fwd_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                seen.append(kw["VEC"])
-                return real[grid](*args, **kw)
-            return launch
-    monkeypatch.setattr(scanmod, "_diag_fwd_kernel", Spy())
-    scanmod.TUNE.update(diag_tma=False)
-    a, b = inputs(2, 37, 40, dtype=dtype, seed=5)
-    h0 = torch.randn(2, 40, device=DEV)
-    outs = []
-    for vec in (None, 4):
-        if vec is not None:
-            scanmod.TUNE["diag_vec"] = vec
-        assert max(errors(a, b, h0, None)) < tol
-        assert max(errors(a, b, None, None)) < tol
-        outs.append(bd.diagonal_scan(a, b, h0, True))
-    assert seen == [0, 0, 0, 4, 4, 4]
-    assert all(torch.equal(u, v) for u, v in zip(*outs))

@@ -134,16 +134,18 @@ def _bd_bwd_kernel_g4(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
 def _diag_bwd_kernel(Aa, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, N, CHUNK, NC,
                      BT: tl.constexpr, BN: tl.constexpr, HAS_H0: tl.constexpr,
                      HAS_MUIN: tl.constexpr, STORE_GRADS: tl.constexpr, STORE_MUOUT: tl.constexpr,
-                     VARLEN: tl.constexpr, NV: tl.constexpr = 1):
+                     VARLEN: tl.constexpr, NV: tl.constexpr = 1, VEC: tl.constexpr = 0):
     """m = 1: tile row ``r`` is time ``top - 1 - r`` (reversal by indexing, not ``reverse=True``);
     ``lam_t = g_t + coef_t * lam_{t+1}`` with ``coef_t = a_{t+1}`` inside the chunk and ``1`` at its
-    last step, where the carry is ``mu_in`` itself. ``NV`` as in ``fwd._diag_fwd_kernel``."""
+    last step, where the carry is ``mu_in`` itself. ``NV``, ``VEC`` as in ``fwd._diag_fwd_kernel``."""
     N = (N // NV) * NV  # see fwd._diag_fwd_kernel
     pid_n = tl.program_id(0)
     s = tl.program_id(1)
     c = tl.program_id(2)
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
     n = pid_n * BN + tl.arange(0, BN)
+    if VEC > 0:
+        n = tl.max_contiguous(n, VEC)  # see fwd._diag_fwd_kernel
     mn = n < N
     r = tl.arange(0, BT)
     last = (r == BT - 1)[:, None]

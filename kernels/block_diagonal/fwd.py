@@ -216,9 +216,8 @@ def _diag_fwd_kernel(Aa, Bv, Hout, Init, Final, Pout, CU, T, N, CHUNK, NC,
     """``h_t = a_t h_{t-1} + b_t`` on ``(BT, BN)`` tiles: an in-tile associative scan over time
     composed with the carried state; ``STORE_P`` also writes the chunk's product of ``a``.
     ``NV``: a power of two dividing ``N`` (``_host.row_divisor``). ``VEC`` > 0 caps the channels
-    a lane loads at once (TUNE ``diag_vec``, one-pass forward only): 16-bit inputs otherwise get
-    8 a lane, so fp32's layout with 4 (fewer lanes along time, 134 shuffles a 32 x 64 tile
-    against 210; Triton 3.6 PTX) is ``VEC = 4``. Not timed yet (MEASURED.md, "bf16 m = 1")."""
+    a lane loads at once (``_host.diag_vec``: 4 for 16-bit inputs, which otherwise get 8 a lane and
+    so more lanes along time: 210 shuffles a 32 x 64 tile against fp32's 134; Triton 3.6 PTX)."""
     N = (N // NV) * NV  # the same N, proven NV-aligned: 16-byte loads where N % 16 != 0
     pid_n = tl.program_id(0)
     s = tl.program_id(1)

@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv, max_seq_len, row_divisor
+from .._host import cdiv, diag_vec, max_seq_len, row_divisor
 from .fwd import _affine_combine, _diag_fwd_kernel, _seq_bounds
 
 __all__ = ["diag_lookback_forward", "launch_diag_lookback", "lookback_cfg"]
@@ -254,5 +254,5 @@ def diag_lookback_forward(a, b, h0, cu, chunk, tune, empty, diag_cfg, max_len=No
     _diag_fwd_kernel[(cdiv(N, bnf), nseq, nc)](
         a, b, b, b, E, P, cu if cu is not None else b, T, N, chunk, nc, BT=bt, BN=bnf,
         HAS_INIT=False, STORE_H=False, STORE_FINAL=True, STORE_P=True, VARLEN=cu is not None,
-        NV=row_divisor(N), num_warps=nw)
+        NV=row_divisor(N), VEC=diag_vec(b.element_size(), tune), num_warps=nw)
     return h, final, P

@@ -20,8 +20,8 @@ import contextlib
 import os
 
 import torch
-from .._host import cdiv, device_band, device_name, max_seq_len, next_pow2, num_sms, row_by_name, row_divisor
-
+from .._host import (cdiv, device_band, device_name, diag_vec, max_seq_len, next_pow2, num_sms,
+                     row_by_name, row_divisor)
 from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
 from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kernel
 from .lookback2 import bd2_lookback_forward
@@ -381,7 +381,7 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False, max_len=None):
     if tma_cfg is not None:  # few programs on Hopper: loads by TMA (tma.py)
         return tma.diag_tma_forward(a, b, h0, cu, tma_cfg, _empty) + (None,)
     bt, bn, nw, ns = _diag_cfg(N, nseq, b.device)
-    nv = row_divisor(N)
+    nv, vec = row_divisor(N), diag_vec(b.element_size(), TUNE)
     dev = b.device
     h = _empty(b.shape, b.dtype, dev)
     final = _empty((nseq, N), torch.float32, dev)
@@ -393,14 +393,14 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False, max_len=None):
         _diag_fwd_kernel[(gn, nseq, 1)](
             a, b, h, h0 if h0 is not None else dummy, final, dummy, cu_arg, T, N, max(T, 1), 1,
             BT=bt, BN=bn, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True, STORE_P=False,
-            VARLEN=varlen, NV=nv, VEC=TUNE.get("diag_vec", 0), num_warps=nw)
+            VARLEN=varlen, NV=nv, VEC=vec, num_warps=nw)
         return h, final, None
     nc = cdiv(max_seq_len(T, cu, max_len), chunk)
     P = _empty((nseq, nc, N), torch.float32, dev)
     E = _empty((nseq, nc, N), torch.float32, dev)
     _diag_fwd_kernel[(gn, nseq, nc)](
         a, b, dummy, dummy, E, P, cu_arg, T, N, chunk, nc, BT=bt, BN=bn, HAS_INIT=False,
-        STORE_H=False, STORE_FINAL=True, STORE_P=True, VARLEN=varlen, NV=nv, num_warps=nw)
+        STORE_H=False, STORE_FINAL=True, STORE_P=True, VARLEN=varlen, NV=nv, VEC=vec, num_warps=nw)
     X = _empty((nseq, nc, N), torch.float32, dev)
     _diag_fwd_kernel[(gn, nseq, 1)](
         P, E, X, h0 if h0 is not None else dummy, final, dummy, dummy, nc, N, nc, 1,
@@ -410,7 +410,7 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False, max_len=None):
     init = torch.cat([first, X[:, :-1]], 1).contiguous()
     _diag_fwd_kernel[(gn, nseq, nc)](
         a, b, h, init, dummy, dummy, cu_arg, T, N, chunk, nc, BT=bt, BN=bn, HAS_INIT=True,
-        STORE_H=True, STORE_FINAL=False, STORE_P=False, VARLEN=varlen, NV=nv, num_warps=nw)
+        STORE_H=True, STORE_FINAL=False, STORE_P=False, VARLEN=varlen, NV=nv, VEC=vec, num_warps=nw)
     return h, final, P
 
 
@@ -421,7 +421,7 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False, max_len=None)
     B, T, N = h.shape
     nseq = B if cu is None else cu.numel() - 1
     bt, bn, nw, ns = _diag_cfg(N, nseq, h.device, bwd=True)
-    nv = row_divisor(N)
+    nv, vec = row_divisor(N), diag_vec(h.element_size(), TUNE, bwd=True)
     dev = h.device
     da = _empty(a.shape, a.dtype, dev)
     db = _empty(h.shape, h.dtype, dev)
@@ -435,14 +435,14 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False, max_len=None)
         _diag_bwd_kernel[(gn, nseq, 1)](
             a, h, h0_arg, g, da, db, dhT if dhT is not None else dummy, dh0, cu_arg, T, N,
             max(T, 1), 1, BT=bt, BN=bn, HAS_H0=h0 is not None, HAS_MUIN=dhT is not None,
-            STORE_GRADS=True, STORE_MUOUT=True, VARLEN=varlen, NV=nv, num_warps=nw)
+            STORE_GRADS=True, STORE_MUOUT=True, VARLEN=varlen, NV=nv, VEC=vec, num_warps=nw)
         return da, db, dh0
     nc = P.shape[1]
     F = _empty((nseq, nc, N), torch.float32, dev)
     _diag_bwd_kernel[(gn, nseq, nc)](
         a, h, h0_arg, g, dummy, dummy, dummy, F, cu_arg, T, N, chunk, nc, BT=bt, BN=bn,
         HAS_H0=False, HAS_MUIN=False, STORE_GRADS=False, STORE_MUOUT=True, VARLEN=varlen,
-        NV=nv, num_warps=nw)
+        NV=nv, VEC=vec, num_warps=nw)
     X = _empty((nseq, nc, N), torch.float32, dev)
     _diag_fwd_kernel[(gn, nseq, 1)](
         P.flip(1).contiguous(), F.flip(1).contiguous(), X, dhT if dhT is not None else dummy,
@@ -453,7 +453,7 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False, max_len=None)
     _diag_bwd_kernel[(gn, nseq, nc)](
         a, h, h0_arg, g, da, db, muin, dummy, cu_arg, T, N, chunk, nc, BT=bt, BN=bn,
         HAS_H0=h0 is not None, HAS_MUIN=True, STORE_GRADS=True, STORE_MUOUT=False,
-        VARLEN=varlen, NV=nv, num_warps=nw)
+        VARLEN=varlen, NV=nv, VEC=vec, num_warps=nw)
     return da, db, dh0
 
 

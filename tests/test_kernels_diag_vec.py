@@ -32,21 +32,28 @@ def test_rule():
     assert diag_vec(4, {"diag_vec": 2}, bwd=True) == 2
 
 
-def _spy(monkeypatch):
-    """``(kernel, VEC)`` of every ``_diag_fwd_kernel`` / ``_diag_bwd_kernel`` launch (None where
-    the launch leaves VEC to the kernel's default, 0)."""
+def _spy(monkeypatch, kernels=((scanmod, "_diag_fwd_kernel"), (scanmod, "_diag_bwd_kernel"))):
+    """``(kernel, VEC)`` of every launch of ``kernels`` (module, name), "fwd" / "bwd" from the
+    name; VEC None where the launch leaves it to the kernel's default, 0."""
     seen = []
-    for name in ("_diag_fwd_kernel", "_diag_bwd_kernel"):
-        real = getattr(scanmod, name)
+    for module, name in kernels:
+        real = getattr(module, name)
 
         class Spy:
             def __getitem__(self, grid, real=real, name=name):
                 def launch(*args, **kw):
-                    seen.append((name[6:9], kw.get("VEC")))
+                    seen.append(("fwd" if "fwd" in name else "bwd", kw.get("VEC")))
                     return real[grid](*args, **kw)
                 return launch
-        monkeypatch.setattr(scanmod, name, Spy())
+        monkeypatch.setattr(module, name, Spy())
     return seen
+
+
+def _inputs(dtype):
+    gen = torch.Generator().manual_seed(5)   # a in (-1, 1), as the GPU tests' (``make``): with
+    a = (2 * torch.rand(2, 37, 40, generator=gen) - 1).to(DEV, dtype)   # |a| ~ 1 bf16's rounded h
+    b = torch.randn(2, 37, 40, generator=gen).to(DEV, dtype)           # costs da 6e-3 either way
+    return a, b, torch.randn(2, 40, device=DEV)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3),
@@ -55,10 +62,7 @@ def _spy(monkeypatch):
 def test_every_tile_launch(dtype, tol, chunk, monkeypatch):
     spied = _spy(monkeypatch)
     scanmod.TUNE["chunk"] = chunk
-    gen = torch.Generator().manual_seed(5)   # a in (-1, 1), as the GPU tests' (``make``): with
-    a = (2 * torch.rand(2, 37, 40, generator=gen) - 1).to(DEV, dtype)   # |a| ~ 1 bf16's rounded h
-    b = torch.randn(2, 37, 40, generator=gen).to(DEV, dtype)           # costs da 6e-3 either way
-    h0 = torch.randn(2, 40, device=DEV)
+    a, b, h0 = _inputs(dtype)
     cap = 4 if dtype != torch.float32 else 0
     runs = []
     for tune in ({}, {"diag_vec": 0}, {"diag_vec_bwd": 0}):
@@ -80,3 +84,19 @@ def test_every_tile_launch(dtype, tol, chunk, monkeypatch):
         assert bwd == (cap if not tune else 0)
     for u, v in zip(*runs[:2]):
         assert rel(u, v) < tol
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
+def test_lookback_launches(dtype, tol, monkeypatch):
+    """The m = 1 look-back forward and backward (lookback.py, lookback_bwd.py) take the same rule."""
+    from lrnn_scan.kernels.block_diagonal import lookback, lookback_bwd
+    seen = _spy(monkeypatch, ((lookback, "_diag_lookback_fwd"), (lookback_bwd, "_diag_lookback_bwd")))
+    scanmod.TUNE.update(fwd_lookback=True, bwd_lookback=True, lb_chunk=16, lb_bn=16)
+    a, b, h0 = _inputs(dtype)
+    cap = 4 if dtype != torch.float32 else 0
+    for tune, want in (({}, cap), ({"diag_vec": 0}, 0)):
+        with scanmod.tuned(tune):
+            seen.clear()
+            errs = grad_check(a, b, h0, None, 1e-2 if cap else tol)   # 1e-2: as above
+            assert max(errs[:2]) < tol, errs
+            assert seen == [("fwd", want), ("bwd", want)], seen

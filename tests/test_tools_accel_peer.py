@@ -3,6 +3,7 @@
 faulted. The comparison tools time its forward everywhere and its backward only where it stays
 inside its tensors. The peer is faked here by a torch loop (CPU interpreter, timers stubbed)."""
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,9 @@ import torch
 from test_tools_results import _tool
 
 pytest.importorskip("triton")
+# the tools run here on CPU tensors (DEVICE patched): Triton's interpreter, not a GPU's compiler
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="CPU runs of the tools: needs TRITON_INTERPRET=1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import scan_peers  # noqa: E402
 

@@ -130,18 +130,20 @@ def _look_back(Status, VA, VB, VI, base, c, bn, BN: tl.constexpr, W: tl.constexp
 def _diag_lookback_fwd(Aa, Bv, Hout, Init, Final, Status, Vals, CU, T, N, NC, NSEQ,
                        CHUNK: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
                        HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, VARLEN: tl.constexpr,
-                       PUBLISH_INCL: tl.constexpr, NV: tl.constexpr = 1):
+                       PUBLISH_INCL: tl.constexpr, NV: tl.constexpr = 1, VEC: tl.constexpr = 0):
     """``h_t = a_t h_{t-1} + b_t``, a, b, h ``(B*T, N)`` rows (``B == 1`` with ``CU``), one tile of
     ``CHUNK x BN`` per program. ``Init (nseq, N)`` h0, ``Final (nseq, N)`` fp32, ``Status``
     int32 ``(ntile + 1,)`` zeroed, ``Vals`` fp32 ``(3, ntile, BN)``. ``PUBLISH_INCL = False``
     (tests only) publishes only aggregates beyond chunk 0, so every look-back walks to chunk 0.
-    ``NV``: a power of two dividing ``N`` (``_host.row_divisor``)."""
+    ``NV``: a power of two dividing ``N`` (``_host.row_divisor``); ``VEC``: ``_host.diag_vec``."""
     N = (N // NV) * NV  # proven NV-aligned: vector loads where N % 16 != 0 (fwd._diag_fwd_kernel)
     GN = tl.cdiv(N, BN)
     c, s, pn, ntile = _next_tile(Status, NSEQ, GN, NC)  # chunk-major dynamic tile id
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
     bn = tl.arange(0, BN)
     n = pn * BN + bn
+    if VEC > 0:
+        n = tl.max_contiguous(n, VEC)  # see fwd._diag_fwd_kernel
     mn = n < N
     t = t0 + tl.arange(0, CHUNK)
     m2 = (t < t1)[:, None] & mn[None, :]  # chunks never cross eos: rows past it are identity
@@ -225,7 +227,7 @@ def launch_diag_lookback(a, b, h0, cu, tune, empty, max_len=None):
             a, b, h, h0 if h0 is not None else b, final, status, vals, cu if cu is not None else b,
             T, N, nc, nseq, CHUNK=ch, BN=bn, W=w, HAS_INIT=h0 is not None, STORE_FINAL=True,
             VARLEN=cu is not None, PUBLISH_INCL=bool(tune.get("lb_publish_incl", True)),
-            NV=row_divisor(N), num_warps=nw)
+            NV=row_divisor(N), VEC=diag_vec(b.element_size(), tune), num_warps=nw)
     return h, final, status, vals, (ch, bn, nc, gn)
 
 

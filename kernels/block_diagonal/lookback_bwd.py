@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv, max_seq_len, row_divisor
+from .._host import cdiv, diag_vec, max_seq_len, row_divisor
 from .fwd import _affine_combine, _seq_bounds
 from .lookback import _last_row, _look_back, _next_tile, _publish, lookback_cfg
 
@@ -52,10 +52,10 @@ def _reversed_chunk(CU, s, cr, T, CHUNK: tl.constexpr, VARLEN: tl.constexpr):
 def _diag_lookback_bwd(Aa, Hs, H0, G, DHT, DA, DB, DH0, Status, Vals, CU, T, N, NC, NSEQ,
                        CHUNK: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
                        HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, VARLEN: tl.constexpr,
-                       NV: tl.constexpr = 1):
+                       NV: tl.constexpr = 1, VEC: tl.constexpr = 0):
     """a, h, dh, da, db ``(B*T, N)`` rows (``B == 1`` with ``CU``); ``H0``, ``DHT``, ``DH0``
     ``(nseq, N)``; ``Status`` int32 ``(ntile + 1,)`` zeroed; ``Vals`` fp32 ``(3, ntile, BN)``.
-    ``NV``: a power of two dividing ``N`` (``_host.row_divisor``)."""
+    ``NV``: a power of two dividing ``N`` (``_host.row_divisor``); ``VEC``: ``_host.diag_vec``."""
     N = (N // NV) * NV  # proven NV-aligned: at N776 the loads were scalar and spilled (ptxas)
     GN = tl.cdiv(N, BN)
     cr, s, pn, ntile = _next_tile(Status, NSEQ, GN, NC)  # cr: reversed chunk index (later: smaller)
@@ -63,6 +63,8 @@ def _diag_lookback_bwd(Aa, Hs, H0, G, DHT, DA, DB, DH0, Status, Vals, CU, T, N, 
     real = c >= 0
     bn = tl.arange(0, BN)
     n = pn * BN + bn
+    if VEC > 0:
+        n = tl.max_contiguous(n, VEC)  # see fwd._diag_fwd_kernel
     mn = n < N
     r = tl.arange(0, CHUNK)
     t = t1 - 1 - r
@@ -125,5 +127,5 @@ def diag_lookback_backward(a, h, h0, g, dhT, cu, tune, empty, max_len=None):
             a, h, h0 if h0 is not None else h, g, dhT if dhT is not None else h, da, db, dh0,
             status, vals, cu if cu is not None else h, T, N, nc, nseq, CHUNK=ch, BN=bn, W=w,
             HAS_H0=h0 is not None, HAS_DHT=dhT is not None, VARLEN=cu is not None,
-            NV=row_divisor(N), num_warps=nw)
+            NV=row_divisor(N), VEC=diag_vec(h.element_size(), tune, bwd=True), num_warps=nw)
     return da, db, dh0

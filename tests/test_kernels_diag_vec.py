@@ -27,9 +27,12 @@ _tune = tune_fixture(dict(diag_tma=False, fwd_lookback=False, bwd_lookback=False
 def test_rule():
     assert [diag_vec(s, {}) for s in (4, 2, 8)] == [0, 4, 0]
     assert diag_vec(2, {}, bwd=True) == 4 and diag_vec(4, {}, bwd=True) == 0
+    # the backward only up to 4 programs an SM (its capped tiles fit fewer an SM)
+    assert [diag_vec(2, {}, True, p) for p in (1.5, 4, 4.5, float("inf"))] == [4, 4, 0, 0]
     assert diag_vec(2, {"diag_vec": 0}) == 0 == diag_vec(2, {"diag_vec": 0}, bwd=True)
     assert diag_vec(2, {"diag_vec_bwd": 0}) == 4 and diag_vec(2, {"diag_vec_bwd": 0}, bwd=True) == 0
-    assert diag_vec(4, {"diag_vec": 2}, bwd=True) == 2
+    assert diag_vec(4, {"diag_vec": 2}, bwd=True) == 2 and diag_vec(4, {"diag_vec": 2}, True, 5) == 0
+    assert diag_vec(2, {"diag_vec_bwd": 4}, True, float("inf")) == 4
 
 
 def _spy(monkeypatch, kernels=((scanmod, "_diag_fwd_kernel"), (scanmod, "_diag_bwd_kernel"))):
@@ -65,38 +68,41 @@ def test_every_tile_launch(dtype, tol, chunk, monkeypatch):
     a, b, h0 = _inputs(dtype)
     cap = 4 if dtype != torch.float32 else 0
     runs = []
-    for tune in ({}, {"diag_vec": 0}, {"diag_vec_bwd": 0}):
+    # backward grid (interpreter: 4 SMs, 16-channel tiles): 2 x 3 programs (1.5 an SM) in one
+    # pass, 2 x 3 x 3 chunks (4.5 an SM) chunked: past 4 an SM the backward takes no cap
+    bwd_cap = 0 if chunk else cap
+    for tune in ({}, {"diag_vec": 0}, {"diag_vec_bwd": 0}, {"diag_vec_bwd": 4}):
         with scanmod.tuned(tune):
             spied.clear()
             # gradients of 16-bit inputs within 1e-2: da reads the h the forward stored in 16 bits
             errs = grad_check(a, b, h0, None, 1e-2 if cap else tol)   # (3e-3 off here) and rounds
             assert max(errs[:2]) < tol, errs                           # again: 6e-3 for bf16
-            fwd, bwd = diag_vec(a.element_size(), scanmod.TUNE), diag_vec(a.element_size(), scanmod.TUNE, True)
             launched = list(spied)
             runs.append(bd.diagonal_scan(a, b, h0, True))
         seen = launched
+        fwd = 0 if "diag_vec" in tune else cap
+        bwd = tune.get("diag_vec_bwd", 0 if "diag_vec" in tune else bwd_cap)
         if chunk:   # pass 1 and 3 read the inputs, pass 2 the fp32 chunk carries (forward and backward)
             assert seen == [("fwd", fwd), ("fwd", None), ("fwd", fwd),
                             ("bwd", bwd), ("fwd", None), ("bwd", bwd)], seen
         else:
             assert seen == [("fwd", fwd), ("bwd", bwd)], seen
-        assert fwd == (cap if "diag_vec" not in tune else 0)
-        assert bwd == (cap if not tune else 0)
     for u, v in zip(*runs[:2]):
         assert rel(u, v) < tol
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
 def test_lookback_launches(dtype, tol, monkeypatch):
-    """The m = 1 look-back forward and backward (lookback.py, lookback_bwd.py) take the same rule."""
+    """The m = 1 look-back forward (lookback.py) takes the same rule; its backward
+    (lookback_bwd.py) no cap unless ``diag_vec_bwd`` asks (``per_sm=inf``)."""
     from lrnn_scan.kernels.block_diagonal import lookback, lookback_bwd
     seen = _spy(monkeypatch, ((lookback, "_diag_lookback_fwd"), (lookback_bwd, "_diag_lookback_bwd")))
     scanmod.TUNE.update(fwd_lookback=True, bwd_lookback=True, lb_chunk=16, lb_bn=16)
     a, b, h0 = _inputs(dtype)
     cap = 4 if dtype != torch.float32 else 0
-    for tune, want in (({}, cap), ({"diag_vec": 0}, 0)):
+    for tune, want, want_bwd in (({}, cap, 0), ({"diag_vec": 0}, 0, 0), ({"diag_vec_bwd": 4}, cap, 4)):
         with scanmod.tuned(tune):
             seen.clear()
             errs = grad_check(a, b, h0, None, 1e-2 if cap else tol)   # 1e-2: as above
             assert max(errs[:2]) < tol, errs
-            assert seen == [("fwd", want), ("bwd", want)], seen
+            assert seen == [("fwd", want), ("bwd", want_bwd)], seen

@@ -418,11 +418,11 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False, max_len=None)
     if lookback:  # one look-back pass (lookback_bwd.py; _diag_bwd_lookback): no chunks needed
         from .lookback_bwd import diag_lookback_backward
         return diag_lookback_backward(a, h, h0, g, dhT, cu, TUNE, _empty, max_len)
-    B, T, N = h.shape
+    (B, T, N), dev = h.shape, h.device
     nseq = B if cu is None else cu.numel() - 1
-    bt, bn, nw, ns = _diag_cfg(N, nseq, h.device, bwd=True)
-    nv, vec = row_divisor(N), diag_vec(h.element_size(), TUNE, bwd=True)
-    dev = h.device
+    bt, bn, nw, ns = _diag_cfg(N, nseq, dev, bwd=True)
+    per_sm = nseq * cdiv(N, bn) * (P.shape[1] if chunk is not None else 1) / _num_sms(dev)
+    nv, vec = row_divisor(N), diag_vec(h.element_size(), TUNE, True, per_sm)
     da = _empty(a.shape, a.dtype, dev)
     db = _empty(h.shape, h.dtype, dev)
     dh0 = _empty((nseq, N), torch.float32, dev)

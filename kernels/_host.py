@@ -26,7 +26,7 @@ def row_divisor(n: int) -> int:
     return min(16, n & -n) if n > 0 else 16
 
 
-def diag_vec(itemsize: int, tune: dict, bwd: bool = False, per_sm: float = 0.0) -> int:
+def diag_vec(itemsize: int, tune: dict, bwd: bool = False, per_sm: float = 0.0, bt: int = 0) -> int:
     """``VEC`` of the m = 1 kernels that load by pointer (``block_diagonal.fwd._diag_fwd_kernel``,
     ``bwd._diag_bwd_kernel``, the look-backs): the most channels a lane loads at once, 0 for no
     cap. 16-bit inputs get 4, fp32's layout: left alone, a 16-byte vector holds 8 bf16 channels, so
@@ -36,16 +36,17 @@ def diag_vec(itemsize: int, tune: dict, bwd: bool = False, per_sm: float = 0.0) 
     session): tile forward B8 T2048 N4096 0.1769 / 0.1662, B8 T16384 1.3531 / 1.2823, N4104
     0.1830 / 0.1725; look-back forward B1 T16384 N768 0.0693 / 0.0643.
 
-    The backward (``bwd``) takes it only up to 4 programs an SM (``per_sm``, counted on its own
-    grid): its capped tiles need more registers (32 x 64 on 4 warps: 213 against 164, ptxas), so
-    fewer fit an SM, which costs a wave on larger grids. fwd+bwd without / with it: B8 T2048 N4096
-    (3.9 an SM) 0.4511 / 0.4025, N4104 0.5474 / 0.4500, B5 (2.4) 0.3450 / 0.3132; B9 (64 x 32
-    tiles, 8.7 an SM) 0.4613 / 0.5245, B12 (5.8) 0.5789 / 0.6112. The look-back backward passes
-    ``per_sm=inf``: with it B4 T2048 N4096 took 0.2656 ms against 0.1964 (B1 T16384 N768 gained
-    0.1496 -> 0.1377 with both passes capped). TUNE ``diag_vec`` sets the forward's and the
+    The backward (``bwd``) takes it only on tiles of at most 32 steps (``bt``) and up to 4
+    programs an SM (``per_sm``, counted on its own grid): its capped tiles need more registers
+    (32 x 64 on 4 warps: 213 against 164, ptxas), so fewer fit an SM. fwd+bwd without / with it:
+    B8 T2048 N4096 (32 x 64, 3.9 an SM) 0.4511 / 0.4025, N4104 0.5474 / 0.4500, B5 (16 x 64,
+    2.4) 0.3450 / 0.3132; lost: B12 (32 x 64, 5.8) 0.5789 / 0.6112, B9 (64 x 32, 8.7) 0.4613 /
+    0.5245, B4 (64 x 32 on 2 warps, 3.9) 0.1964 / 0.2656. The look-back backward passes
+    ``per_sm=inf`` (not measured alone: B1 T16384 N768 gained 0.1496 -> 0.1377 ms with both
+    passes capped, 0.1445 with the forward's alone). TUNE ``diag_vec`` sets the forward's and the
     backward's where it takes one, ``diag_vec_bwd`` the backward's anywhere."""
     vec = tune.get("diag_vec", 4 if itemsize == 2 else 0)
-    return tune.get("diag_vec_bwd", vec if per_sm <= 4 else 0) if bwd else vec
+    return tune.get("diag_vec_bwd", vec if per_sm <= 4 and bt <= 32 else 0) if bwd else vec
 
 
 def next_pow2(n: int) -> int:

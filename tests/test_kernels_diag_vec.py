@@ -29,6 +29,7 @@ def test_rule():
     assert diag_vec(2, {}, bwd=True) == 4 and diag_vec(4, {}, bwd=True) == 0
     # the backward only up to 4 programs an SM (its capped tiles fit fewer an SM)
     assert [diag_vec(2, {}, True, p) for p in (1.5, 4, 4.5, float("inf"))] == [4, 4, 0, 0]
+    assert [diag_vec(2, {}, True, 2, bt) for bt in (16, 32, 64)] == [4, 4, 0]   # and <= 32 steps
     assert diag_vec(2, {"diag_vec": 0}) == 0 == diag_vec(2, {"diag_vec": 0}, bwd=True)
     assert diag_vec(2, {"diag_vec_bwd": 0}) == 4 and diag_vec(2, {"diag_vec_bwd": 0}, bwd=True) == 0
     assert diag_vec(4, {"diag_vec": 2}, bwd=True) == 2 and diag_vec(4, {"diag_vec": 2}, True, 5) == 0
@@ -64,11 +65,12 @@ def _inputs(dtype):
 @pytest.mark.parametrize("chunk", [0, 16])
 def test_every_tile_launch(dtype, tol, chunk, monkeypatch):
     spied = _spy(monkeypatch)
-    scanmod.TUNE["chunk"] = chunk
+    monkeypatch.setattr(scanmod, "_num_sms", lambda device: 4)   # the same grids on a GPU
+    scanmod.TUNE.update(chunk=chunk, bt=8, bn=16)
     a, b, h0 = _inputs(dtype)
     cap = 4 if dtype != torch.float32 else 0
     runs = []
-    # backward grid (interpreter: 4 SMs, 16-channel tiles): 2 x 3 programs (1.5 an SM) in one
+    # backward grid (4 SMs, 8 x 16 tiles): 2 x 3 programs (1.5 an SM) in one
     # pass, 2 x 3 x 3 chunks (4.5 an SM) chunked: past 4 an SM the backward takes no cap
     bwd_cap = 0 if chunk else cap
     for tune in ({}, {"diag_vec": 0}, {"diag_vec_bwd": 0}, {"diag_vec_bwd": 4}):

@@ -422,7 +422,7 @@ def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False, max_len=None)
     nseq = B if cu is None else cu.numel() - 1
     bt, bn, nw, ns = _diag_cfg(N, nseq, dev, bwd=True)
     per_sm = nseq * cdiv(N, bn) * (P.shape[1] if chunk is not None else 1) / _num_sms(dev)
-    nv, vec = row_divisor(N), diag_vec(h.element_size(), TUNE, True, per_sm)
+    nv, vec = row_divisor(N), diag_vec(h.element_size(), TUNE, True, per_sm, bt)
     da = _empty(a.shape, a.dtype, dev)
     db = _empty(h.shape, h.dtype, dev)
     dh0 = _empty((nseq, N), torch.float32, dev)

@@ -41,10 +41,10 @@ def diag_vec(itemsize: int, tune: dict, bwd: bool = False, per_sm: float = 0.0, 
     (32 x 64 on 4 warps: 213 against 164, ptxas), so fewer fit an SM. fwd+bwd without / with it:
     B8 T2048 N4096 (32 x 64, 3.9 an SM) 0.4511 / 0.4025, N4104 0.5474 / 0.4500, B5 (16 x 64,
     2.4) 0.3450 / 0.3132; lost: B12 (32 x 64, 5.8) 0.5789 / 0.6112, B9 (64 x 32, 8.7) 0.4613 /
-    0.5245, B4 (64 x 32 on 2 warps, 3.9) 0.1964 / 0.2656. The look-back backward passes
-    ``per_sm=inf`` (not measured alone: B1 T16384 N768 gained 0.1496 -> 0.1377 ms with both
-    passes capped, 0.1445 with the forward's alone). TUNE ``diag_vec`` sets the forward's and the
-    backward's where it takes one, ``diag_vec_bwd`` the backward's anywhere."""
+    0.5245, B4 (64 x 32 on 2 warps, 3.9) 0.1964 / 0.2656. The look-back backward (its 128 x 32
+    tiles: 144 registers against 138) takes it everywhere: B1 / B2 T16384 N768 0.1458 / 0.1390
+    and 0.2699 / 0.2570 ms with the forward capped either way. TUNE ``diag_vec`` sets the
+    forward's and the backward's where it takes one, ``diag_vec_bwd`` the backward's anywhere."""
     vec = tune.get("diag_vec", 4 if itemsize == 2 else 0)
     return tune.get("diag_vec_bwd", vec if per_sm <= 4 and bt <= 32 else 0) if bwd else vec
 

@@ -95,14 +95,14 @@ def test_every_tile_launch(dtype, tol, chunk, monkeypatch):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
 def test_lookback_launches(dtype, tol, monkeypatch):
-    """The m = 1 look-back forward (lookback.py) takes the same rule; its backward
-    (lookback_bwd.py) no cap unless ``diag_vec_bwd`` asks (``per_sm=inf``)."""
+    """The m = 1 look-back forward and backward (lookback.py, lookback_bwd.py) take the same
+    rule, the backward's whatever its grid."""
     from lrnn_scan.kernels.block_diagonal import lookback, lookback_bwd
     seen = _spy(monkeypatch, ((lookback, "_diag_lookback_fwd"), (lookback_bwd, "_diag_lookback_bwd")))
     scanmod.TUNE.update(fwd_lookback=True, bwd_lookback=True, lb_chunk=16, lb_bn=16)
     a, b, h0 = _inputs(dtype)
     cap = 4 if dtype != torch.float32 else 0
-    for tune, want, want_bwd in (({}, cap, 0), ({"diag_vec": 0}, 0, 0), ({"diag_vec_bwd": 4}, cap, 4)):
+    for tune, want, want_bwd in (({}, cap, cap), ({"diag_vec": 0}, 0, 0), ({"diag_vec_bwd": 0}, cap, 0)):
         with scanmod.tuned(tune):
             seen.clear()
             errs = grad_check(a, b, h0, None, 1e-2 if cap else tol)   # 1e-2: as above

@@ -70,15 +70,16 @@
 #   (tma._MANY_16BIT_BY_DEVICE, also in the fp32 band) and 4096-step time-major tiles; tests
 #   passed (test_kernels_tma / time_major on the GPU 48, -k time_major 17, test_diag_tma bf16 2).
 #   Thirty-ninth (H200, 9 calls): 16-bit m = 1 tiles load 4 channels a lane (_host.diag_vec:
-#   tile and look-back forwards; the tile backward on tiles of <= 32 steps with <= 4 programs an
-#   SM); tests passed (test_kernels_diag_vec 9, bf16 unaligned rows / bands 15 + 6, full size).
+#   tile and look-back forwards and the look-back backward; the tile backward on tiles of <= 32
+#   steps with <= 4 programs an SM); tests passed (test_kernels_diag_vec 9, bf16 unaligned rows / bands 15 + 6, full size).
 #   accelerated-scan's backward reads past its states where T % 2048 != 0 (its GPU faults at
 #   T1024; tools/accel_reads_past.py): the tools skip its backward there. Nothing owed. Leads:
 #   the bf16 TMA forward (0.76-0.88x accelerated-scan at B4-B12 T2048 N4096), bf16 at few
-#   programs (B8 N768 0.57x; B1 T16384 N768 0.41x, lb_window 8 gave 0.43x in one run), the
-#   look-back backward with the cap (diag_vec_bwd:4, not timed alone), e.g.
+#   programs (B8 N768 0.57x; B1 T16384 N768 0.41x), 8-chunk windows for the look-back
+#   backward only (lb_window 8 sped fwd+bwd 6-7 % but slowed the forward); time the final
+#   look-back default once (its capped backward was timed as diag_vec_bwd:4), e.g.
 #     python3 tools/diag_tile_vs_accel.py --out $OUT/d --rounds 3 --configs default \
-#       --flush-l2 256 --dtype bfloat16 --tune w8=lb_window:8 v4b=diag_vec_bwd:4 \
+#       --flush-l2 256 --dtype bfloat16 --tune old=diag_vec:0 w8=lb_window:8 \
 #       --shapes 1x16384x768 2x16384x768 8x2048x768
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune

@@ -127,6 +127,5 @@ def diag_lookback_backward(a, h, h0, g, dhT, cu, tune, empty, max_len=None):
             a, h, h0 if h0 is not None else h, g, dhT if dhT is not None else h, da, db, dh0,
             status, vals, cu if cu is not None else h, T, N, nc, nseq, CHUNK=ch, BN=bn, W=w,
             HAS_H0=h0 is not None, HAS_DHT=dhT is not None, VARLEN=cu is not None,
-            NV=row_divisor(N), VEC=diag_vec(h.element_size(), tune, True, float("inf")),
-            num_warps=nw)
+            NV=row_divisor(N), VEC=diag_vec(h.element_size(), tune, True), num_warps=nw)
     return da, db, dh0

@@ -40,7 +40,7 @@ TUNE = dict(
     # dqkwg_bwd's dO H^T on the 16-bit dO and stored H tiles as they are (dqkwg_bwd.py RAW_H; the
     # same exact products as the tf32 dot of their fp32 copies). GPU-only (_raw). H100 2026-11-26
     # (twelfth session), B8 T4096 H16 K=V=128 bf16, fwd+bwd 0.983-0.998x at n_h 2-4 alone, with
-    # token_chunk_output_grad 0.967-0.998x (TUNING.md); same error ratios
+    # token_chunk_output_grad 0.967-0.998x (TUNING_LOG.md); same error ratios
     dqkwg_raw_h=True,
     dqkwg_ksplit=1,        # K slices of dqkwg_bwd (a third grid axis; 16 columns at least per slice):
                            # fewer fp32 accumulators per program, dO Vn^T recomputed per slice. H100
@@ -98,7 +98,7 @@ TUNE = dict(
     # the same output kernel in a forward with gradients: the states stay one per chunk (the
     # backward reads them all) and each token chunk reads its first chunk's (output.py HS_CHUNK):
     # dense query rows, n_h times fewer state tiles read by the output kernel. H100 2026-11-26
-    # (twelfth session): fwd+bwd 0.974-1.002x at n_h 2-4 alone (TUNING.md)
+    # (twelfth session): fwd+bwd 0.974-1.002x at n_h 2-4 alone (TUNING_LOG.md)
     token_chunk_output_grad=True,
     # the token-chunk state store predicated instead of branched (state_fused.py HS_PRED): sm_90a
     # spills of the ungated kernel 696 / 672 -> 152 / 128 B a thread. H200 2026-11-26 (ninth

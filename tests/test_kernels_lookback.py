@@ -195,6 +195,12 @@ def test_auto_rule(monkeypatch):
         lookback.lookback_cfg({"lb_nw": 3})
     # default warps: 4 up to 128 x 32 tiles, 8 from 256 x 32 on (4 spill there)
     assert [lookback.lookback_cfg({"lb_chunk": c})[3] for c in (16, 64, 128, 256, 512)] == [4, 4, 4, 8, 8]
+    # the backward's own window, if set
+    tune = {"lb_window": 2, "lb_bwd_window": 16}
+    assert lookback.lookback_cfg(tune)[2] == 2 and lookback.lookback_cfg(tune, True)[2] == 16
+    assert lookback.lookback_cfg({"lb_window": 2}, True)[2] == 2
+    with pytest.raises(ValueError, match="lb_bwd_window"):
+        lookback.lookback_cfg({"lb_bwd_window": 3}, True)
 
 
 # ----------------------------------------------------------------------------- backward (lookback_bwd.py)
@@ -207,15 +213,20 @@ def bwd_spy(monkeypatch):
 
 @pytest.mark.parametrize("T,window,h0,fwd", [(1, 4, True, True), (17, 1, False, False),
                                              (64, 2, True, True), (129, 4, False, True),
-                                             (300, 16, True, False)])
+                                             (300, 16, True, False), (300, -8, False, True)])
 def test_backward(T, window, h0, fwd, monkeypatch):
     """``bwd_lookback``: gradients of a, b, h0 against fp64 autograd (one chunk, partial last
-    chunks, many chunks with windows of 1-16), with either forward."""
+    chunks, many chunks with windows of 1-16; -8: ``lb_bwd_window`` 8 with the forward's 2), with
+    either forward."""
     calls = bwd_spy(monkeypatch)
-    scanmod.TUNE.update(bwd_lookback=True, lb_window=window, fwd_lookback=fwd)
+    seen, real = [], lookback_bwd.lookback_cfg
+    monkeypatch.setattr(lookback_bwd, "lookback_cfg",
+                        lambda tune, bwd=False: (seen.append(real(tune, bwd)[2]), real(tune, bwd))[1])
+    win = dict(lb_window=window) if window > 0 else dict(lb_window=2, lb_bwd_window=-window)
+    scanmod.TUNE.update(bwd_lookback=True, fwd_lookback=fwd, **win)
     a, b = inputs(2, T, 20, seed=T)
     grad_check(a, b, torch.randn(2, 20).to(DEV) if h0 else None, None)
-    assert len(calls) == 1
+    assert len(calls) == 1 and seen == [abs(window)]  # the backward launch's window
 
 
 def test_backward_varlen(monkeypatch):

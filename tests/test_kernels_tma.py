@@ -30,7 +30,7 @@ def launches(monkeypatch):
 
 @pytest.mark.parametrize("T,N,h0,cfg", [(1, 20, True, (16, 8, 1, 4)), (17, 20, False, (16, 8, 1, 4)),
                                         (64, 24, True, (16, 8, 2, 2)), (129, 20, False, (32, 16, 1, 3)),
-                                        (300, 36, True, (64, 16, 1, 4))])
+                                        (300, 36, True, (64, 16, 1, 4)), (65, 136, False, (16, 64, 1, 4))])
 def test_forward(T, N, h0, cfg, monkeypatch):
     """Odd lengths (sequence ends inside tiles), channel counts that end inside a tile, 1 or 2
     warps, 2-4 pipeline stages."""
@@ -54,12 +54,17 @@ def test_varlen(monkeypatch):
     assert len(calls) == 2
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision(dtype, monkeypatch):
-    """16-bit inputs and h (16-byte rows: N = 24), fp32 accumulation and final state."""
+@pytest.mark.parametrize("dtype,N,cfg", [(torch.bfloat16, 24, None), (torch.float16, 24, None),
+                                         (torch.bfloat16, 136, (16, 128, 1, 4))])
+def test_low_precision(dtype, N, cfg, monkeypatch):
+    """16-bit inputs and h (16-byte rows: N = 24), fp32 accumulation and final state; and the
+    16-bit many-program row's 16 x 128 one-warp tiles over 136 channels (the second tile mostly
+    past the row's end)."""
     calls = launches(monkeypatch)
-    a, b = inputs(2, 70, 24, dtype=dtype, seed=5)
-    eh, ef = errors(a, b, torch.randn(2, 24).to(DEV), None)
+    if cfg is not None:
+        scanmod.TUNE.update(tma_bt=cfg[0], tma_bn=cfg[1], tma_nw=cfg[2], tma_ns=cfg[3])
+    a, b = inputs(2, 70, N, dtype=dtype, seed=5)
+    eh, ef = errors(a, b, torch.randn(2, N).to(DEV), None)
     assert 0 < eh <= 5e-3 and ef <= 1e-5, (eh, ef)
     assert len(calls) == 1
 
@@ -125,11 +130,12 @@ def test_rule_and_config(monkeypatch):
 
 
 def test_many_programs_row(monkeypatch):
-    """With at least ``_MANY_MIN_PER_SM`` (3.8) programs an SM at the row's BN (64) and
-    ``T >= _MANY_MIN_T``, fp32 on a GPU named in ``_MANY_BY_DEVICE`` (the name faked here) takes
-    that row, bf16 / fp16 ``_MANY_16BIT_BY_DEVICE``'s (one-warp 64 x 32 tiles, counted at BN 32);
-    fewer programs (the TMA grid's partial second wave), fewer steps or another GPU keep the
-    one-warp tiles; ``tma_*`` keys still override; "auto" never runs TMA on CPU tensors."""
+    """On a GPU named in ``_MANY_BY_DEVICE`` (the name faked here) a call with ``T >= min_T``
+    takes the first band that holds its programs an SM (``nseq * cdiv(N, 64) / SMs``), by element
+    size: fp32 16 x 64 on one warp at [2, 2.55), 64 x 64 on two from 3.8; 16-bit 16 x 128 on one
+    warp from 4.2 (from 3.8 at T >= 8192), 64 x 32 from 1.9. Other counts, shorter sequences,
+    8-byte elements or another GPU keep the one-warp few-program tiles; ``tma_*`` keys still
+    override; "auto" never runs TMA on CPU tensors."""
     monkeypatch.setattr(tma, "device_name", lambda device: "NVIDIA H200")
     a, b = inputs(2, tma._MANY_MIN_T, 1024)  # 2 x 16 programs at BN = 64
     few = (64, 32, 1, 3)
@@ -137,20 +143,32 @@ def test_many_programs_row(monkeypatch):
     assert tma.tma_config(a, b, 2, {"diag_tma": True, "tma_nw": 4, "tma_bn": 32}, 8) == (64, 32, 4, 3)
     assert tma.tma_config(a.bfloat16(), b.bfloat16(), 2, {"diag_tma": True}, 8) == few
     assert tma.tma_config(a, b, 2, {"diag_tma": True}, 9) == few  # 3.6 programs an SM
-    # H200 B N4096: 132 SMs; B7 (3.4 an SM) keeps the tile kernel, B8 (3.9) and B9 take the row
-    for nseq, row in ((7, None), (8, (64, 64, 2, 3)), (9, (64, 64, 2, 3))):
+    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 14) == (16, 64, 1, 4)  # 2.29 an SM
+    # H200 B N4096 (132 SMs, 64 programs a row at BN 64): B4 1.94 an SM, B5 2.42, B6 2.91, B7 3.39,
+    # B8 3.88, B9 4.36
+    one_warp, two_warps = (16, 64, 1, 4), (64, 64, 2, 3)
+    for nseq, row in ((4, None), (5, one_warp), (6, None), (7, None), (8, two_warps), (9, two_warps)):
         assert tma._many_cfg(b, 4096, nseq, 132) == row, nseq
-    # 16-bit: B4 N4096 is 3.9 programs an SM at BN 32, B3 2.9; no row for 8-byte elements
+    # the band's edges: B9 / B11 N2048 2.18 / 2.67, B19 / B23 N1024 2.30 / 2.79
+    for N, nseq, row in ((2048, 9, one_warp), (2048, 11, None), (1024, 19, one_warp), (1024, 23, None)):
+        assert tma._many_cfg(b, N, nseq, 132) == row, (N, nseq)
+    wide = (16, 128, 1, 4)
     for dtype in (torch.bfloat16, torch.float16):
-        for nseq, row in ((3, None), (4, (64, 32, 1, 3)), (8, (64, 32, 1, 3))):
+        for nseq, row in ((3, None), (4, few), (6, few), (8, few), (9, wide), (24, wide)):
             assert tma._many_cfg(b.to(dtype), 4096, nseq, 132) == row, (dtype, nseq)
+        long = torch.zeros(1, 8192, 8, dtype=dtype)  # only its length and dtype are read
+        for nseq, row in ((6, few), (8, wide)):
+            assert tma._many_cfg(long, 4096, nseq, 132) == row, (dtype, nseq)
+        assert tma._many_cfg(long[:, :8191], 4096, 8, 132) == few
     assert tma._many_cfg(b.double(), 4096, 8, 132) is None
     short = (a[:, :-1].contiguous(), b[:, :-1].contiguous())
     assert tma.tma_config(*short, 2, {"diag_tma": True}, 8) == few
+    assert tma._many_cfg(short[1], 4096, 5, 132) is None
     if DEV == "cpu":
         assert tma.tma_config(a, b, 2, {}, 8) is None  # "auto": not on CPU tensors
     monkeypatch.setattr(tma, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
     assert tma.tma_config(a, b, 2, {"diag_tma": True}, 8) == few
+    assert tma._many_cfg(b, 4096, 5, 132) is None
 
 
 def test_auto_needs_64_byte_rows(monkeypatch):
@@ -174,9 +192,9 @@ def test_auto_needs_64_byte_rows(monkeypatch):
 @pytest.mark.skipif(not _GPU_TMA, reason="GPU sizes")
 def test_auto_on_the_gpu_at_few_programs(monkeypatch):
     """On a GPU the default sends B8 T2048 N768 (fp32 and bf16) through TMA, with gradients too,
-    and leaves B8 T2048 N4096 (many programs) to the tile kernel, except on a GPU with a row in
-    ``tma._MANY_BY_DEVICE`` (fp32) or ``_MANY_16BIT_BY_DEVICE`` (bf16) (an H200), where TMA runs
-    with that row's tiles."""
+    and leaves B8 T2048 N4096 (many programs) to the tile kernel, except on a GPU with a band of
+    ``tma._MANY_BY_DEVICE`` for it (an H200), where TMA runs with that band's tiles; B5 is in the
+    fp32 one-warp band there."""
     scanmod.TUNE.clear()
     calls = launches(monkeypatch)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 5e-3)):
@@ -187,14 +205,25 @@ def test_auto_on_the_gpu_at_few_programs(monkeypatch):
     assert len(calls) == 3
     a, b = inputs(8, 2048, 4096, seed=13)
     assert max(errors(a, b, None, None)) < 1e-5
-    many = any(k in torch.cuda.get_device_name() for k in tma._MANY_BY_DEVICE)
-    many16 = any(k in torch.cuda.get_device_name() for k in tma._MANY_16BIT_BY_DEVICE)
+    sms = scanmod._num_sms(b.device)
+    many = tma._many_cfg(b, 4096, 8, sms) is not None
+    many16 = tma._many_cfg(b.bfloat16(), 4096, 8, sms) is not None
     assert len(calls) == 3 + many
     assert max(errors(a.bfloat16(), b.bfloat16(), None, None)) < 5e-3
     assert len(calls) == 3 + many + many16
     if many:  # with gradients too
         grad_check(*inputs(8, 2048, 4096, seed=14), None, None)
         assert len(calls) == 4 + many + many16
+    n = len(calls)
+    a, b = inputs(5, 2048, 4096, seed=15)  # 2.4 programs an SM on an H200: one-warp 16 x 64 tiles
+    band = tma._many_cfg(b, 4096, 5, sms) is not None
+    grad_check(a, b, None, None)
+    assert max(errors(a, b, None, None)) < 1e-5
+    assert len(calls) == n + 2 * band
+    a, b = inputs(9, 2048, 4096, dtype=torch.bfloat16, seed=16)  # 4.4 an SM: 16 x 128 in bf16
+    wide = tma._many_cfg(b, 4096, 9, sms) == (16, 128, 1, 4)
+    assert max(errors(a, b, None, None)) < 5e-3
+    assert len(calls) == n + 2 * band + wide
 
 
 def test_through_torch_compile(monkeypatch):

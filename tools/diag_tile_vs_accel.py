@@ -119,7 +119,8 @@ def main(argv=None):
                torch=torch.__version__, triton=triton.__version__,
                date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                default_fwd_tile=S._diag_default(dev),
-               tma_many_programs=row_by_name(tma._MANY_BY_DEVICE, name), flush_l2_mb=a_.flush_l2,
+               tma_many_programs=(row_by_name(tma._MANY_BY_DEVICE, name) or {}).get(
+                   getattr(torch, a_.dtype).itemsize), flush_l2_mb=a_.flush_l2,
                dtype=a_.dtype)
     print(env, flush=True)
     rows = []
@@ -186,8 +187,8 @@ def main(argv=None):
     with open(out / "RESULTS_diagtile.md", "a") as f:
         f.write(f"\n## tools/diag_tile_vs_accel.py, {env['date']}\n\n{env['device']}, torch {env['torch']}, "
                 f"Triton {env['triton']}; {a_.dtype}; default forward tile here {env['default_fwd_tile']} (tile kernel"
-                + (f"; with many programs the default is the TMA forward, {env['tma_many_programs']}, "
-                   "tma._MANY_BY_DEVICE" if env["tma_many_programs"] else "") + "); "
+                + (f"; by programs an SM the default may be the TMA forward, ((lo, hi, min_T), tile) "
+                   f"{env['tma_many_programs']}, tma._MANY_BY_DEVICE" if env["tma_many_programs"] else "") + "); "
                 f"graph ms = median over {a_.rounds} interleaved rounds of do_bench_cudagraph medians"
                 + (f" (each replay after a {a_.flush_l2} MB overwrite, whose own graph time is subtracted)"
                    if a_.flush_l2 else "") + "; "

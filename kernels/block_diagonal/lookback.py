@@ -181,10 +181,13 @@ def _diag_lookback_fwd(Aa, Bv, Hout, Init, Final, Status, Vals, CU, T, N, NC, NS
                 tl.store(Final + s.to(tl.int64) * N + n, xend, mask=mn)
 
 
-def lookback_cfg(tune: dict):
+def lookback_cfg(tune: dict, bwd: bool = False):
     """(CHUNK, BN, W, num_warps) from ``TUNE`` keys ``lb_chunk`` (128), ``lb_bn`` (32),
     ``lb_window`` (4) and ``lb_nw`` (4, 8 from 256 x 32 tiles on), shared by the forward and the
-    backward. H100, fp32, CUDA graphs, medians of 5 interleaved rounds (2026-11-26,
+    backward; with ``bwd=True`` the key ``lb_bwd_window``, if set, gives the backward's window
+    (an opt-in: 8 / 16 lost on an H200, B1 T16384 N768 fwd+bwd fp32 0.149 -> 0.203 / 0.168 ms,
+    bf16 0.138 -> 0.189 / 0.159; fortieth session).
+    H100, fp32, CUDA graphs, medians of 5 interleaved rounds (2026-11-26,
     ``tools/lookback_repeat.py``, the words set of commit ff44276), B1 T16384 N768 with 128 x 32
     tiles: forward 0.0698 ms with 4 warps and 4-chunk windows against 0.1039 with 8 warps and
     16-chunk windows (the old defaults), forward+backward 0.1689 against 0.2430; 64 x 32 tiles
@@ -193,8 +196,9 @@ def lookback_cfg(tune: dict):
     (backward), no spills."""
     ch = tune.get("lb_chunk", 128)
     bn = tune.get("lb_bn", 32)
-    w = tune.get("lb_window", 4)
-    for k, v in (("lb_chunk", ch), ("lb_bn", bn), ("lb_window", w)):
+    wkey = "lb_bwd_window" if bwd and "lb_bwd_window" in tune else "lb_window"
+    w = tune.get(wkey, 4)
+    for k, v in (("lb_chunk", ch), ("lb_bn", bn), (wkey, w)):
         if v < 1 or v & (v - 1):
             raise ValueError(f"TUNE[{k!r}] must be a power of two, got {v}")
     # 4 warps up to 128 x 32 tiles (measured), 8 from 256 x 32 on: with 4 there, ptxas (sm_90a)

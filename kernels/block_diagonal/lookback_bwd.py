@@ -107,11 +107,11 @@ def _diag_lookback_bwd(Aa, Hs, H0, G, DHT, DA, DB, DH0, Status, Vals, CU, T, N, 
 def diag_lookback_backward(a, h, h0, g, dhT, cu, tune, empty, max_len=None):
     """``scan._diag_backward``'s contract in one launch: ``(da, db, dh0)`` for ``a``, ``h``
     ``(B, T, N)``, ``h0`` ``(nseq, N)`` or None, ``g = dL/dh`` ``(B, T, N)``, ``dhT = dL/dh_final``
-    ``(nseq, N)`` fp32 or None, ``cu`` int64 offsets or None. Tiles from ``lookback_cfg(tune)``;
+    ``(nseq, N)`` fp32 or None, ``cu`` int64 offsets or None. Tiles from ``lookback_cfg(tune, True)``;
     ``empty`` allocates the outputs (the launcher's NaN-poisoning ``_empty``)."""
     B, T, N = h.shape
     nseq = B if cu is None else cu.numel() - 1
-    ch, bn, w, nw = lookback_cfg(tune)
+    ch, bn, w, nw = lookback_cfg(tune, True)
     dev = h.device
     max_len = max_seq_len(T, cu, max_len)
     nc = max(1, cdiv(max_len, ch))  # >= 1: an empty sequence still writes dh0

@@ -9,7 +9,8 @@ the descriptor loads of a ``tl.range(num_stages=NS)`` loop into asynchronous bul
 tiles ahead, so one warp a 64-step tile is enough (91-95 % of a same-size copy on an H100 and an
 H200; ``tma_config`` has the numbers). With many programs on an H200 (fp32, ``T >= 2048``, at
 least 3.8 programs an SM) it runs too, on 64 x 64 tiles with 2 warps (``_MANY_BY_DEVICE``):
-1.7-5.1 % faster than the tile kernel there on a warm L2, equal on a cold one.
+1.7-5.1 % faster than the tile kernel there on a warm L2, equal on a cold one; at 2-2.55 programs
+an SM on 16 x 64 tiles on one warp (3.5-5 % faster, cold); bf16 / fp16 by their own rows.
 
 Semantics are the tile kernel's: ``h_t = a_t h_{t-1} + b_t`` on ``(BT, BN)`` tiles, an in-tile
 ``tl.associative_scan`` over time composed with the carried state. The descriptors have shape
@@ -145,58 +146,69 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
     return nseq * cdiv(N, 32) < 4 * sms and nseq * cdiv(N, 16) >= sms
 
 
-# (BT, BN, num_warps, num_stages) with many programs (at least 4 per SM at BN = 32, where
-# ``tma_auto`` leaves the tile kernel), by GPU (a substring of its name), fp32 only (the dtype
-# measured). H200, fp32, CUDA-graph medians of 3 interleaved rounds, ms, against the tile kernel
-# (``scan._DIAG_BY_DEVICE``: 32 x 64, 2 warps) in the same run (RESULTS.md, thirty-third
-# session): B8 T2048 N4096 0.1964 / 0.2070, B8 T16384 N4096 1.5392 / 1.5651, B16 T2048 N2048
+# Many programs (``tma_auto`` leaves the tile kernel there): rows ``((lo, hi, min_T), (BT, BN,
+# num_warps, num_stages))`` by GPU (a substring of its name; a GH200 takes the H200 row, not
+# measured there) and element size; ``_many_cfg`` takes the first with ``lo <= per_sm < hi`` and
+# ``T >= min_T``, ``per_sm = nseq * cdiv(N, 64) / SMs`` (``scan._diag_band``'s count). Measured
+# on an H200 (RESULTS.md, the sessions named), ms unless a ratio; "x accel" is speed relative to
+# accelerated-scan's forward in the same rounds, L2 flushed before each replay.
+#
+# fp32 from 3.8 an SM, 64 x 64 on 2 warps (thirty-third session), against the tile kernel (32 x 64,
+# 2 warps): B8 T2048 N4096 0.1964 / 0.2070, B8 T16384 N4096 1.5392 / 1.5651, B16 T2048 N2048
 # 0.1983 / 0.2070, B32 T2048 N1024 0.2011 / 0.2078, B8 T4096 N8192 0.7695 / 0.7830 (1.7-5.1 %
-# faster; a same-size copy 0.1910 at B8 T2048 N4096). That is with replays back to back (a warm
-# L2): with the L2 overwritten before each replay (``diag_tile_vs_accel.py --flush-l2``) the two
-# tie, 0.2006 / 0.1998 ms (thirty-fourth session). Slower there: 64 x 64 on 4 warps or with
-# 2 stages, 32 x 64 (2 warps, 3 or 4 stages), 32 x 128 on 4 warps, the few-program configuration.
-# Keys are substrings of the name (a GH200 takes the H200 row; not measured there). Only from
-# _MANY_MIN_T steps (the measured range): shorter calls keep the tile kernel, whose launch costs
-# the host less (no descriptors to encode; README.md of this folder, "m = 1 with TMA loads").
-# Only from _MANY_MIN_PER_SM programs an SM at the row's BN: the row fits 2 programs an SM
-# (shared memory) where the tile kernel fits 4, and each program walks the whole sequence, so
-# below about 4 an SM the TMA grid ends in a partly empty second wave that takes as long as a
-# full one, while the tile kernel's programs all run at once. H200, B N4096 T2048, L2 flushed,
-# TMA row / tile kernel, ms (thirty-fifth session): B5 0.1926 / 0.1302, B6 0.1951 / 0.1481,
-# B7 0.1969 / 0.1762 (3.4 an SM), B8 0.2006 / 0.2010 (3.9), B9 0.2870 / 0.3047, B12 0.2977 /
-# 0.3291 (past one wave of the tile kernel the TMA grid fills its waves better). Since the
-# thirty-sixth session the scan passes ``many=False`` in its forward 16-step band
-# (``scan._diag_band``: 4-7 programs an SM, B9-B14 at N4096), where those tiles beat this row
-# (B9 0.2264 / 0.2861).
-_MANY_BY_DEVICE = {"H200": (64, 64, 2, 3)}
+# faster; a same-size copy 0.1910 at B8 T2048 N4096), with a warm L2; L2 flushed they tie, 0.2006
+# / 0.1998 (thirty-fourth). Slower there: 64 x 64 on 4 warps or with 2 stages, 32 x 64 (2 warps,
+# 3 or 4 stages), 32 x 128 on 4 warps, the few-program configuration. Not from below 3.8: this
+# row fits 2 programs an SM (shared memory) where the tile kernel fits 4, and each program walks
+# the whole sequence, so below about 4 an SM the grid ends in a partly empty second wave. B N4096
+# T2048, this row / tile kernel (thirty-fifth): B5 0.1926 / 0.1302, B6 0.1951 / 0.1481, B7 0.1969
+# / 0.1762 (3.4 an SM), B8 0.2006 / 0.2010 (3.9), B9 0.2870 / 0.3047, B12 0.2977 / 0.3291. The
+# scan passes ``many=False`` in its forward 16-step band (``scan._diag_band``: 4-7 an SM, B9-B14
+# at N4096), where those tiles beat this row (B9 0.2264 / 0.2861; thirty-sixth).
+# fp32 at 2-2.55 an SM, 16 x 64 on ONE warp, 4 stages (fortieth session): 320 one-warp programs
+# hold more bytes in flight than 320 two-warp tile programs (2.4 an SM, all resident). Tile kernel
+# -> this row, x accel, forward (fwd+bwd): B5 T2048 N4096 0.939 / 0.926 / 0.925 -> 0.977 / 0.969
+# / 0.966 in three calls (0.943 -> 0.958); B5 T4096 0.938 -> 0.984 (0.949 -> 0.966); B5 T16384
+# 0.954 -> 1.007 (0.957 -> 0.975); B10 T2048 N2048 0.930 -> 0.965; B20 N1024 0.936 -> 0.970;
+# B9 N2048 (2.18 an SM) 0.882 -> 0.929; B19 N1024 (2.30) 0.921 -> 0.964. Outside the band it
+# lost: B4 N4096 (1.94) 0.908 -> 0.849, B11 N2048 (2.67) 0.964 -> 0.954, B23 N1024 (2.79) 0.964
+# -> 0.934, B6 N4096 (2.91) 0.973 -> 0.944. 16 x 128 / 16 x 256 tiles (no lane along time: 0
+# shuffles in the PTX against 269 for 64 x 64) ran no faster at B8 (0.945-0.959 against 0.955).
+#
+# 16-bit: the tile kernel's tiles ran bf16 at 0.62x accel (B8 T2048 N4096; T16384 0.63x), the
+# one-warp 64 x 32 TMA tiles 0.82x / 0.67x (thirty-eighth). From 4.2 an SM, and from 3.8 over at
+# least 8192 steps, 16 x 128 tiles on one warp run faster (fortieth session, x accel, 64 x 32 ->
+# 16 x 128, forward (fwd+bwd)): B9 T2048 N4096 0.753 -> 0.857 (0.989 -> 1.032), B12 0.796 ->
+# 1.092 (1.048 -> 1.148), B16 0.740 -> 1.050, B24 0.877 -> 1.004, B12 T4096 0.696 -> 1.083
+# (1.001 -> 1.157); at 3.9 an SM: B8 T16384 N4096 0.664 -> 0.768 (0.938 -> 0.987), B8 T8192
+# 0.702 -> 0.766, B16 T16384 N2048 0.645 -> 0.770, but B8 T4096 0.759 -> 0.767 and B8 T2048
+# 0.823 -> 0.781. Fewer programs lost: B6 T2048 / T16384 (2.9) 0.876 / 0.826 -> 0.600 / 0.578,
+# B4 T16384 0.861 -> 0.389.
+_MANY_BY_DEVICE = {"H200": {
+    4: (((2.0, 2.55, 2048), (16, 64, 1, 4)),
+        ((3.8, float("inf"), 2048), (64, 64, 2, 3))),
+    2: (((4.2, float("inf"), 2048), (16, 128, 1, 4)),
+        ((3.8, float("inf"), 8192), (16, 128, 1, 4)),
+        ((1.9, float("inf"), 2048), (64, 32, 1, 3)))}}
 # "auto" takes TMA only where rows (N elements) are a multiple of 64 bytes: below that the boxes
 # start off 64-byte boundaries and the TMA forward lost to the tile kernel, H200 fp32 B8 T2048, L2
 # flushed, TMA / tile ms (thirty-sixth session): N4104 (32-byte rows) 0.3017 / 0.2138, N4100
 # 0.3005 / 0.2258, N776 (few programs) 0.0557 / 0.0512; 64-byte rows kept their TMA lead: N4112
 # 0.2021 / 0.2117, N784 0.0453 / 0.0504, N4160 (128-byte) 0.2004 / 0.2016.
 _AUTO_ROW_ALIGN = 64
+# the shortest sequences any row takes (the measured range): shorter calls keep the tile kernel,
+# whose launch costs the host less (no descriptors to encode; README.md, "m = 1 with TMA loads")
 _MANY_MIN_T = 2048
-_MANY_MIN_PER_SM = 3.8
-
-
-# 16-bit inputs: the tile kernel's fp32 tiles ran bf16 at 0.62x accelerated-scan's forward speed
-# (H200, B8 T2048 N4096, L2 flushed; T16384 0.63x); these one-warp TMA tiles 0.82x / 0.67x
-# (fwd+bwd 0.90x / 0.86x against 0.82x / 0.84x). Larger or deeper tile-kernel tiles were slower
-# still (RESULTS.md, thirty-eighth session).
-_MANY_16BIT_BY_DEVICE = {"H200": (64, 32, 1, 3)}
 
 
 def _many_cfg(b, N: int, nseq: int, sms: int):
-    """``_MANY_BY_DEVICE``'s row (fp32; ``_MANY_16BIT_BY_DEVICE``'s for bf16 / fp16) for ``b``
-    ``(B, T, N)`` on its GPU where the call has at least ``_MANY_MIN_PER_SM`` programs an SM at
-    the row's BN and ``T >= _MANY_MIN_T``, else None."""
-    table = {4: _MANY_BY_DEVICE, 2: _MANY_16BIT_BY_DEVICE}.get(b.element_size())
-    if table is None or b.shape[1] < _MANY_MIN_T:
-        return None
-    row = row_by_name(table, device_name(b.device))
-    if row is None or nseq * cdiv(N, row[1]) < _MANY_MIN_PER_SM * sms:
-        return None
-    return row
+    """The first ``_MANY_BY_DEVICE`` row of ``b``'s GPU and element size (fp32, or 16-bit) whose
+    band holds ``nseq * cdiv(N, 64) / sms`` programs an SM and whose ``min_T`` the length
+    ``b.shape[1]`` reaches, for ``b`` ``(B, T, N)``; None if none (other GPUs, 8-byte elements)."""
+    rows = (row_by_name(_MANY_BY_DEVICE, device_name(b.device)) or {}).get(b.element_size(), ())
+    per_sm = nseq * cdiv(N, 64) / sms
+    T = b.shape[1]
+    return next((cfg for (lo, hi, min_t), cfg in rows if lo <= per_sm < hi and T >= min_t), None)
 
 
 def _auto_takes(b, nseq: int, sms: int, many: bool) -> bool:
@@ -209,9 +221,9 @@ def _auto_takes(b, nseq: int, sms: int, many: bool) -> bool:
 def tma_config(a, b, nseq: int, tune: dict, sms: int, many: bool = True):
     """``(BT, BN, num_warps, num_stages)`` of the TMA forward for ``a``, ``b`` ``(B, T, N)``, or
     None where the tile kernel runs. ``tune["diag_tma"]``: "auto" (the default: ``tma_auto`` on a
-    GPU, or many programs (``_many_cfg``; ``many=False``: not) over at least ``_MANY_MIN_T`` steps
-    on a GPU with a ``_MANY_BY_DEVICE`` row (``_MANY_16BIT_BY_DEVICE`` for bf16 / fp16); either only where rows are ``_AUTO_ROW_ALIGN``-byte
-    aligned), True (wherever
+    GPU, or many programs (``_many_cfg``; ``many=False``: not): a band of ``_MANY_BY_DEVICE`` for
+    the GPU and element size; either only where rows are ``_AUTO_ROW_ALIGN``-byte aligned), True
+    (wherever
     ``tma_usable``: compute capability 9+, or the interpreter) or False. Keys ``tma_bt``,
     ``tma_bn``, ``tma_nw``, ``tma_ns`` override the configuration: with many programs the
     device's row; else 64-step tiles on one warp (no cross-warp barrier in the tile's scan), 16

@@ -132,7 +132,8 @@ def test_rule_and_config(monkeypatch):
 def test_many_programs_row(monkeypatch):
     """On a GPU named in ``_MANY_BY_DEVICE`` (the name faked here) a call with ``T >= min_T``
     takes the first band that holds its programs an SM (``nseq * cdiv(N, 64) / SMs``), by element
-    size: fp32 16 x 64 on one warp at [2, 2.55), 64 x 64 on two from 3.8; 16-bit 16 x 128 on one
+    size: fp32 16 x 64 on one warp at [2, 2.55) (4 stages) and [3.3, 3.8) (3), 64 x 64 on two
+    from 3.8; 16-bit 16 x 128 on one
     warp from 4.2 (from 3.8 at T >= 8192), 64 x 32 from 1.9. Other counts, shorter sequences,
     8-byte elements or another GPU keep the one-warp few-program tiles; ``tma_*`` keys still
     override; "auto" never runs TMA on CPU tensors."""
@@ -142,15 +143,18 @@ def test_many_programs_row(monkeypatch):
     assert tma.tma_config(a, b, 2, {"diag_tma": True}, 8) == (64, 64, 2, 3)  # 4 an SM
     assert tma.tma_config(a, b, 2, {"diag_tma": True, "tma_nw": 4, "tma_bn": 32}, 8) == (64, 32, 4, 3)
     assert tma.tma_config(a.bfloat16(), b.bfloat16(), 2, {"diag_tma": True}, 8) == few
-    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 9) == few  # 3.6 programs an SM
+    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 9) == (16, 64, 1, 3)  # 3.6 programs an SM
+    assert tma.tma_config(a, b, 2, {"diag_tma": True}, 11) == few  # 2.9 programs an SM
     assert tma.tma_config(a, b, 2, {"diag_tma": True}, 14) == (16, 64, 1, 4)  # 2.29 an SM
     # H200 B N4096 (132 SMs, 64 programs a row at BN 64): B4 1.94 an SM, B5 2.42, B6 2.91, B7 3.39,
     # B8 3.88, B9 4.36
-    one_warp, two_warps = (16, 64, 1, 4), (64, 64, 2, 3)
-    for nseq, row in ((4, None), (5, one_warp), (6, None), (7, None), (8, two_warps), (9, two_warps)):
+    one_warp, three, two_warps = (16, 64, 1, 4), (16, 64, 1, 3), (64, 64, 2, 3)
+    for nseq, row in ((4, None), (5, one_warp), (6, None), (7, three), (8, two_warps), (9, two_warps)):
         assert tma._many_cfg(b, 4096, nseq, 132) == row, nseq
-    # the band's edges: B9 / B11 N2048 2.18 / 2.67, B19 / B23 N1024 2.30 / 2.79
-    for N, nseq, row in ((2048, 9, one_warp), (2048, 11, None), (1024, 19, one_warp), (1024, 23, None)):
+    # the bands' edges: B9 / B11 N2048 2.18 / 2.67, B19 / B23 N1024 2.30 / 2.79, B13 / B15 N2048
+    # 3.15 / 3.64
+    for N, nseq, row in ((2048, 9, one_warp), (2048, 11, None), (1024, 19, one_warp), (1024, 23, None),
+                         (2048, 13, None), (2048, 15, three)):
         assert tma._many_cfg(b, N, nseq, 132) == row, (N, nseq)
     wide = (16, 128, 1, 4)
     for dtype in (torch.bfloat16, torch.float16):

@@ -83,13 +83,12 @@
 #       --shapes 1x16384x768 2x16384x768 8x2048x768
 #   Fortieth (H200, 8 calls): the look-back default was timed (B1 / B2 T16384 N768, call 6) and
 #   backward-only windows (lb_bwd_window) lost; the many-program TMA rows became bands of
-#   programs an SM (tma._MANY_BY_DEVICE: fp32 one-warp 16 x 64 at 2-2.55, bf16 16 x 128 from 4.2
-#   or 3.8 at T >= 8192); tests passed (test_kernels_tma + diag_vec 27, test_diag_tma new rows 4).
-#   Nothing owed. Leads: fp32 B7 N4096 (3.4 an SM) one-warp 16 x 64 with 3 stages (+3 % forward
-#   in two calls; band edges unmeasured), e.g.
-#     python3 tools/diag_tile_vs_accel.py --out $OUT/d --rounds 3 --configs default --flush-l2 256 \
-#       --tune w3=diag_tma:true+tma_bt:16+tma_bn:64+tma_nw:1+tma_ns:3 \
-#       --shapes 7x2048x4096 14x2048x2048 13x2048x2048 15x2048x2048 29x2048x1024
+#   programs an SM (tma._MANY_BY_DEVICE: fp32 one-warp 16 x 64 at 2-2.55 (4 stages) and 3.3-3.8
+#   (3 stages), bf16 16 x 128 from 4.2 or 3.8 at T >= 8192); tests passed (test_kernels_tma +
+#   diag_vec 27, test_diag_tma new rows 4). OWED: pytest on a GPU with the 3-stage row (only the
+#   tool's fp64 / gradient checks ran it, call 9), e.g.
+#     python3 -m pytest -q tests/test_kernels_tma.py
+#     python3 -m pytest -q tests/gpu/test_gpu_block_diagonal.py -k "test_diag_tma and cfg8"
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):

@@ -10,7 +10,8 @@ tiles ahead, so one warp a 64-step tile is enough (91-95 % of a same-size copy o
 H200; ``tma_config`` has the numbers). With many programs on an H200 (fp32, ``T >= 2048``, at
 least 3.8 programs an SM) it runs too, on 64 x 64 tiles with 2 warps (``_MANY_BY_DEVICE``):
 1.7-5.1 % faster than the tile kernel there on a warm L2, equal on a cold one; at 2-2.55 programs
-an SM on 16 x 64 tiles on one warp (3.5-5 % faster, cold); bf16 / fp16 by their own rows.
+an SM and at 3.3-3.8 on 16 x 64 tiles on one warp (2-5 % faster, cold); bf16 / fp16 by their
+own rows.
 
 Semantics are the tile kernel's: ``h_t = a_t h_{t-1} + b_t`` on ``(BT, BN)`` tiles, an in-tile
 ``tl.associative_scan`` over time composed with the carried state. The descriptors have shape
@@ -172,8 +173,12 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # 0.954 -> 1.007 (0.957 -> 0.975); B10 T2048 N2048 0.930 -> 0.965; B20 N1024 0.936 -> 0.970;
 # B9 N2048 (2.18 an SM) 0.882 -> 0.929; B19 N1024 (2.30) 0.921 -> 0.964. Outside the band it
 # lost: B4 N4096 (1.94) 0.908 -> 0.849, B11 N2048 (2.67) 0.964 -> 0.954, B23 N1024 (2.79) 0.964
-# -> 0.934, B6 N4096 (2.91) 0.973 -> 0.944. 16 x 128 / 16 x 256 tiles (no lane along time: 0
-# shuffles in the PTX against 269 for 64 x 64) ran no faster at B8 (0.945-0.959 against 0.955).
+# -> 0.934, B6 N4096 (2.91) 0.973 -> 0.944 (3 stages 0.931). 16 x 128 / 16 x 256 tiles (no lane
+# along time: 0 shuffles in the PTX against 269 for 64 x 64) ran no faster at B8 (0.945-0.959
+# against 0.955). fp32 at 3.3-3.8 an SM, the same tiles with 3 stages (4: B7 0.916, 5: 0.890):
+# B7 T2048 N4096 (3.39) 0.947 / 0.948 -> 0.978 / 0.974 in two calls, B7 T4096 0.953 -> 0.988,
+# B14 N2048 (3.39) 0.953 -> 0.978, B29 N1024 (3.52) 0.955 -> 0.974, B15 N2048 (3.64) 0.951 ->
+# 0.980 (fwd+bwd +0.6-1.5 %); B13 N2048 (3.15) 0.960 -> 0.964, a tie, left out.
 #
 # 16-bit: the tile kernel's tiles ran bf16 at 0.62x accel (B8 T2048 N4096; T16384 0.63x), the
 # one-warp 64 x 32 TMA tiles 0.82x / 0.67x (thirty-eighth). From 4.2 an SM, and from 3.8 over at
@@ -186,6 +191,7 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # B4 T16384 0.861 -> 0.389.
 _MANY_BY_DEVICE = {"H200": {
     4: (((2.0, 2.55, 2048), (16, 64, 1, 4)),
+        ((3.3, 3.8, 2048), (16, 64, 1, 3)),
         ((3.8, float("inf"), 2048), (64, 64, 2, 3))),
     2: (((4.2, float("inf"), 2048), (16, 128, 1, 4)),
         ((3.8, float("inf"), 8192), (16, 128, 1, 4)),

@@ -166,12 +166,12 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # / 0.1762 (3.4 an SM), B8 0.2006 / 0.2010 (3.9), B9 0.2870 / 0.3047, B12 0.2977 / 0.3291. The
 # scan passes ``many=False`` in its forward 16-step band (``scan._diag_band``: 4-7 an SM, B9-B14
 # at N4096), where those tiles beat this row (B9 0.2264 / 0.2861; thirty-sixth).
-# fp32 at 2-2.55 an SM, 16 x 64 on ONE warp, 4 stages (fortieth session): 320 one-warp programs
-# hold more bytes in flight than 320 two-warp tile programs (2.4 an SM, all resident). Tile kernel
-# -> this row, x accel, forward (fwd+bwd): B5 T2048 N4096 0.939 / 0.926 / 0.925 -> 0.977 / 0.969
-# / 0.966 in three calls (0.943 -> 0.958); B5 T4096 0.938 -> 0.984 (0.949 -> 0.966); B5 T16384
-# 0.954 -> 1.007 (0.957 -> 0.975); B10 T2048 N2048 0.930 -> 0.965; B20 N1024 0.936 -> 0.970;
-# B9 N2048 (2.18 an SM) 0.882 -> 0.929; B19 N1024 (2.30) 0.921 -> 0.964. Outside the band it
+# fp32 at 2-2.55 an SM, 16 x 64 on ONE warp, 4 stages (fortieth session; why it wins is not
+# profiled; our reading: TMA copies keep more bytes in flight without holding registers). Tile
+# kernel -> this row, x accel, forward (fwd+bwd): B5 T2048 N4096 0.939 / 0.926 / 0.925 -> 0.977
+# / 0.969 / 0.966 in three calls (0.943 -> 0.958); B5 T4096 0.938 -> 0.984 (0.949 -> 0.966);
+# B5 T16384 0.954 -> 1.007 (0.957 -> 0.975); B10 T2048 N2048 0.930 -> 0.965; B20 N1024 0.936 ->
+# 0.970; B9 N2048 (2.18 an SM) 0.882 -> 0.929; B19 N1024 (2.30) 0.921 -> 0.964. Outside the band it
 # lost: B4 N4096 (1.94) 0.908 -> 0.849, B11 N2048 (2.67) 0.964 -> 0.954, B23 N1024 (2.79) 0.964
 # -> 0.934, B6 N4096 (2.91) 0.973 -> 0.944 (3 stages 0.931). 16 x 128 / 16 x 256 tiles (no lane
 # along time: 0 shuffles in the PTX against 269 for 64 x 64) ran no faster at B8 (0.945-0.959

@@ -89,6 +89,12 @@
 #   tool's fp64 / gradient checks ran it, call 9), e.g.
 #     python3 -m pytest -q tests/test_kernels_tma.py
 #     python3 -m pytest -q tests/gpu/test_gpu_block_diagonal.py -k "test_diag_tma and cfg8"
+#   Lead: the same 3-stage one-warp tiles from 3.8 an SM (B8 T2048 N4096, the benchmark shape, is
+#   0.955x accelerated-scan's forward on the 64 x 64 row; 16 x 64 with 4 stages ran 0.949x there,
+#   and at B7 3 stages beat 4 by 7 %), e.g.
+#     python3 tools/diag_tile_vs_accel.py --out $OUT/d --rounds 3 --configs default --flush-l2 256 \
+#       --tune w3=diag_tma:true+tma_bt:16+tma_bn:64+tma_nw:1+tma_ns:3 \
+#       --shapes 8x2048x4096 8x16384x4096 9x2048x4096 12x2048x4096 16x2048x4096
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):

@@ -55,11 +55,12 @@ def test_varlen(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype,N,cfg", [(torch.bfloat16, 24, None), (torch.float16, 24, None),
-                                         (torch.bfloat16, 136, (16, 128, 1, 4))])
+                                         (torch.bfloat16, 136, (16, 128, 1, 4)),
+                                         (torch.bfloat16, 136, (32, 64, 1, 4))])
 def test_low_precision(dtype, N, cfg, monkeypatch):
     """16-bit inputs and h (16-byte rows: N = 24), fp32 accumulation and final state; and the
-    16-bit many-program row's 16 x 128 one-warp tiles over 136 channels (the second tile mostly
-    past the row's end)."""
+    16-bit many-program rows' 16 x 128 and 32 x 64 one-warp tiles over 136 channels (the last
+    tile mostly past the row's end)."""
     calls = launches(monkeypatch)
     if cfg is not None:
         scanmod.TUNE.update(tma_bt=cfg[0], tma_bn=cfg[1], tma_nw=cfg[2], tma_ns=cfg[3])
@@ -132,38 +133,39 @@ def test_rule_and_config(monkeypatch):
 def test_many_programs_row(monkeypatch):
     """On a GPU named in ``_MANY_BY_DEVICE`` (the name faked here) a call with ``T >= min_T``
     takes the first band that holds its programs an SM (``nseq * cdiv(N, 64) / SMs``), by element
-    size: fp32 16 x 64 on one warp at [2, 2.55) (4 stages) and [3.3, 3.8) (3), 64 x 64 on two
-    from 3.8; 16-bit 16 x 128 on one
-    warp from 4.2 (from 3.8 at T >= 8192), 64 x 32 from 1.9. Other counts, shorter sequences,
+    size: fp32 16 x 64 on one warp at [2, 2.55) (4 stages) and [3.3, 4) (3), 64 x 64 on two
+    from 4; 16-bit 16 x 128 on one warp from 4.2, 32 x 64 on one at [2.9, 4.2), 64 x 32 from
+    1.9. Other counts, shorter sequences,
     8-byte elements or another GPU keep the one-warp few-program tiles; ``tma_*`` keys still
     override; "auto" never runs TMA on CPU tensors."""
     monkeypatch.setattr(tma, "device_name", lambda device: "NVIDIA H200")
     a, b = inputs(2, tma._MANY_MIN_T, 1024)  # 2 x 16 programs at BN = 64
-    few = (64, 32, 1, 3)
+    few, mid16 = (64, 32, 1, 3), (32, 64, 1, 4)
     assert tma.tma_config(a, b, 2, {"diag_tma": True}, 8) == (64, 64, 2, 3)  # 4 an SM
     assert tma.tma_config(a, b, 2, {"diag_tma": True, "tma_nw": 4, "tma_bn": 32}, 8) == (64, 32, 4, 3)
-    assert tma.tma_config(a.bfloat16(), b.bfloat16(), 2, {"diag_tma": True}, 8) == few
+    assert tma.tma_config(a.bfloat16(), b.bfloat16(), 2, {"diag_tma": True}, 8) == mid16
     assert tma.tma_config(a, b, 2, {"diag_tma": True}, 9) == (16, 64, 1, 3)  # 3.6 programs an SM
     assert tma.tma_config(a, b, 2, {"diag_tma": True}, 11) == few  # 2.9 programs an SM
     assert tma.tma_config(a, b, 2, {"diag_tma": True}, 14) == (16, 64, 1, 4)  # 2.29 an SM
     # H200 B N4096 (132 SMs, 64 programs a row at BN 64): B4 1.94 an SM, B5 2.42, B6 2.91, B7 3.39,
     # B8 3.88, B9 4.36
     one_warp, three, two_warps = (16, 64, 1, 4), (16, 64, 1, 3), (64, 64, 2, 3)
-    for nseq, row in ((4, None), (5, one_warp), (6, None), (7, three), (8, two_warps), (9, two_warps)):
+    for nseq, row in ((4, None), (5, one_warp), (6, None), (7, three), (8, three), (9, two_warps)):
         assert tma._many_cfg(b, 4096, nseq, 132) == row, nseq
     # the bands' edges: B9 / B11 N2048 2.18 / 2.67, B19 / B23 N1024 2.30 / 2.79, B13 / B15 N2048
-    # 3.15 / 3.64
+    # 3.15 / 3.64, B32 / B33 N1024 3.88 / 4.0
     for N, nseq, row in ((2048, 9, one_warp), (2048, 11, None), (1024, 19, one_warp), (1024, 23, None),
-                         (2048, 13, None), (2048, 15, three)):
+                         (2048, 13, None), (2048, 15, three), (1024, 32, three), (1024, 33, two_warps)):
         assert tma._many_cfg(b, N, nseq, 132) == row, (N, nseq)
     wide = (16, 128, 1, 4)
     for dtype in (torch.bfloat16, torch.float16):
-        for nseq, row in ((3, None), (4, few), (6, few), (8, few), (9, wide), (24, wide)):
+        for nseq, row in ((3, None), (4, few), (5, few), (6, mid16), (8, mid16), (9, wide), (24, wide)):
             assert tma._many_cfg(b.to(dtype), 4096, nseq, 132) == row, (dtype, nseq)
-        long = torch.zeros(1, 8192, 8, dtype=dtype)  # only its length and dtype are read
-        for nseq, row in ((6, few), (8, wide)):
-            assert tma._many_cfg(long, 4096, nseq, 132) == row, (dtype, nseq)
-        assert tma._many_cfg(long[:, :8191], 4096, 8, 132) == few
+        # edges: B23 / B24 N1024 2.79 / 2.91, B17 N2048 4.12; the length past min_T does not matter
+        for N, nseq, row in ((1024, 23, few), (1024, 24, mid16), (2048, 17, mid16)):
+            assert tma._many_cfg(b.to(dtype), N, nseq, 132) == row, (dtype, N, nseq)
+        long = torch.zeros(1, 16384, 8, dtype=dtype)  # only its length and dtype are read
+        assert tma._many_cfg(long, 4096, 8, 132) == mid16
     assert tma._many_cfg(b.double(), 4096, 8, 132) is None
     short = (a[:, :-1].contiguous(), b[:, :-1].contiguous())
     assert tma.tma_config(*short, 2, {"diag_tma": True}, 8) == few

@@ -319,8 +319,8 @@ _DIAG_FEW, _DIAG_FEW_BWD = (128, 16, 2), (64, 32, 2)  # few programs, fwd / bwd 
 # B8 T2048 N8192 too; (16, 64) 2-3 % behind (32, 64), (32, 128) and (64, 64) slower than (64, 32).
 # Keys are substrings of the name: "NVIDIA GH200 ..." takes the H200 row (not measured there).
 # On an H200 forwards of 2048+ steps run tma.py's TMA forward in the bands of _MANY_BY_DEVICE
-# (fp32 from 3.8 programs an SM 64 x 64 on 2 warps, thirty-third session; at 2-2.55 and 3.3-3.8
-# 16 x 64 on one warp, fortieth; 16-bit its own bands, thirty-eighth / fortieth).
+# (fp32 from 4 programs an SM 64 x 64 on 2 warps, thirty-third session; at 2-2.55 and 3.3-4
+# 16 x 64 on one warp, fortieth / forty-first; 16-bit its own bands, thirty-eighth to 41st).
 # More warps per SM lost on the H200 (B8 T2048 N4096, L2 flushed: 4 warps 0.2023, 32 x 32
 # tiles 0.2045 against 0.2010 ms): the walk through time over (B, T, N) is the
 # limit, not the scan (tools/walk_order_probe.py; RESULTS.md, thirty-fifth session).

@@ -8,9 +8,9 @@ tiles on 2 warps, the next tile prefetched into registers) ran at about 80 % of 
 the descriptor loads of a ``tl.range(num_stages=NS)`` loop into asynchronous bulk copies, ``NS - 1``
 tiles ahead, so one warp a 64-step tile is enough (91-95 % of a same-size copy on an H100 and an
 H200; ``tma_config`` has the numbers). With many programs on an H200 (fp32, ``T >= 2048``, at
-least 3.8 programs an SM) it runs too, on 64 x 64 tiles with 2 warps (``_MANY_BY_DEVICE``):
+least 4 programs an SM) it runs too, on 64 x 64 tiles with 2 warps (``_MANY_BY_DEVICE``):
 1.7-5.1 % faster than the tile kernel there on a warm L2, equal on a cold one; at 2-2.55 programs
-an SM and at 3.3-3.8 on 16 x 64 tiles on one warp (2-5 % faster, cold); bf16 / fp16 by their
+an SM and at 3.3-4 on 16 x 64 tiles on one warp (2-5 % faster, cold); bf16 / fp16 by their
 own rows.
 
 Semantics are the tile kernel's: ``h_t = a_t h_{t-1} + b_t`` on ``(BT, BN)`` tiles, an in-tile
@@ -178,23 +178,30 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # against 0.955). fp32 at 3.3-3.8 an SM, the same tiles with 3 stages (4: B7 0.916, 5: 0.890):
 # B7 T2048 N4096 (3.39) 0.947 / 0.948 -> 0.978 / 0.974 in two calls, B7 T4096 0.953 -> 0.988,
 # B14 N2048 (3.39) 0.953 -> 0.978, B29 N1024 (3.52) 0.955 -> 0.974, B15 N2048 (3.64) 0.951 ->
-# 0.980 (fwd+bwd +0.6-1.5 %); B13 N2048 (3.15) 0.960 -> 0.964, a tie, left out.
+# 0.980 (fwd+bwd +0.6-1.5 %); B13 N2048 (3.15) 0.960 -> 0.964, a tie, left out. The band runs
+# on to 4.0 (forty-first, against 64 x 64 on 2 warps, x accel, forward): B8 T2048 N4096 (3.88)
+# 0.954 -> 0.971 / 0.971 in two calls (fwd+bwd +1.0-1.2 %), B8 T4096 0.972 -> 0.983, B8 T16384
+# 0.988 -> 0.994, B16 N2048 0.958 -> 0.975, B32 N1024 0.985 -> 0.997, B4 N8192 0.949 -> 0.971;
+# from 4.0 the scan's 16-step band (``many=False``) takes the forward. 32 x 64 on one warp lost
+# at B8 (0.940).
 #
 # 16-bit: the tile kernel's tiles ran bf16 at 0.62x accel (B8 T2048 N4096; T16384 0.63x), the
-# one-warp 64 x 32 TMA tiles 0.82x / 0.67x (thirty-eighth). From 4.2 an SM, and from 3.8 over at
-# least 8192 steps, 16 x 128 tiles on one warp run faster (fortieth session, x accel, 64 x 32 ->
-# 16 x 128, forward (fwd+bwd)): B9 T2048 N4096 0.753 -> 0.857 (0.989 -> 1.032), B12 0.796 ->
-# 1.092 (1.048 -> 1.148), B16 0.740 -> 1.050, B24 0.877 -> 1.004, B12 T4096 0.696 -> 1.083
-# (1.001 -> 1.157); at 3.9 an SM: B8 T16384 N4096 0.664 -> 0.768 (0.938 -> 0.987), B8 T8192
-# 0.702 -> 0.766, B16 T16384 N2048 0.645 -> 0.770, but B8 T4096 0.759 -> 0.767 and B8 T2048
-# 0.823 -> 0.781. Fewer programs lost: B6 T2048 / T16384 (2.9) 0.876 / 0.826 -> 0.600 / 0.578,
-# B4 T16384 0.861 -> 0.389.
+# one-warp 64 x 32 TMA tiles 0.82x / 0.67x (thirty-eighth). From 4.2 an SM 16 x 128 tiles on one
+# warp run faster (fortieth session, x accel, 64 x 32 -> 16 x 128, forward (fwd+bwd)): B9 T2048
+# N4096 0.753 -> 0.857 (0.989 -> 1.032), B12 0.796 -> 1.092 (1.048 -> 1.148), B16 0.740 -> 1.050,
+# B24 0.877 -> 1.004, B12 T4096 0.696 -> 1.083 (1.001 -> 1.157). Below, they lost: B6 T2048 /
+# T16384 (2.9) 0.876 / 0.826 -> 0.600 / 0.578, B4 T16384 0.861 -> 0.389. At 2.9-4.2 an SM 32 x 64
+# tiles on one warp, 4 stages (forty-first, against the row they replace, forward (fwd+bwd)): B8
+# T2048 N4096 (3.88) 0.854 -> 1.051 (1.016 -> 1.069), B8 T16384 0.761 (then 16 x 128) -> 1.018
+# (0.984 -> 1.075), B7 (3.39) 0.943 -> 0.974, B6 (2.91) 0.872 -> 0.898, B15 N2048 (3.64) 0.813 ->
+# 0.990, B29 N1024 (3.52) 0.824 -> 0.967, B17 N2048 (4.12) 0.734 -> 0.774; B5 (2.42) a tie (0.764
+# / 0.761). 16 x 64 on one warp (4-8 stages) won at 3.6-4.1 by less and lost at 3.39 and 4.36.
 _MANY_BY_DEVICE = {"H200": {
     4: (((2.0, 2.55, 2048), (16, 64, 1, 4)),
-        ((3.3, 3.8, 2048), (16, 64, 1, 3)),
-        ((3.8, float("inf"), 2048), (64, 64, 2, 3))),
+        ((3.3, 4.0, 2048), (16, 64, 1, 3)),
+        ((4.0, float("inf"), 2048), (64, 64, 2, 3))),
     2: (((4.2, float("inf"), 2048), (16, 128, 1, 4)),
-        ((3.8, float("inf"), 8192), (16, 128, 1, 4)),
+        ((2.9, 4.2, 2048), (32, 64, 1, 4)),
         ((1.9, float("inf"), 2048), (64, 32, 1, 3)))}}
 # "auto" takes TMA only where rows (N elements) are a multiple of 64 bytes: below that the boxes
 # start off 64-byte boundaries and the TMA forward lost to the tile kernel, H200 fp32 B8 T2048, L2

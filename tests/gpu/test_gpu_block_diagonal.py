@@ -305,7 +305,8 @@ def test_diag_unaligned_rows(N, dtype, tol, path):
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9,
                     reason="TMA needs compute capability 9+")
 @pytest.mark.parametrize("cfg", [None, (64, 16, 1, 4), (64, 32, 1, 3), (128, 16, 2, 3), (32, 8, 1, 6),
-                                 (64, 64, 2, 3), (16, 64, 1, 4), (16, 128, 1, 4), (16, 64, 1, 3)])
+                                 (64, 64, 2, 3), (16, 64, 1, 4), (16, 128, 1, 4), (16, 64, 1, 3),
+                                 (32, 64, 1, 4)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
 def test_diag_tma(cfg, dtype, tol):
     """The TMA forward (tma.py; None = the default configuration; the H200's many-program rows:

@@ -85,16 +85,17 @@
 #   backward-only windows (lb_bwd_window) lost; the many-program TMA rows became bands of
 #   programs an SM (tma._MANY_BY_DEVICE: fp32 one-warp 16 x 64 at 2-2.55 (4 stages) and 3.3-3.8
 #   (3 stages), bf16 16 x 128 from 4.2 or 3.8 at T >= 8192); tests passed (test_kernels_tma +
-#   diag_vec 27, test_diag_tma new rows 4). OWED: pytest on a GPU with the 3-stage row (only the
-#   tool's fp64 / gradient checks ran it, call 9), e.g.
-#     python3 -m pytest -q tests/test_kernels_tma.py
-#     python3 -m pytest -q tests/gpu/test_gpu_block_diagonal.py -k "test_diag_tma and cfg8"
-#   Lead: the same 3-stage one-warp tiles from 3.8 an SM (B8 T2048 N4096, the benchmark shape, is
-#   0.955x accelerated-scan's forward on the 64 x 64 row; 16 x 64 with 4 stages ran 0.949x there,
-#   and at B7 3 stages beat 4 by 7 %), e.g.
-#     python3 tools/diag_tile_vs_accel.py --out $OUT/d --rounds 3 --configs default --flush-l2 256 \
-#       --tune w3=diag_tma:true+tma_bt:16+tma_bn:64+tma_nw:1+tma_ns:3 \
-#       --shapes 8x2048x4096 8x16384x4096 9x2048x4096 12x2048x4096 16x2048x4096
+#   diag_vec 27, test_diag_tma new rows 4). Forty-first (H200, 8 calls): the owed 3-stage row
+#   passed (test_kernels_tma 18, test_diag_tma cfg8 2); the 3-stage band now runs to 4 an SM
+#   (B8 T2048 N4096 forward 0.955 -> 0.971x accelerated-scan) and bf16 takes one-warp 32 x 64
+#   tiles at 2.9-4.2 (B8 T2048 0.82 -> 1.02x); test_kernels_tma 19 and test_diag_tma cfg9 2
+#   passed with the final rows. Nothing owed. Leads: bf16 B5 T2048 N4096 (0.76x forward; it
+#   takes as long as B6, a step that the program count does not explain: profile it with Nsight
+#   Compute against B4 and B6); bf16 at 4.1-4.4 an SM (B17 N2048 0.77x, 3 stages 0.81x; B9
+#   0.86x), e.g.
+#     python3 tools/diag_tile_vs_accel.py --out $OUT/b --rounds 3 --configs default --flush-l2 256 \
+#       --dtype bfloat16 --tune e3=diag_tma:true+tma_bt:32+tma_bn:64+tma_nw:1+tma_ns:3 \
+#       --shapes 17x2048x2048 9x2048x4096 33x2048x1024
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):

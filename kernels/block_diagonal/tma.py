@@ -180,10 +180,10 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # B14 N2048 (3.39) 0.953 -> 0.978, B29 N1024 (3.52) 0.955 -> 0.974, B15 N2048 (3.64) 0.951 ->
 # 0.980 (fwd+bwd +0.6-1.5 %); B13 N2048 (3.15) 0.960 -> 0.964, a tie, left out. The band runs
 # on to 4.0 (forty-first, against 64 x 64 on 2 warps, x accel, forward): B8 T2048 N4096 (3.88)
-# 0.954 -> 0.971 / 0.971 in two calls (fwd+bwd +1.0-1.2 %), B8 T4096 0.972 -> 0.983, B8 T16384
-# 0.988 -> 0.994, B16 N2048 0.958 -> 0.975, B32 N1024 0.985 -> 0.997, B4 N8192 0.949 -> 0.971;
-# from 4.0 the scan's 16-step band (``many=False``) takes the forward. 32 x 64 on one warp lost
-# at B8 (0.940).
+# 0.954 -> 0.972 / 0.971 / 0.971 in three calls (fwd+bwd +1.0-1.2 %), B8 T4096 0.972 -> 0.983,
+# B8 T16384 0.987 -> 0.993, B16 N2048 0.958 -> 0.975, B32 N1024 0.984 -> 0.997, B4 N8192 0.949 ->
+# 0.972; from 4.0 the scan's 16-step band (``many=False``) takes the forward. 32 x 64 on one warp
+# lost at B8 (0.940).
 #
 # 16-bit: the tile kernel's tiles ran bf16 at 0.62x accel (B8 T2048 N4096; T16384 0.63x), the
 # one-warp 64 x 32 TMA tiles 0.82x / 0.67x (thirty-eighth). From 4.2 an SM 16 x 128 tiles on one
@@ -195,7 +195,8 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # T2048 N4096 (3.88) 0.854 -> 1.051 (1.016 -> 1.069), B8 T16384 0.761 (then 16 x 128) -> 1.018
 # (0.984 -> 1.075), B7 (3.39) 0.943 -> 0.974, B6 (2.91) 0.872 -> 0.898, B15 N2048 (3.64) 0.813 ->
 # 0.990, B29 N1024 (3.52) 0.824 -> 0.967, B17 N2048 (4.12) 0.734 -> 0.774; B5 (2.42) a tie (0.764
-# / 0.761). 16 x 64 on one warp (4-8 stages) won at 3.6-4.1 by less and lost at 3.39 and 4.36.
+# / 0.761); B9 (4.36) keeps 16 x 128 (0.864 / 0.823). 16 x 64 on one warp (4-8 stages) won at
+# 3.6-4.1 by less and lost at 3.39 and 4.36.
 _MANY_BY_DEVICE = {"H200": {
     4: (((2.0, 2.55, 2048), (16, 64, 1, 4)),
         ((3.3, 4.0, 2048), (16, 64, 1, 3)),

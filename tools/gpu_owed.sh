@@ -91,8 +91,8 @@
 #   tiles at 2.9-4.2 (B8 T2048 0.82 -> 1.02x); test_kernels_tma 19 and test_diag_tma cfg9 2
 #   passed with the final rows. Nothing owed. Leads: bf16 B5 T2048 N4096 (0.76x forward; it
 #   takes as long as B6, a step that the program count does not explain: profile it with Nsight
-#   Compute against B4 and B6); bf16 at 4.1-4.4 an SM (B17 N2048 0.77x, 3 stages 0.81x; B9
-#   0.86x), e.g.
+#   Compute against B4 and B6); bf16 at 4-4.4 an SM (B17 N2048 0.77x, with 3 stages 0.80-0.81x
+#   in two calls; B33 N1024 0.987x, 3 stages 1.017x; B9 0.86x on 16 x 128), e.g.
 #     python3 tools/diag_tile_vs_accel.py --out $OUT/b --rounds 3 --configs default --flush-l2 256 \
 #       --dtype bfloat16 --tune e3=diag_tma:true+tma_bt:32+tma_bn:64+tma_nw:1+tma_ns:3 \
 #       --shapes 17x2048x2048 9x2048x4096 33x2048x1024

@@ -154,8 +154,9 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # on an H200 (RESULTS.md, the sessions named), ms unless a ratio; "x accel" is speed relative to
 # accelerated-scan's forward in the same rounds, L2 flushed before each replay.
 #
-# fp32 from 3.8 an SM, 64 x 64 on 2 warps (thirty-third session), against the tile kernel (32 x 64,
-# 2 warps): B8 T2048 N4096 0.1964 / 0.2070, B8 T16384 N4096 1.5392 / 1.5651, B16 T2048 N2048
+# fp32 64 x 64 on 2 warps (from 3.8 an SM in the thirty-third session, from 4 since the forty-first;
+# below, the one-warp rows), against the tile kernel (32 x 64, 2 warps): B8 T2048 N4096 0.1964
+# / 0.2070, B8 T16384 N4096 1.5392 / 1.5651, B16 T2048 N2048
 # 0.1983 / 0.2070, B32 T2048 N1024 0.2011 / 0.2078, B8 T4096 N8192 0.7695 / 0.7830 (1.7-5.1 %
 # faster; a same-size copy 0.1910 at B8 T2048 N4096), with a warm L2; L2 flushed they tie, 0.2006
 # / 0.1998 (thirty-fourth). Slower there: 64 x 64 on 4 warps or with 2 stages, 32 x 64 (2 warps,
@@ -196,7 +197,8 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # (0.984 -> 1.075), B7 (3.39) 0.943 -> 0.974, B6 (2.91) 0.872 -> 0.898, B15 N2048 (3.64) 0.813 ->
 # 0.990, B29 N1024 (3.52) 0.824 -> 0.967, B17 N2048 (4.12) 0.734 -> 0.774; B5 (2.42) a tie (0.764
 # / 0.761); B9 (4.36) keeps 16 x 128 (0.864 / 0.823). 16 x 64 on one warp (4-8 stages) won at
-# 3.6-4.1 by less and lost at 3.39 and 4.36.
+# 3.6-4.1 by less and lost at 3.39 and 4.36. ptxas (Triton 3.6, sm_90a): 255 registers for the
+# bf16 32 x 64 tile on one warp, no spills (16 x 128: 144; fp32 16 x 64: 80).
 _MANY_BY_DEVICE = {"H200": {
     4: (((2.0, 2.55, 2048), (16, 64, 1, 4)),
         ((3.3, 4.0, 2048), (16, 64, 1, 3)),

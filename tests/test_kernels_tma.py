@@ -131,7 +131,7 @@ def test_rule_and_config(monkeypatch):
 
 
 def test_many_programs_row(monkeypatch):
-    """On a GPU named in ``_MANY_BY_DEVICE`` (the name faked here) a call with ``T >= min_T``
+    """On a GPU named in ``_MANY_BY_DEVICE`` (the name faked here) a call with ``T >= _MANY_MIN_T``
     takes the first band that holds its programs an SM (``nseq * cdiv(N, 64) / SMs``), by element
     size: fp32 16 x 64 on one warp at [2, 2.55) (4 stages) and [3.3, 4) (3), 64 x 64 on two
     from 4; 16-bit 16 x 128 on one warp from 4.2, 32 x 64 on one at [2.9, 4.2), 64 x 32 from
@@ -160,7 +160,7 @@ def test_many_programs_row(monkeypatch):
     for dtype in (torch.bfloat16, torch.float16):
         for nseq, row in ((3, None), (4, few), (5, few), (6, mid16), (8, mid16), (9, wide), (24, wide)):
             assert tma._many_cfg(b.to(dtype), 4096, nseq, 132) == row, (dtype, nseq)
-        # edges: B23 / B24 N1024 2.79 / 2.91, B17 N2048 4.12; the length past min_T does not matter
+        # edges: B23 / B24 N1024 2.79 / 2.91, B17 N2048 4.12; the length past _MANY_MIN_T does not matter
         for N, nseq, row in ((1024, 23, few), (1024, 24, mid16), (2048, 17, mid16)):
             assert tma._many_cfg(b.to(dtype), N, nseq, 132) == row, (dtype, N, nseq)
         long = torch.zeros(1, 16384, 8, dtype=dtype)  # only its length and dtype are read

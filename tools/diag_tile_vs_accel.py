@@ -187,8 +187,9 @@ def main(argv=None):
     with open(out / "RESULTS_diagtile.md", "a") as f:
         f.write(f"\n## tools/diag_tile_vs_accel.py, {env['date']}\n\n{env['device']}, torch {env['torch']}, "
                 f"Triton {env['triton']}; {a_.dtype}; default forward tile here {env['default_fwd_tile']} (tile kernel"
-                + (f"; by programs an SM the default may be the TMA forward, ((lo, hi, min_T), tile) "
-                   f"{env['tma_many_programs']}, tma._MANY_BY_DEVICE" if env["tma_many_programs"] else "") + "); "
+                + (f"; by programs an SM the default may be the TMA forward, ((lo, hi), tile) "
+                   f"{env['tma_many_programs']} from T >= {tma._MANY_MIN_T}, tma._MANY_BY_DEVICE"
+                   if env["tma_many_programs"] else "") + "); "
                 f"graph ms = median over {a_.rounds} interleaved rounds of do_bench_cudagraph medians"
                 + (f" (each replay after a {a_.flush_l2} MB overwrite, whose own graph time is subtracted)"
                    if a_.flush_l2 else "") + "; "

@@ -147,10 +147,11 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
     return nseq * cdiv(N, 32) < 4 * sms and nseq * cdiv(N, 16) >= sms
 
 
-# Many programs (``tma_auto`` leaves the tile kernel there): rows ``((lo, hi, min_T), (BT, BN,
+# Many programs (``tma_auto`` leaves the tile kernel there): rows ``((lo, hi), (BT, BN,
 # num_warps, num_stages))`` by GPU (a substring of its name; a GH200 takes the H200 row, not
-# measured there) and element size; ``_many_cfg`` takes the first with ``lo <= per_sm < hi`` and
-# ``T >= min_T``, ``per_sm = nseq * cdiv(N, 64) / SMs`` (``scan._diag_band``'s count). Measured
+# measured there) and element size; ``_many_cfg`` takes the first with ``lo <= per_sm < hi``,
+# ``per_sm = nseq * cdiv(N, 64) / SMs`` (``scan._diag_band``'s count), for ``T >= _MANY_MIN_T``
+# only. Measured
 # on an H200 (RESULTS.md, the sessions named), ms unless a ratio; "x accel" is speed relative to
 # accelerated-scan's forward in the same rounds, L2 flushed before each replay.
 #
@@ -200,12 +201,12 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # 3.6-4.1 by less and lost at 3.39 and 4.36. ptxas (Triton 3.6, sm_90a): 255 registers for the
 # bf16 32 x 64 tile on one warp, no spills (16 x 128: 144; fp32 16 x 64: 80).
 _MANY_BY_DEVICE = {"H200": {
-    4: (((2.0, 2.55, 2048), (16, 64, 1, 4)),
-        ((3.3, 4.0, 2048), (16, 64, 1, 3)),
-        ((4.0, float("inf"), 2048), (64, 64, 2, 3))),
-    2: (((4.2, float("inf"), 2048), (16, 128, 1, 4)),
-        ((2.9, 4.2, 2048), (32, 64, 1, 4)),
-        ((1.9, float("inf"), 2048), (64, 32, 1, 3)))}}
+    4: (((2.0, 2.55), (16, 64, 1, 4)),
+        ((3.3, 4.0), (16, 64, 1, 3)),
+        ((4.0, float("inf")), (64, 64, 2, 3))),
+    2: (((4.2, float("inf")), (16, 128, 1, 4)),
+        ((2.9, 4.2), (32, 64, 1, 4)),
+        ((1.9, float("inf")), (64, 32, 1, 3)))}}
 # "auto" takes TMA only where rows (N elements) are a multiple of 64 bytes: below that the boxes
 # start off 64-byte boundaries and the TMA forward lost to the tile kernel, H200 fp32 B8 T2048, L2
 # flushed, TMA / tile ms (thirty-sixth session): N4104 (32-byte rows) 0.3017 / 0.2138, N4100
@@ -219,12 +220,13 @@ _MANY_MIN_T = 2048
 
 def _many_cfg(b, N: int, nseq: int, sms: int):
     """The first ``_MANY_BY_DEVICE`` row of ``b``'s GPU and element size (fp32, or 16-bit) whose
-    band holds ``nseq * cdiv(N, 64) / sms`` programs an SM and whose ``min_T`` the length
-    ``b.shape[1]`` reaches, for ``b`` ``(B, T, N)``; None if none (other GPUs, 8-byte elements)."""
+    band holds ``nseq * cdiv(N, 64) / sms`` programs an SM, for ``b`` ``(B, T, N)``; None if none
+    (other GPUs, 8-byte elements) or ``T < _MANY_MIN_T``."""
+    if b.shape[1] < _MANY_MIN_T:
+        return None
     rows = (row_by_name(_MANY_BY_DEVICE, device_name(b.device)) or {}).get(b.element_size(), ())
     per_sm = nseq * cdiv(N, 64) / sms
-    T = b.shape[1]
-    return next((cfg for (lo, hi, min_t), cfg in rows if lo <= per_sm < hi and T >= min_t), None)
+    return next((cfg for (lo, hi), cfg in rows if lo <= per_sm < hi), None)
 
 
 def _auto_takes(b, nseq: int, sms: int, many: bool) -> bool:

@@ -56,7 +56,8 @@ def test_varlen(monkeypatch):
 
 @pytest.mark.parametrize("dtype,N,cfg", [(torch.bfloat16, 24, None), (torch.float16, 24, None),
                                          (torch.bfloat16, 136, (16, 128, 1, 4)),
-                                         (torch.bfloat16, 136, (32, 64, 1, 4))])
+                                         (torch.bfloat16, 136, (32, 64, 1, 4)),
+                                         (torch.bfloat16, 136, (32, 64, 1, 3))])
 def test_low_precision(dtype, N, cfg, monkeypatch):
     """16-bit inputs and h (16-byte rows: N = 24), fp32 accumulation and final state; and the
     16-bit many-program rows' 16 x 128 and 32 x 64 one-warp tiles over 136 channels (the last
@@ -134,15 +135,15 @@ def test_many_programs_row(monkeypatch):
     """On a GPU named in ``_MANY_BY_DEVICE`` (the name faked here) a call with ``T >= _MANY_MIN_T``
     takes the first band that holds its programs an SM (``nseq * cdiv(N, 64) / SMs``), by element
     size: fp32 16 x 64 on one warp at [2, 2.55) (4 stages) and [3.3, 4) (3), 64 x 64 on two
-    from 4; 16-bit 16 x 128 on one warp from 4.2, 32 x 64 on one at [2.9, 4.2), 64 x 32 from
-    1.9. Other counts, shorter sequences, 8-byte elements or another GPU keep the one-warp
+    from 4; 16-bit 16 x 128 on one warp from 4.2, 32 x 64 on one at [3.45, 4.2) (3 stages) and
+    [2.9, 3.45) (4), 64 x 32 from 1.9. Other counts, shorter sequences, 8-byte elements or another GPU keep the one-warp
     few-program tiles; ``tma_*`` keys still override; "auto" never runs TMA on CPU tensors."""
     monkeypatch.setattr(tma, "device_name", lambda device: "NVIDIA H200")
     a, b = inputs(2, tma._MANY_MIN_T, 1024)  # 2 x 16 programs at BN = 64
-    few, mid16 = (64, 32, 1, 3), (32, 64, 1, 4)
+    few, mid16, mid16_3 = (64, 32, 1, 3), (32, 64, 1, 4), (32, 64, 1, 3)
     assert tma.tma_config(a, b, 2, {"diag_tma": True}, 8) == (64, 64, 2, 3)  # 4 an SM
     assert tma.tma_config(a, b, 2, {"diag_tma": True, "tma_nw": 4, "tma_bn": 32}, 8) == (64, 32, 4, 3)
-    assert tma.tma_config(a.bfloat16(), b.bfloat16(), 2, {"diag_tma": True}, 8) == mid16
+    assert tma.tma_config(a.bfloat16(), b.bfloat16(), 2, {"diag_tma": True}, 8) == mid16_3
     assert tma.tma_config(a, b, 2, {"diag_tma": True}, 9) == (16, 64, 1, 3)  # 3.6 programs an SM
     assert tma.tma_config(a, b, 2, {"diag_tma": True}, 11) == few  # 2.9 programs an SM
     assert tma.tma_config(a, b, 2, {"diag_tma": True}, 14) == (16, 64, 1, 4)  # 2.29 an SM
@@ -158,13 +159,16 @@ def test_many_programs_row(monkeypatch):
         assert tma._many_cfg(b, N, nseq, 132) == row, (N, nseq)
     wide = (16, 128, 1, 4)
     for dtype in (torch.bfloat16, torch.float16):
-        for nseq, row in ((3, None), (4, few), (5, few), (6, mid16), (8, mid16), (9, wide), (24, wide)):
+        for nseq, row in ((3, None), (4, few), (5, few), (6, mid16), (7, mid16), (8, mid16_3), (9, wide),
+                          (24, wide)):
             assert tma._many_cfg(b.to(dtype), 4096, nseq, 132) == row, (dtype, nseq)
-        # edges: B23 / B24 N1024 2.79 / 2.91, B17 N2048 4.12; the length past _MANY_MIN_T does not matter
-        for N, nseq, row in ((1024, 23, few), (1024, 24, mid16), (2048, 17, mid16)):
+        # edges: B23 / B24 N1024 2.79 / 2.91, B28 / B29 N1024 3.39 / 3.52, B17 N2048 4.12; the length
+        # past _MANY_MIN_T does not matter
+        for N, nseq, row in ((1024, 23, few), (1024, 24, mid16), (1024, 28, mid16), (1024, 29, mid16_3),
+                             (2048, 17, mid16_3)):
             assert tma._many_cfg(b.to(dtype), N, nseq, 132) == row, (dtype, N, nseq)
         long = torch.zeros(1, 16384, 8, dtype=dtype)  # only its length and dtype are read
-        assert tma._many_cfg(long, 4096, 8, 132) == mid16
+        assert tma._many_cfg(long, 4096, 8, 132) == mid16_3
     assert tma._many_cfg(b.double(), 4096, 8, 132) is None
     short = (a[:, :-1].contiguous(), b[:, :-1].contiguous())
     assert tma.tma_config(*short, 2, {"diag_tma": True}, 8) == few

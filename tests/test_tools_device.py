@@ -66,12 +66,17 @@ def test_a_call_stopped_by_its_time_limit_keeps_its_passes(tmp_path):
 
 def test_ncu_m1_driver_runs_on_the_interpreter(capsys):
     """tools/ncu_m1.py: each TUNE setting runs the m = 1 forward (the TMA kernel forced, then
-    the tile kernel) on the CPU interpreter; no accelerated-scan there."""
+    the tile kernel) on the CPU interpreter, for each shape and in the dtype asked for; no
+    accelerated-scan there."""
     pytest.importorskip("triton")
     mod = _tool("ncu_m1")
     mod.main(["--device", "cpu", "--shape", "2x37x64", "--runs", "1",
               "--configs", 'tma={"diag_tma": true}', 'tile={"diag_tma": false}'])
-    assert capsys.readouterr().out.split() == ["tma", "done", "tile", "done"]
+    assert capsys.readouterr().out.split() == ["shape", "B2", "T37", "N64", "float32",
+                                               "tma", "done", "tile", "done"]
+    mod.main(["--device", "cpu", "--shape", "1x20x64", "2x17x64", "--dtype", "bfloat16", "--runs", "1"])
+    assert capsys.readouterr().out.split() == ["shape", "B1", "T20", "N64", "bfloat16", "default", "done",
+                                               "shape", "B2", "T17", "N64", "bfloat16", "default", "done"]
 
 
 def test_ncu_tm_driver_runs_on_the_interpreter(capsys):

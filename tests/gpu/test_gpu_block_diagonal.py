@@ -306,12 +306,12 @@ def test_diag_unaligned_rows(N, dtype, tol, path):
                     reason="TMA needs compute capability 9+")
 @pytest.mark.parametrize("cfg", [None, (64, 16, 1, 4), (64, 32, 1, 3), (128, 16, 2, 3), (32, 8, 1, 6),
                                  (64, 64, 2, 3), (16, 64, 1, 4), (16, 128, 1, 4), (16, 64, 1, 3),
-                                 (32, 64, 1, 4)])
+                                 (32, 64, 1, 4), (32, 64, 1, 3)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
 def test_diag_tma(cfg, dtype, tol):
     """The TMA forward (tma.py; None = the default configuration; the H200's many-program rows:
-    64 x 64 on 2 warps, 16 x 64 (4 or 3 stages) and 16 x 128 on one) with gradients: one pass
-    with h0 at B8 T3001 N768 and varlen with boundaries off the tiles."""
+    64 x 64 on 2 warps, 16 x 64 (4 or 3 stages), 16 x 128 and 32 x 64 (4 or 3) on one) with
+    gradients: one pass with h0 at B8 T3001 N768 and varlen with boundaries off the tiles."""
     tune = bd.scan.TUNE
     try:
         tune.update(diag_tma=True, chunk=0)

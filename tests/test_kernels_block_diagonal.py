@@ -395,44 +395,6 @@ def test_chunk_policy(monkeypatch):
     assert cc(10 ** 6, 16384, "cpu", 1, 2) == 100
 
 
-def test_variant_rules():
-    """Default kernel choices (measured on an H200 and an H100, see scan._bwd_variant / _fwd_variant)."""
-    bv = scanmod._bwd_variant
-    assert [bv(m, 1024) for m in (2, 3, 4, 8, 16, 32)] == ["ring4", "ring2", "ring2", "ring4", "v1", "ring2"]
-    assert [bv(m, 384) for m in (2, 3, 4, 8, 16, 32)] == ["ring4", "v1", "v1", "v1", "v1", "ring2"]
-    assert scanmod._fwd_variant(True) == "ring8" and scanmod._fwd_variant(False) == "ring4"
-    scanmod.TUNE.update(bwd_variant="g4", variant="ring2")
-    assert bv(2, 10) == "g4" and scanmod._fwd_variant(True) == "ring2"
-
-
-def test_variant_bands(monkeypatch):
-    """H200 ``_VARIANT_BANDS`` (programs per SM; N4096 has 256 programs a sequence at m = 8 and 16):
-    m = 8 forward ring2 at B8-B12, not B4 / B16; backward ring2 at B5-B6, v1 at B9-B10, ring4 at
-    B4, B7-B8, B11; m = 16 forward ring2 at B5-B7, g4 at B9-B10, ring4 at B4, B8, B11; other m,
-    other GPUs, few programs and TUNE keep their kernels."""
-    from lrnn_scan.kernels import _host as host
-    monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
-    dev = torch.device("cuda", 0)
-    monkeypatch.setitem(host._NAMES, 0, "NVIDIA H200")
-    fwd = {B: scanmod._fwd_variant(False, 8, 256 * B, dev) for B in (4, 7, 8, 12, 13, 16)}
-    assert fwd == {4: "ring4", 7: "ring4", 8: "ring2", 12: "ring2", 13: "ring4", 16: "ring4"}
-    bwd = {B: scanmod._bwd_variant(8, 256 * B, dev) for B in (4, 5, 6, 7, 8, 9, 10, 11)}
-    assert bwd == {4: "ring4", 5: "ring2", 6: "ring2", 7: "ring4", 8: "ring4", 9: "v1", 10: "v1",
-                   11: "ring4"}
-    f16 = {B: scanmod._fwd_variant(False, 16, 256 * B, dev) for B in (4, 5, 7, 8, 9, 10, 11)}
-    assert f16 == {4: "ring4", 5: "ring2", 7: "ring2", 8: "ring4", 9: "g4", 10: "g4", 11: "ring4"}
-    assert scanmod._bwd_variant(16, 256 * 5, dev) == "v1" and scanmod._bwd_variant(16, 256 * 9, dev) == "v1"
-    assert scanmod._fwd_variant(True, 8, 256 * 9, dev) == "ring8"
-    assert scanmod._fwd_variant(False, 4, 256 * 9, dev) == "ring4" and scanmod._bwd_variant(4, 256 * 5, dev) == "ring2"
-    assert scanmod._fwd_variant(False, 12, 256 * 5, dev) == "ring4"    # m = 12: no band measured
-    monkeypatch.setitem(scanmod.TUNE, "variant", "ring4")
-    assert scanmod._fwd_variant(False, 8, 256 * 9, dev) == "ring4"
-    scanmod.TUNE.clear()
-    monkeypatch.setitem(host._NAMES, 0, "NVIDIA H100 80GB HBM3")
-    assert scanmod._fwd_variant(False, 8, 256 * 9, dev) == "ring4" and scanmod._bwd_variant(8, 256 * 5, dev) == "ring4"
-    assert scanmod._fwd_variant(False, 16, 256 * 5, dev) == "ring4"
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision(dtype):
     A, b = make(2, 33, 3, 4, dtype=dtype, seed=1)

@@ -130,13 +130,15 @@ def _bd_cfg(m):
     return mp, bh, nw, ns
 
 
-# Wave-tail bands of the m >= 2 kernels on a GPU: {GPU: {(m, "fwd" | "bwd"): (((lo, hi), variant),
-# ...)}} by programs per SM (``_host.device_band``), where the default variant's last wave would be
-# thin: m = 8 forward B9 N4096 85 -> 99 % of copy (ring2), fwd+bwd B5 52 -> 64 % (ring2), B9 58 ->
-# 61 % (v1); m = 16 forward B5 76 -> 101 % (ring2), B9 88 -> 100 % (g4) (MEASURED.md).
+# Bands of the m >= 2 kernels on a GPU: {GPU: {(m, "fwd" | "bwd"): (((lo, hi), variant), ...)}} by
+# programs per SM (``_host.device_band``; MEASURED.md), mostly where the default's last wave would
+# be thin: m = 8 forward B9 N4096 85 -> 99 % of copy (ring2), fwd+bwd B5 52 -> 64 % (ring2), B9 58 ->
+# 61 % (v1); m = 16 forward B5 76 -> 101 % (ring2), B9 88 -> 100 % (g4); m = 32 backward v1, fwd+bwd
+# 1.4-3.8 % faster at B6-B10 N768, 2.3-2.8 % at B7-B8 N4096 (lost at 2.18 and 8.73 an SM).
 _VARIANT_BANDS = {"H200": {(8, "fwd"): (((14.0, 24.0), "ring2"),),
                            (8, "bwd"): (((8.0, 12.0), "ring2"), ((16.0, 20.0), "v1")),
-                           (16, "fwd"): (((8.0, 14.0), "ring2"), ((16.0, 20.0), "g4"))}}
+                           (16, "fwd"): (((8.0, 14.0), "ring2"), ((16.0, 20.0), "g4")),
+                           (32, "bwd"): (((0.9, 2.0), "v1"), ((6.5, 8.0), "v1"))}}
 
 
 def _variant_band(m, nprog, device, bwd=False):
@@ -154,9 +156,8 @@ def _fwd_variant(few=False, m=0, nprog=0, device=None):
     programs) it lost to ring4 at B1 T16384 m = 2..16. So ``few`` (an unchunked pass with fewer
     than 3 programs per SM) and m <= 16 take ring8, the rest ring4 (within 2 % of the best at
     B8 N4096, README.md), except in ``_VARIANT_BANDS`` (``m``, ``nprog`` programs on ``device``)."""
-    if "variant" in TUNE:
-        return TUNE["variant"]
-    return "ring8" if few else _variant_band(m, nprog, device) or "ring4"
+    return TUNE["variant"] if "variant" in TUNE else (
+        "ring8" if few else _variant_band(m, nprog, device) or "ring4")
 
 
 def _bwd_variant(m, nprog, device=None):
@@ -166,12 +167,11 @@ def _bwd_variant(m, nprog, device=None):
     m = 2 / 4 / 8 0.307 / 0.509 / 0.653 ms against g4's 0.481 / 0.704 / 0.809), ring2 above 16,
     and for m = 3..16 v1 with 16 stages (``_bwd_launch``: its loads become ``cp.async`` copies 15
     steps ahead; 2026-11-26, H100 m = 4 / 8 / 16 0.418 / 0.568 / 1.011 ms against ring4's 0.508 /
-    0.651 / 1.033, H200 likewise); ``_VARIANT_BANDS`` first (``device``).
-    ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
+    0.651 / 1.033, H200 likewise); ``_VARIANT_BANDS`` first (``device``; the H200's m = 32 bands
+    take v1). ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
     if "bwd_variant" in TUNE:
         return TUNE["bwd_variant"]
-    band = _variant_band(m, nprog, device, bwd=True)
-    if band is not None:
+    if (band := _variant_band(m, nprog, device, bwd=True)) is not None:
         return band
     mp = next_pow2(m)
     if mp == 32:

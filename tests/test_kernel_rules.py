@@ -1,0 +1,54 @@
+"""Host-side launch rules of the block-diagonal scan (``scan._fwd_variant``, ``scan._bwd_variant``
+and the H200's ``scan._VARIANT_BANDS``): which kernel a call takes by block size, program count
+and GPU (the GPU name is faked; nothing launches). The kernels themselves are tested in
+test_kernels_block_diagonal.py and, at full size on the GPU, in tests/gpu."""
+import torch
+
+from test_kernels_block_diagonal import scanmod, tune_fixture
+
+_tune = tune_fixture({})
+
+
+def test_variant_rules():
+    """Default kernel choices (measured on an H200 and an H100, see scan._bwd_variant / _fwd_variant)."""
+    bv = scanmod._bwd_variant
+    assert [bv(m, 1024) for m in (2, 3, 4, 8, 16, 32)] == ["ring4", "ring2", "ring2", "ring4", "v1", "ring2"]
+    assert [bv(m, 384) for m in (2, 3, 4, 8, 16, 32)] == ["ring4", "v1", "v1", "v1", "v1", "ring2"]
+    assert scanmod._fwd_variant(True) == "ring8" and scanmod._fwd_variant(False) == "ring4"
+    scanmod.TUNE.update(bwd_variant="g4", variant="ring2")
+    assert bv(2, 10) == "g4" and scanmod._fwd_variant(True) == "ring2"
+
+
+def test_variant_bands(monkeypatch):
+    """H200 ``_VARIANT_BANDS`` (programs per SM; N4096 has 256 programs a sequence at m = 8 and 16):
+    m = 8 forward ring2 at B8-B12, not B4 / B16; backward ring2 at B5-B6, v1 at B9-B10, ring4 at
+    B4, B7-B8, B11; m = 16 forward ring2 at B5-B7, g4 at B9-B10, ring4 at B4, B8, B11; m = 32
+    backward v1 at (0.9, 2] and (6.5, 8] programs an SM (N768: 24 programs a sequence, N4096:
+    128), ring2 elsewhere; other m, other GPUs, few programs and TUNE keep their kernels."""
+    from lrnn_scan.kernels import _host as host
+    monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
+    dev = torch.device("cuda", 0)
+    monkeypatch.setitem(host._NAMES, 0, "NVIDIA H200")
+    fwd = {B: scanmod._fwd_variant(False, 8, 256 * B, dev) for B in (4, 7, 8, 12, 13, 16)}
+    assert fwd == {4: "ring4", 7: "ring4", 8: "ring2", 12: "ring2", 13: "ring4", 16: "ring4"}
+    bwd = {B: scanmod._bwd_variant(8, 256 * B, dev) for B in (4, 5, 6, 7, 8, 9, 10, 11)}
+    assert bwd == {4: "ring4", 5: "ring2", 6: "ring2", 7: "ring4", 8: "ring4", 9: "v1", 10: "v1",
+                   11: "ring4"}
+    f16 = {B: scanmod._fwd_variant(False, 16, 256 * B, dev) for B in (4, 5, 7, 8, 9, 10, 11)}
+    assert f16 == {4: "ring4", 5: "ring2", 7: "ring2", 8: "ring4", 9: "g4", 10: "g4", 11: "ring4"}
+    assert scanmod._bwd_variant(16, 256 * 5, dev) == "v1" and scanmod._bwd_variant(16, 256 * 9, dev) == "v1"
+    assert scanmod._fwd_variant(True, 8, 256 * 9, dev) == "ring8"
+    assert scanmod._fwd_variant(False, 4, 256 * 9, dev) == "ring4" and scanmod._bwd_variant(4, 256 * 5, dev) == "ring2"
+    assert scanmod._fwd_variant(False, 12, 256 * 5, dev) == "ring4"    # m = 12: no band measured
+    # m = 32, programs an SM: N768 B4 / B5 / B11 / B12 0.73 / 0.91 / 2.0 / 2.18; N4096 B6 / B7 / B8 /
+    # B9 5.82 / 6.79 / 7.76 / 8.73
+    b32 = {(N, B): scanmod._bwd_variant(32, N // 32 * B, dev)
+           for N, Bs in ((768, (4, 5, 8, 11, 12)), (4096, (6, 7, 8, 9))) for B in Bs}
+    assert b32 == {(768, 4): "ring2", (768, 5): "v1", (768, 8): "v1", (768, 11): "v1", (768, 12): "ring2",
+                   (4096, 6): "ring2", (4096, 7): "v1", (4096, 8): "v1", (4096, 9): "ring2"}
+    monkeypatch.setitem(scanmod.TUNE, "variant", "ring4")
+    assert scanmod._fwd_variant(False, 8, 256 * 9, dev) == "ring4"
+    scanmod.TUNE.clear()
+    monkeypatch.setitem(host._NAMES, 0, "NVIDIA H100 80GB HBM3")
+    assert scanmod._fwd_variant(False, 8, 256 * 9, dev) == "ring4" and scanmod._bwd_variant(8, 256 * 5, dev) == "ring4"
+    assert scanmod._fwd_variant(False, 16, 256 * 5, dev) == "ring4" and scanmod._bwd_variant(32, 1024, dev) == "ring2"

@@ -23,7 +23,7 @@ def test_variant_bands(monkeypatch):
     """H200 ``_VARIANT_BANDS`` (programs per SM; N4096 has 256 programs a sequence at m = 8 and 16):
     m = 8 forward ring2 at B8-B12, not B4 / B16; backward ring2 at B5-B6, v1 at B9-B10, ring4 at
     B4, B7-B8, B11; m = 16 forward ring2 at B5-B7, g4 at B9-B10, ring4 at B4, B8, B11; m = 32
-    backward v1 at (0.9, 2] and (6.5, 8] programs an SM (N768: 24 programs a sequence, N4096:
+    backward v1 at (0.9, 1.85] and (7, 8] programs an SM (N768: 24 programs a sequence, N4096:
     128), ring2 elsewhere; other m, other GPUs, few programs and TUNE keep their kernels."""
     from lrnn_scan.kernels import _host as host
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
@@ -40,12 +40,12 @@ def test_variant_bands(monkeypatch):
     assert scanmod._fwd_variant(True, 8, 256 * 9, dev) == "ring8"
     assert scanmod._fwd_variant(False, 4, 256 * 9, dev) == "ring4" and scanmod._bwd_variant(4, 256 * 5, dev) == "ring2"
     assert scanmod._fwd_variant(False, 12, 256 * 5, dev) == "ring4"    # m = 12: no band measured
-    # m = 32, programs an SM: N768 B4 / B5 / B11 / B12 0.73 / 0.91 / 2.0 / 2.18; N4096 B6 / B7 / B8 /
-    # B9 5.82 / 6.79 / 7.76 / 8.73
+    # m = 32, programs an SM: N768 B4 / B5 / B10 / B11 0.73 / 0.91 / 1.82 / 2.0; N4096 B1 / B2 / B7 /
+    # B8 / B9 0.97 / 1.94 / 6.79 / 7.76 / 8.73
     b32 = {(N, B): scanmod._bwd_variant(32, N // 32 * B, dev)
-           for N, Bs in ((768, (4, 5, 8, 11, 12)), (4096, (6, 7, 8, 9))) for B in Bs}
-    assert b32 == {(768, 4): "ring2", (768, 5): "v1", (768, 8): "v1", (768, 11): "v1", (768, 12): "ring2",
-                   (4096, 6): "ring2", (4096, 7): "v1", (4096, 8): "v1", (4096, 9): "ring2"}
+           for N, Bs in ((768, (4, 5, 10, 11)), (4096, (1, 2, 7, 8, 9))) for B in Bs}
+    assert b32 == {(768, 4): "ring2", (768, 5): "v1", (768, 10): "v1", (768, 11): "ring2", (4096, 1): "v1",
+                   (4096, 2): "ring2", (4096, 7): "ring2", (4096, 8): "v1", (4096, 9): "ring2"}
     monkeypatch.setitem(scanmod.TUNE, "variant", "ring4")
     assert scanmod._fwd_variant(False, 8, 256 * 9, dev) == "ring4"
     scanmod.TUNE.clear()

@@ -96,14 +96,15 @@
 #     python3 tools/diag_tile_vs_accel.py --out $OUT/b --rounds 3 --configs default --flush-l2 256 \
 #       --dtype bfloat16 --tune e3=diag_tma:true+tma_bt:32+tma_bn:64+tma_nw:1+tma_ns:3 \
 #       --shapes 17x2048x2048 9x2048x4096 33x2048x1024
-#   Forty-second (H200, 10 calls): both leads ran. bf16 32 x 64 tiles take 3 stages from 3.45 an
+#   Forty-second (H200, 11 calls): both leads ran. bf16 32 x 64 tiles take 3 stages from 3.45 an
 #   SM (B17 0.80x, B33 1.02x); B5's profile (ncu_m1.py --dtype bfloat16 --shape 4x.. 5x.. 6x..):
 #   its 640 programs do not run in step (4.06 warps an SM against 4.85 placed), not closed. The
 #   m = 32 backward takes v1 at (0.9, 1.85] and (7, 8] an SM (B8 N768 fwd+bwd -4.4 %, N4096
 #   -2.4 %); test_kernels_tma 20, test_diag_tma cfg9/cfg10 4, test_wave_tail_bands m = 32 4
 #   passed. Nothing owed. Leads: m = 16 fwd+bwd at B8 N4096 on the H200 59.0-59.5 % (target 60;
 #   ring2 / ring4 / g4 / 2-4 stages / bh 2 were slower); B10 N4096 m = 32 v1 -4.5 % in one call
-#   (left out between B9 +2.5 % and B11 -0.8 %); an even work share per SM for the bf16 B5 case.
+#   (left out between B9 +2.5 % and B11 -0.8 %); an even work share per SM for the bf16 B5 case
+#   (16-channel tiles, 9.7 programs an SM, were slower: 0.71-0.73x against 0.76x, call 11).
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):

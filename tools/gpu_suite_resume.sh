@@ -14,7 +14,7 @@
 #     && cp <files_at>/triton_cache.tar.gz* .triton_cache/
 # Settings: SUITE_FILES (pytest arguments, default tests/gpu), SUITE_TIMEOUT (seconds, 480),
 # SUITE_PASSED (the list read, default gpu_runs/suite_passed.txt). One process: the full-size
-# checks take up to 60 GB each (README "Status").
+# checks take up to 60 GB each (docs/status.md, "Correctness").
 set -uo pipefail
 out=${OUT:?OUT: the folder whose files come back}
 passed_in=${SUITE_PASSED:-gpu_runs/suite_passed.txt}

@@ -136,8 +136,8 @@ def test_many_programs_row(monkeypatch):
     takes the first band that holds its programs an SM (``nseq * cdiv(N, 64) / SMs``), by element
     size: fp32 16 x 64 on one warp at [2, 2.55) (4 stages) and [3.3, 4) (3), 64 x 64 on two
     from 4; 16-bit 16 x 128 on one warp from 4.2, 32 x 64 on one at [3.45, 4.2) (3 stages) and
-    [2.9, 3.45) (4), 64 x 32 from 1.9. Other counts, shorter sequences, 8-byte elements or another GPU keep the one-warp
-    few-program tiles; ``tma_*`` keys still override; "auto" never runs TMA on CPU tensors."""
+    [2.9, 3.45) (4), 64 x 32 from 1.9. Other counts, shorter sequences, 8-byte elements or
+    another GPU keep the one-warp few-program tiles; ``tma_*`` keys still override; "auto" never runs TMA on CPU tensors."""
     monkeypatch.setattr(tma, "device_name", lambda device: "NVIDIA H200")
     a, b = inputs(2, tma._MANY_MIN_T, 1024)  # 2 x 16 programs at BN = 64
     few, mid16, mid16_3 = (64, 32, 1, 3), (32, 64, 1, 4), (32, 64, 1, 3)

@@ -1,5 +1,5 @@
-"""Run the m = 1 forward (``diagonal_scan``, ``(B, T, N)``, fp32 or ``--dtype``) once per ``scan.TUNE`` setting,
-and accelerated-scan's forward on the same data in its ``(B, N, T)`` layout, for Nsight Compute:
+"""Run the m = 1 forward (``diagonal_scan``, ``(B, T, N)``, fp32 or ``--dtype``) once per
+``scan.TUNE`` setting, and accelerated-scan's forward on the same data in its ``(B, N, T)`` layout, for Nsight Compute:
 the hardware counters say what the kernels move and how they fill the GPU (issue 3's m = 1
 target: at least as fast as accelerated-scan in the same run). On the GPU machine::
 

@@ -201,10 +201,11 @@ def tma_auto(N: int, nseq: int, sms: int) -> bool:
 # 3.6-4.1 by less and lost at 3.39 and 4.36. ptxas (Triton 3.6, sm_90a): 255 registers for the
 # bf16 32 x 64 tile on one warp, no spills (16 x 128: 144; fp32 16 x 64: 80). From 3.45 an SM the
 # same tiles with 3 stages (forty-second, 4 -> 3 stages, x accel, forward): B29 N1024 (3.52) 0.934
-# -> 0.956, B15 N2048 (3.64) 0.957 -> 0.973, B8 T2048 N4096 (3.88) 1.020 / 1.022 -> 1.028 / 1.026
-# in two calls, B16 T16384 N2048 1.020 -> 1.034, B33 N1024 (4.0) 0.979 -> 1.016, B17 N2048 (4.12)
-# 0.764 -> 0.805 (fwd+bwd +0-1.2 %); B8 T16384 lost 0.5 % in two calls (1.049 -> 1.042). Below 3.45
-# 4 stages stay: B7 (3.39) 0.965 against 0.956, B6 (2.91) 0.891 against 0.874.
+# -> 0.956 (a later call 0.975 -> 0.970), B15 N2048 (3.64) 0.957 -> 0.973, B8 T2048 N4096 (3.88)
+# 1.020 / 1.022 -> 1.028 / 1.026 in two calls, B16 T16384 N2048 1.020 -> 1.034, B33 N1024 (4.0)
+# 0.979 -> 1.016, B17 N2048 (4.12) 0.764 -> 0.805 (fwd+bwd +0-1.2 %); B8 T16384 lost 0.5 % in two
+# calls (1.049 -> 1.042). Below 3.45 4 stages stay: B7 (3.39) 0.965 against 0.956, B6 (2.91) 0.891
+# against 0.874.
 _MANY_BY_DEVICE = {"H200": {
     4: (((2.0, 2.55), (16, 64, 1, 4)),
         ((3.3, 4.0), (16, 64, 1, 3)),

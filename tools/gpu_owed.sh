@@ -174,6 +174,10 @@
 #        tmaccel  — issue 3: the time-contiguous m = 1 scan against accelerated-scan (tools/tm_vs_accel.py)
 #        bhsweep  — issue 3: tools/fwd_bh_sweep.py for m = 4 and the B1 T16384 chunk rows (2026-11-25 ran
 #                   m = 2 at B8 T2048 only: the default block group won)
+#        fusedcomp — issue 3, OWED FIRST (forty-second session): benchmarks/fused_companion_throughput.py,
+#                   the fused-gate (>= 2x softmax + scan, m 4, 8) and companion (>= m/2x) targets, last
+#                   timed on 2026-11-25 (H100); the unfused baseline's scan got much faster since, and a
+#                   byte estimate puts it below the fused kernels' time on an H200 (note of that session)
 # Logs and result files go to $OUT (or ./gpu_out); rows are appended to $OUT/RESULTS_<stage>.md
 # so they can be reviewed before they are merged into benchmarks/RESULTS.md. Every stage ends by
 # writing $OUT/triton_cache.tar.gz: copy it to .triton_cache/ here and carry ".triton_cache" in the
@@ -182,7 +186,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1  # a stage cut by its timeout still leaves its progress in the logs
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh ncu|memcheck|bd|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|tmaccel|bhsweep|train}
+stage=${1:?usage: gpu_owed.sh ncu|memcheck|bd|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|tmaccel|bhsweep|fusedcomp|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -316,6 +320,10 @@ case "$stage" in
       2>&1 | tee -a "$OUT/tmaccel.log" | tail -60 ;;
   bhsweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwd_bh_sweep.py --m 4 2 --out "$OUT" 2>&1 | tee "$OUT/bhsweep.log" | tail -40 ;;
+  fusedcomp)
+    # writes its rows to benchmarks/RESULTS.md on the device and a copy of them to $OUT
+    timeout ${STAGE_TIMEOUT:-500} python3 benchmarks/fused_companion_throughput.py --copy-to "$OUT" 2>&1 \
+      | tee "$OUT/fusedcomp.log" | tail -30 ;;
   scan)
     # --skip-variants: the forward-variant and m = 1 tile rows (36 extra compilations; with them the
     # 2026-11-25 run did not finish in 390 s) are in RESULTS.md (2026-11-24, 2026-11-25)

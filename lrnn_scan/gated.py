@@ -17,7 +17,13 @@ from .api import scan
 from .gates import DEFAULT_EPS, canonical_gate_name, normalize_gates
 from .operators import BlockDiagonal, Companion
 
-__all__ = ["bdlru_scan", "hlru_scan"]
+__all__ = ["bdlru_scan", "hlru_scan", "GATED_METHODS"]
+
+# ``unfused``: normalise with torch, then ``scan(..., method="auto")`` (the block-diagonal or
+# companion-coefficient kernels on CUDA): ``A`` is materialised, but those scan kernels have been
+# tuned further than the fused ones, so on some shapes this path may be the faster one
+# (``benchmarks/fused_companion_throughput.py`` times both).
+GATED_METHODS = ("auto", "kernel", "unfused", "blelloch", "sequential")
 
 
 def _check(name: str, t, rank: int, layout: str) -> None:
@@ -31,6 +37,8 @@ def _check(name: str, t, rank: int, layout: str) -> None:
 
 def _fused(module: str, fn: str, method: str, logits: Tensor):
     """The fused kernel for CUDA float16/bfloat16/float32 logits, else ``None`` (torch path)."""
+    if method not in GATED_METHODS:
+        raise ValueError(f"method must be one of {GATED_METHODS}, got {method!r}")
     reason = None
     if not _km.kernel_device(logits.device):
         reason = f"method='kernel' needs CUDA tensors, got {logits.device}"
@@ -61,7 +69,10 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
         v: ``(B, T, H, m)`` values.
         gate: gate variant of :mod:`lrnn_scan.gates` (``softmax`` default).
         initial_state: ``(B, H, m)`` (``(num_seqs, H, m)`` with ``cu_seqlens``).
-        method: ``auto`` (fused kernel on CUDA) | ``kernel`` | ``blelloch`` | ``sequential``.
+        method: ``auto`` (fused kernel on CUDA) | ``kernel`` (fused kernel, or an error) |
+            ``unfused`` (``A`` materialised by :func:`lrnn_scan.gates.normalize_gates`, then
+            :func:`lrnn_scan.scan` with ``method="auto"``: the block-diagonal kernels on CUDA) |
+            ``blelloch`` | ``sequential``.
 
     Returns:
         ``h`` ``(B, T, H, m)``, or ``(h, h_final)`` with ``output_final_state``.
@@ -84,7 +95,7 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
     A, a0 = normalize_gates(logits, gate, eps)
     return scan(BlockDiagonal(A), a0 * v.to(a0.dtype), initial_state=initial_state,
                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                method="auto" if method == "kernel" else method)
+                method="auto" if method in ("kernel", "unfused") else method)
 
 
 def hlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float = DEFAULT_EPS,
@@ -97,6 +108,9 @@ def hlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float = 
             ``h_{t-1} … h_{t-m}``; normalised row-wise by ``gate``.
         v: ``(B, T, N)`` values.
         initial_state: ``(B, N, m)`` shift registers ``(h_0, h_{-1}, …)``, newest first.
+        method: ``auto`` (fused kernel on CUDA) | ``kernel`` (fused kernel, or an error) |
+            ``unfused`` (the coefficients materialised by :func:`lrnn_scan.gates.normalize_gates`,
+            then :func:`lrnn_scan.scan` with ``method="auto"``) | ``blelloch`` | ``sequential``.
 
     Returns:
         ``h`` ``(B, T, N)`` (the newest component), or ``(h, h_final)`` with ``h_final``
@@ -119,4 +133,4 @@ def hlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float = 
     a, a0 = normalize_gates(logits, gate, eps)
     return scan(Companion(a), a0 * v.to(a0.dtype), initial_state=initial_state,
                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                method="auto" if method == "kernel" else method)
+                method="auto" if method in ("kernel", "unfused") else method)

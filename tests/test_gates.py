@@ -119,3 +119,29 @@ def test_unnormalised_gates_can_blow_up():
     v = torch.ones(1, 200, 1, 2, dtype=D)
     assert ls.bdlru_scan(z, v, "none").abs().max() > 1e10
     assert ls.bdlru_scan(z, v, "softmax").abs().max() <= 1
+
+
+@pytest.mark.parametrize("family", ["bdlru", "hlru"])
+def test_unfused_method_skips_the_fused_kernel(family, monkeypatch):
+    """``method="unfused"`` normalises with torch and calls ``scan(method="auto")`` even where the
+    fused kernel would run (CUDA faked here: the fused module must not be asked for); it equals
+    the sequential reference. An unknown method names the accepted ones."""
+    from lrnn_scan import _kernel_modules, gated
+    g = gen(3)
+    shape = (2, 33, 3, 2, 3) if family == "bdlru" else (2, 33, 3, 3)
+    z = torch.randn(shape, generator=g, dtype=D)
+    v = torch.randn(shape[:-1] if family == "bdlru" else shape[:3], generator=g, dtype=D)
+    fn = ls.bdlru_scan if family == "bdlru" else ls.hlru_scan
+    want = fn(z, v, method="sequential")
+    asked = []
+
+    def no_fused_kernels(name):
+        asked.append(name)
+        raise ImportError("the fused kernels are not wanted here")
+
+    monkeypatch.setattr(_kernel_modules, "kernel_device", lambda device: True)
+    monkeypatch.setattr(gated, "kernel_module", no_fused_kernels)
+    got = fn(z, v, method="unfused")
+    assert asked == [] and torch.allclose(got, want, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="unfused"):
+        fn(z, v, method="fused")

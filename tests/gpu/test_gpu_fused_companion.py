@@ -193,3 +193,28 @@ def test_companion_int64_offsets():
     assert z.numel() > 2**31
     v = torch.randn(B, T, N, device=DEV, dtype=torch.bfloat16)
     _big_check(lambda z, v: companion_scan(z, v), lambda z, v: companion_scan_ref(z, v), z, v, 2)
+
+
+@pytest.mark.parametrize("family", ["bdlru", "hlru"])
+def test_unfused_method(family, monkeypatch):
+    """``bdlru_scan`` / ``hlru_scan`` with ``method="unfused"`` on CUDA: torch normalisation, then
+    the block-diagonal / companion-coefficient scan kernels (the fused modules are never asked
+    for), against the fp64 references with every gradient, varlen with an initial state."""
+    import lrnn_scan as ls
+    from lrnn_scan import gated
+    monkeypatch.setattr(gated, "kernel_module", lambda name: pytest.fail(f"fused {name} asked for"))
+    torch.manual_seed(5)
+    cu = torch.tensor([0, 1, 63, 64, 150, 150, 300], dtype=torch.int64)
+    shape = (1, 300, 4, 3, 4) if family == "bdlru" else (1, 300, 6, 4)
+    z, v = torch.randn(shape) * 1.5, torch.randn(shape[:-1] if family == "bdlru" else shape[:3])
+    state = (6, 4, 3) if family == "bdlru" else (6, 6, 3)  # (sequences, H or N, m)
+    tensors = [z, v, torch.randn(state)]
+    scan_fn, ref_fn = ((ls.bdlru_scan, fused_gate_scan_ref) if family == "bdlru"
+                       else (ls.hlru_scan, companion_scan_ref))
+
+    def fn(z, v, s, **kw):
+        return scan_fn(z, v, "softmax", initial_state=s, cu_seqlens=cu.to(DEV), method="unfused", **kw)
+
+    def ref(z, v, s, **kw):
+        return ref_fn(z, v, "softmax", initial_state=s, cu_seqlens=cu, **kw)
+    _check(fn, ref, tensors, 1e-4)

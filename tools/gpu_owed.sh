@@ -174,7 +174,8 @@
 #        tmaccel  — issue 3: the time-contiguous m = 1 scan against accelerated-scan (tools/tm_vs_accel.py)
 #        bhsweep  — issue 3: tools/fwd_bh_sweep.py for m = 4 and the B1 T16384 chunk rows (2026-11-25 ran
 #                   m = 2 at B8 T2048 only: the default block group won)
-#        fusedcomp — issue 3, OWED FIRST (forty-second session): benchmarks/fused_companion_throughput.py,
+#        fusedcomp — issue 3, OWED FIRST (forty-second session): the GPU test of method="unfused", then
+#                   benchmarks/fused_companion_throughput.py,
 #                   the fused-gate (>= 2x softmax + scan, m 4, 8) and companion (>= m/2x) targets, last
 #                   timed on 2026-11-25 (H100); the unfused baseline's scan got much faster since, and a
 #                   byte estimate puts it below the fused kernels' time on an H200 (note of that session)
@@ -321,9 +322,12 @@ case "$stage" in
   bhsweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwd_bh_sweep.py --m 4 2 --out "$OUT" 2>&1 | tee "$OUT/bhsweep.log" | tail -40 ;;
   fusedcomp)
-    # writes its rows to benchmarks/RESULTS.md on the device and a copy of them to $OUT
-    timeout ${STAGE_TIMEOUT:-500} python3 benchmarks/fused_companion_throughput.py --copy-to "$OUT" 2>&1 \
-      | tee "$OUT/fusedcomp.log" | tail -30 ;;
+    # first the owed GPU test of bdlru_scan / hlru_scan(method="unfused") (forty-second session),
+    # then the benchmark: its rows go to benchmarks/RESULTS.md on the device and a copy to $OUT
+    timeout 120 python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_fused_companion.py \
+      -k unfused 2>&1 | tee "$OUT/fusedcomp.log" | tail -3
+    timeout ${STAGE_TIMEOUT:-450} python3 benchmarks/fused_companion_throughput.py --copy-to "$OUT" 2>&1 \
+      | tee -a "$OUT/fusedcomp.log" | tail -30 ;;
   scan)
     # --skip-variants: the forward-variant and m = 1 tile rows (36 extra compilations; with them the
     # 2026-11-25 run did not finish in 390 s) are in RESULTS.md (2026-11-24, 2026-11-25)

@@ -1,6 +1,7 @@
 """Host-side launch rules of the block-diagonal scan (``scan._fwd_variant``, ``scan._bwd_variant``
 and the H200's ``scan._VARIANT_BANDS``): which kernel a call takes by block size, program count
-and GPU (the GPU name is faked; nothing launches). The kernels themselves are tested in
+and GPU (the GPU name is faked; nothing launches); and the launch configurations of the companion
+and fused-gate kernels. The kernels themselves are tested in
 test_kernels_block_diagonal.py and, at full size on the GPU, in tests/gpu."""
 import torch
 
@@ -54,3 +55,37 @@ def test_variant_bands(monkeypatch):
     assert scanmod._fwd_variant(False, 8, 256 * 9, dev) == "ring4" and scanmod._bwd_variant(8, 256 * 5, dev) == "ring4"
     assert scanmod._fwd_variant(False, 16, 256 * 5, dev) == "ring4"
     assert scanmod._bwd_variant(32, 1024, dev) == "ring2"  # the m = 32 bands are the H200's
+
+
+def test_gate_kernel_configs(monkeypatch):
+    """Launch configurations of the companion and fused-gate kernels (measured on an H200,
+    B8 T2048 N768: ``companion.function._config`` / ``fused_gates.function._config``): elements a
+    program and stages by m, forward and backward apart, a full warp at least, the GPU filled
+    first at few sequences, and ``TUNE`` (``bwd_*`` keys for the backward alone)."""
+    from lrnn_scan.kernels.companion import function as cf
+    from lrnn_scan.kernels.fused_gates import function as ff
+    monkeypatch.setattr(cf, "num_sms", lambda device: 132)
+    monkeypatch.setattr(ff, "num_sms", lambda device: 132)
+    monkeypatch.setattr(cf, "TUNE", {})
+    monkeypatch.setattr(ff, "TUNE", {})
+    dev = torch.device("cpu")
+    # (BN, MP, warps, stages) at B8 N768
+    fwd = {m: cf._config(8, 768, m, dev) for m in (1, 2, 4, 8, 16, 32)}
+    assert fwd == {1: (32, 2, 1, 12), 2: (32, 2, 1, 12), 4: (16, 4, 1, 12), 8: (16, 8, 1, 12),
+                   16: (8, 16, 1, 12), 32: (8, 32, 1, 12)}
+    bwd = {m: cf._config(8, 768, m, dev, bwd=True) for m in (2, 3, 4, 8, 16)}
+    assert bwd == {2: (16, 2, 1, 6), 3: (8, 4, 1, 5), 4: (8, 4, 1, 5), 8: (16, 8, 1, 4),
+                   16: (8, 16, 1, 4)}
+    assert cf._config(8, 768, 16, dev, bwd=True, logits=True) == (16, 16, 1, 4)
+    assert cf._config(8, 768, 8, dev, bwd=True, logits=True) == (16, 8, 1, 4)
+    assert cf._config(1, 64, 4, dev) == (8, 4, 1, 12)      # 4 programs: halved to a full warp
+    assert cf._config(1, 64, 16, dev) == (8, 16, 1, 12)    # never below 8 channels
+    cf.TUNE.update(bwd_bn=32, num_stages=3)
+    assert cf._config(8, 768, 4, dev) == (16, 4, 1, 3)
+    assert cf._config(8, 768, 4, dev, bwd=True) == (32, 4, 1, 3)
+    # (BH, warps, stages) at B8 H = 768 / m: m = 2 keeps 8 blocks (32 elements), not 4
+    assert {m: ff._config(8, 768 // m, m, dev) for m in (1, 2, 4, 8, 16)} == {
+        1: (8, 1, 5), 2: (8, 1, 5), 4: (2, 1, 5), 8: (1, 1, 5), 16: (1, 2, 5)}
+    assert ff._config(1, 4, 8, dev) == (1, 1, 5)             # one block is the floor
+    ff.TUNE.update(bwd_bh=4)
+    assert ff._config(8, 384, 2, dev) == (8, 1, 5) and ff._config(8, 384, 2, dev, bwd=True) == (4, 1, 5)

@@ -105,6 +105,11 @@
 #   ring2 / ring4 / g4 / 2-4 stages / bh 2 were slower); B10 N4096 m = 32 v1 -4.5 % in one call
 #   (left out between B9 +2.5 % and B11 -0.8 %); an even work share per SM for the bf16 B5 case
 #   (16-channel tiles, 9.7 programs an SM, were slower: 0.71-0.73x against 0.76x, call 11).
+#   Forty-third (H200, 8 calls): fusedcomp ran (the unfused GPU test passed; fused 2.50x / 2.34x
+#   met). New companion / fused launch rules (tools/gate_tune_compare.py): companion coefficients
+#   m = 4 / 8 now 2.01x / 4.00x (at their targets), fused m = 2 0.85x -> 1.87x;
+#   test_gpu_fused_companion.py 42 passed (poisoned). Nothing owed. Leads: the companion rules on
+#   an H100 (fusedcomp there), and time-chunked companion kernels for margin above m/2.
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):
@@ -174,11 +179,9 @@
 #        tmaccel  — issue 3: the time-contiguous m = 1 scan against accelerated-scan (tools/tm_vs_accel.py)
 #        bhsweep  — issue 3: tools/fwd_bh_sweep.py for m = 4 and the B1 T16384 chunk rows (2026-11-25 ran
 #                   m = 2 at B8 T2048 only: the default block group won)
-#        fusedcomp — issue 3, OWED FIRST (forty-second session): the GPU test of method="unfused", then
-#                   benchmarks/fused_companion_throughput.py,
-#                   the fused-gate (>= 2x softmax + scan, m 4, 8) and companion (>= m/2x) targets, last
-#                   timed on 2026-11-25 (H100); the unfused baseline's scan got much faster since, and a
-#                   byte estimate puts it below the fused kernels' time on an H200 (note of that session)
+#        fusedcomp — issue 3: the GPU test of method="unfused", then benchmarks/fused_companion_throughput.py,
+#                   the fused-gate (>= 2x softmax + scan, m 4, 8) and companion (>= m/2x) targets
+#                   (last run: H200, forty-third session)
 # Logs and result files go to $OUT (or ./gpu_out); rows are appended to $OUT/RESULTS_<stage>.md
 # so they can be reviewed before they are merged into benchmarks/RESULTS.md. Every stage ends by
 # writing $OUT/triton_cache.tar.gz: copy it to .triton_cache/ here and carry ".triton_cache" in the

@@ -16,28 +16,44 @@ __all__ = ["companion_scan", "companion_scan_coeffs"]
 MAX_M = 64
 
 
-# Benchmark/test knobs (not public API): override "bn", "num_warps", "num_stages", "upcast16"
-# (16-bit inputs read as fp32 copies, default on: see fused_gates._common.as_loaded).
+# Benchmark/test knobs (not public API): override "bn", "num_warps", "num_stages" (both passes;
+# "bwd_bn", "bwd_num_warps", "bwd_num_stages" the backward's alone), "upcast16" (16-bit inputs
+# read as fp32 copies, default on: see fused_gates._common.as_loaded).
 TUNE: dict = {}
 
 
-def _config(num_seq: int, N: int, m: int, device) -> tuple[int, int, int, int]:
-    """(BN channels per program, MP, num_warps, pipeline stages).
+def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
+            logits: bool = False) -> tuple[int, int, int, int]:
+    """(BN channels per program, MP, num_warps, pipeline stages) of the forward or the backward.
 
-    Measured on an H200 (B=8, T=2048, N=768, fp32 forward): for m <= 8 one warp with 32 channels
-    and 5 stages beat smaller tiles / more programs (m=4: 0.26 vs 0.29-0.41 ms); for m = 16,
-    16 channels, one warp, 4 stages (0.48 ms) beat 32 channels, two warps, 5 stages (1.17 ms).
+    Each program runs its channels' chains one step at a time, so the time is set by how many
+    steps' loads are in flight: small tiles (many programs an SM) and deep pipelines. Measured
+    on an H200 (2026-11-30, B=8, T=2048, N=768, fp32, BN in {8, 16, 32} x stages in {4 … 16};
+    benchmarks/RESULTS.md, "forty-third"): the forward is fastest with 64 (m <= 4) or 128
+    (m >= 8) elements ``BN * MP`` a program and 12 stages (m = 4: 0.196 -> 0.142 ms); the backward,
+    which loads four tensors a step, with 32 (m <= 4) or 128 elements and 6 (m = 2), 5 (m = 3, 4)
+    or 4 stages (m = 4 fwd+bwd 0.641 -> 0.437 ms with the forward's change). Fewer than 32
+    elements (half a warp) lost 1.5-2.5x. The backward from logits (``logits``: the gate
+    normalisation and its gradient each step) keeps 256 elements at m >= 16 (m = 16 fwd+bwd
+    2.150 ms; 2.584 with 128 elements).
     """
     mp = max(2, next_pow2(m))
-    if mp >= 16:
-        bn, stages = 16, 4
+    if bwd:
+        if mp <= 4:
+            elems, stages = 32, (6 if mp == 2 else 5)
+        else:
+            elems, stages = (256 if logits and mp >= 16 else 128), 4
     else:
-        bn, stages = max(16, min(256, 512 // mp)), 5
-        while bn > 16 and num_seq * -(-N // bn) < num_sms(device):
-            bn //= 2
-    bn = TUNE.get("bn", bn)
-    warps = TUNE.get("num_warps", 1 if bn * mp <= 256 else 2 if bn * mp <= 1024 else 4)
-    return bn, mp, warps, TUNE.get("num_stages", stages)
+        elems, stages = (64 if mp <= 4 else 128), 12
+    bn = max(8, elems // mp)
+    while bn > 8 and bn * mp > 32 and num_seq * -(-N // bn) < num_sms(device):
+        bn //= 2  # fill the GPU first (few sequences): not timed, the rule of the fused kernels
+
+    def knob(key, default):
+        return TUNE.get("bwd_" + key, TUNE.get(key, default)) if bwd else TUNE.get(key, default)
+    bn = knob("bn", bn)
+    warps = knob("num_warps", 1 if bn * mp <= 256 else 2 if bn * mp <= 1024 else 4)
+    return bn, mp, warps, knob("num_stages", stages)
 
 
 class _CompanionFn(torch.autograd.Function):
@@ -74,7 +90,7 @@ class _CompanionFn(torch.autograd.Function):
         dhf = dhf.float().contiguous() if dhf is not None else None
         dz, dv = empty(z.shape, z.dtype, z.device), empty(v.shape, v.dtype, v.device)
         dh0 = empty((num_seq, N, m), torch.float32, v.device) if need_dh0 else None
-        bn, mp, warps, stages = _config(num_seq, N, m, v.device)
+        bn, mp, warps, stages = _config(num_seq, N, m, v.device, bwd=True, logits=col0 == 1)
         up = TUNE.get("upcast16", True)
         companion_bwd_kernel[(num_seq, cdiv(N, bn))](
             as_loaded(z, up), as_loaded(v, up), h0 if h0 is not None else h, as_loaded(h, up),

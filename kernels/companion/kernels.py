@@ -99,10 +99,10 @@ def _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, t, ring, pend, o_n, o_c, m_n, mas
     cols = _coef_cols(t, o_c, M, COL0)[None, :]
     zp = Z + (tok * N + o_n[:, None]) * K1
     z = tl.load(zp + cols, mask=mask, other=0.0).to(tl.float32)
-    v = tl.load(V + tok * N + o_n, mask=m_n, other=0.0).to(tl.float32)
     g = tl.load(DH + tok * N + o_n, mask=m_n, other=0.0).to(tl.float32)
     lam = g + tl.sum(tl.where(slot, pend, 0.0), axis=1)
-    if COL0 == 1:
+    if COL0 == 1:  # v enters the gradient only through the input gate (coefficients: db = λ)
+        v = tl.load(V + tok * N + o_n, mask=m_n, other=0.0).to(tl.float32)
         z0 = tl.load(Z + (tok * N + o_n) * K1, mask=m_n, other=0.0).to(tl.float32)
         w, w0, gg, gg0, s, s0 = gate_normalize(z, z0, mask, eps, 1, VARIANT)
         y = tl.sum(w * ring, axis=1) + w0 * v

@@ -17,25 +17,32 @@ __all__ = ["fused_gate_scan", "materialized_block_scan"]
 MAX_M = 32
 
 
-# Benchmark/test knobs (not public API): override "bh", "num_warps", "num_stages", "upcast16"
-# (16-bit inputs read as fp32 copies, default on: see _common.as_loaded).
+# Benchmark/test knobs (not public API): override "bh", "num_warps", "num_stages" (both passes;
+# "bwd_bh", "bwd_num_warps", "bwd_num_stages" the backward's alone), "upcast16" (16-bit inputs
+# read as fp32 copies, default on: see _common.as_loaded).
 TUNE: dict = {}
 
 
-def _config(num_seq: int, H: int, m: int, device) -> tuple[int, int, int]:
-    """(BH blocks per program, num_warps, pipeline stages): fill the GPU first, then widen tiles.
+def _config(num_seq: int, H: int, m: int, device, bwd: bool = False) -> tuple[int, int, int]:
+    """(BH blocks per program, num_warps, pipeline stages): fill the GPU first, then widen tiles,
+    but keep at least one warp's worth (32) of block elements ``BH * MP * MP`` a program.
 
-    Measured on an H200 (B=8, T=2048, N=768, m=4 and 8, fp32 forward): one warp, 5 stages, and
-    enough programs for ~4 per SM were best among BH in {1,2,4}, warps {1,2}, stages {3,5}.
+    Measured on an H200 (B=8, T=2048, N=768, fp32; BH in {1 … 16} x stages in {3 … 12}): one
+    warp, 5 stages, and enough programs for ~4 per SM were best at m = 4, 8 and 16. At m = 2 the
+    fill rule chose BH = 4 (16 elements, half a warp): BH = 8 ran the forward in 0.222 ms
+    against 0.529 and fwd+bwd in 0.64 against 1.36 ms (2026-11-30, benchmarks/RESULTS.md).
     """
     mp = max(2, next_pow2(m))
     bh = max(1, min(next_pow2(H), 256 // (mp * mp)))
-    while bh > 1 and num_seq * -(-H // bh) < 4 * num_sms(device):
+    while bh > 1 and bh * mp * mp > 32 and num_seq * -(-H // bh) < 4 * num_sms(device):
         bh //= 2
-    bh = TUNE.get("bh", bh)
+
+    def knob(key, default):
+        return TUNE.get("bwd_" + key, TUNE.get(key, default)) if bwd else TUNE.get(key, default)
+    bh = knob("bh", bh)
     elems = bh * mp * mp
-    warps = TUNE.get("num_warps", 1 if elems <= 64 else 2 if elems <= 256 else 4)
-    return bh, warps, TUNE.get("num_stages", 5)
+    warps = knob("num_warps", 1 if elems <= 64 else 2 if elems <= 256 else 4)
+    return bh, warps, knob("num_stages", 5)
 
 
 def _launch_fwd(z, v, h0, cu, T, H, m, col0, code, eps, out_fp32_final, out_dtype):
@@ -59,7 +66,7 @@ def _launch_bwd(z, v, h0, h, dh, dhf, cu, T, H, m, col0, code, eps, need_dh0):
     dv = empty(v.shape, v.dtype, v.device)
     z, v, h, dh = _as_loaded(z), _as_loaded(v), _as_loaded(h), _as_loaded(dh)
     dh0 = empty((num_seq, H, m), torch.float32, v.device) if need_dh0 else None
-    bh, warps, stages = _config(num_seq, H, m, v.device)
+    bh, warps, stages = _config(num_seq, H, m, v.device, bwd=True)
     grid = (num_seq, cdiv(H, bh))
     block_scan_bwd_kernel[grid](z, v, h0 if h0 is not None else h, h, dh,
                                 dhf if dhf is not None else dh, dz, dv,

@@ -30,7 +30,9 @@ def _config(num_seq: int, H: int, m: int, device, bwd: bool = False) -> tuple[in
     Measured on an H200 (B=8, T=2048, N=768, fp32; BH in {1 … 16} x stages in {3 … 12}): one
     warp, 5 stages, and enough programs for ~4 per SM were best at m = 4, 8 and 16. At m = 2 the
     fill rule chose BH = 4 (16 elements, half a warp): BH = 8 ran the forward in 0.222 ms
-    against 0.529 and fwd+bwd in 0.64 against 1.36 ms (2026-11-30, benchmarks/RESULTS.md).
+    against 0.529 and fwd+bwd in 0.64 against 1.36 ms (2026-11-30, benchmarks/RESULTS.md). With
+    few sequences the floor also wins: B1 T16384 N768 fwd+bwd m = 2 4.77 ms (8 blocks) against
+    10.86 (1 block, the old rule), m = 4 5.01 (2 blocks) against 6.99.
     """
     mp = max(2, next_pow2(m))
     bh = max(1, min(next_pow2(H), 256 // (mp * mp)))

@@ -78,6 +78,9 @@ def test_gate_kernel_configs(monkeypatch):
                    16: (8, 16, 1, 4)}
     assert cf._config(8, 768, 16, dev, bwd=True, logits=True) == (16, 16, 1, 4)
     assert cf._config(8, 768, 8, dev, bwd=True, logits=True) == (16, 8, 1, 4)
+    assert cf._config(8, 4096, 4, dev, bwd=True) == (16, 4, 1, 5)   # > 16 programs an SM: doubled
+    assert cf._config(8, 1536, 4, dev, bwd=True) == (8, 4, 1, 5)
+    assert cf._config(8, 4096, 4, dev) == (16, 4, 1, 12)            # the forward keeps its tile
     assert cf._config(1, 64, 4, dev) == (8, 4, 1, 12)      # 4 programs: halved to a full warp
     assert cf._config(1, 64, 16, dev) == (8, 16, 1, 12)    # never below 8 channels
     cf.TUNE.update(bwd_bn=32, num_stages=3)

@@ -32,10 +32,10 @@ def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
     benchmarks/RESULTS.md, "forty-third"): the forward is fastest with 64 (m <= 4) or 128
     (m >= 8) elements ``BN * MP`` a program and 12 stages (m = 4: 0.196 -> 0.142 ms); the backward,
     which loads four tensors a step, with 32 (m <= 4) or 128 elements and 6 (m = 2), 5 (m = 3, 4)
-    or 4 stages (m = 4 fwd+bwd 0.641 -> 0.437 ms with the forward's change). Fewer than 32
-    elements (half a warp) lost 1.5-2.5x. The backward from logits (``logits``: the gate
-    normalisation and its gradient each step) keeps 256 elements at m >= 16 (m = 16 fwd+bwd
-    2.150 ms; 2.584 with 128 elements).
+    or 4 stages (m = 4 fwd+bwd 0.641 -> 0.437 ms with the forward's change), twice the elements
+    above 16 programs an SM. Fewer than 32 elements (half a warp) lost 1.5-2.5x. The backward
+    from logits (``logits``: the gate normalisation and its gradient each step) keeps 256
+    elements at m >= 16 (m = 16 fwd+bwd 2.150 ms; 2.584 with 128 elements).
     """
     mp = max(2, next_pow2(m))
     if bwd:
@@ -48,6 +48,8 @@ def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
     bn = max(8, elems // mp)
     while bn > 8 and bn * mp > 32 and num_seq * -(-N // bn) < num_sms(device):
         bn //= 2  # fill the GPU first (B1 T16384 N768 m = 4 logits fwd+bwd: 5.60 ms, old 8.65)
+    if bwd and num_seq * -(-N // bn) > 16 * num_sms(device):
+        bn *= 2  # many programs: B8 N4096 m = 4 fwd+bwd 1.772 -> 1.571 ms (N1536: 8 kept, 0.690)
 
     def knob(key, default):
         return TUNE.get("bwd_" + key, TUNE.get(key, default)) if bwd else TUNE.get(key, default)

@@ -152,17 +152,19 @@ def test_companion_long():
     _comp(1, 65536, 3, 4, h0=False, ref_dev=DEV)
 
 
-@pytest.mark.parametrize("kind,m", [("fused", 2), ("fused", 4), ("fused", 8), ("coeffs", 2),
-                                    ("coeffs", 4), ("coeffs", 8), ("coeffs", 16), ("softmax", 4)])
-def test_benchmark_shape_configs(kind, m):
+@pytest.mark.parametrize("kind,m,N", [("fused", 2, 768), ("fused", 4, 768), ("fused", 8, 768),
+                                      ("coeffs", 2, 768), ("coeffs", 4, 768), ("coeffs", 8, 768),
+                                      ("coeffs", 16, 768), ("softmax", 4, 768), ("coeffs", 4, 4096)])
+def test_benchmark_shape_configs(kind, m, N):
     """The launch configurations of the benchmark's shape (B8, N768: 12-stage companion forwards,
-    32- / 128-element companion backward tiles, 8 blocks a program for the fused m = 2), at an odd
-    length, with h0 and the final state, against fp64 (on the GPU) with all gradients."""
+    32- / 128-element companion backward tiles, 8 blocks a program for the fused m = 2; N4096:
+    the doubled backward tile), at an odd length, with h0 and the final state, against fp64 (on
+    the GPU) with all gradients."""
     torch.manual_seed(10 + m)
     if kind == "fused":
-        _fused(8, 1001, 768 // m, m, ref_dev=DEV)
+        _fused(8, 1001, N // m, m, ref_dev=DEV)
     else:
-        _comp(8, 1001, 768, m, kind, ref_dev=DEV)
+        _comp(8, 1001, N, m, kind, ref_dev=DEV)
 
 
 def _big_check(fn, ref, z, v, nb):

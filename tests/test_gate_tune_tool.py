@@ -1,22 +1,12 @@
 """tools/gate_tune_compare.py on the CPU: its dense companion baseline is the same recurrence,
 its TUNE context restores the kernels' knobs, and its JSON renders under its own name."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from lrnn_scan.kernels.companion import companion_scan_coeffs_ref
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from test_tools_results import _tool
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 5])

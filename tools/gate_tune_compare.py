@@ -10,7 +10,8 @@ compared with the default's (relative RMS < 1e-5); a mismatch counts as a failed
 
 ``--kind``: ``coeffs`` (``companion_scan_coeffs``), ``logits`` (``companion_scan``) or ``fused``
 (``fused_gate_scan``, ``N = H * m``). TUNE keys: the kernels' ``function.TUNE`` (companion:
-``bn``, ``num_warps``, ``num_stages``; fused: ``bh``, ``num_warps``, ``num_stages``).
+``bn``, ``num_warps``, ``num_stages``; fused: ``bh``, ``num_warps``, ``num_stages``; each for
+both passes, or with a ``bwd_`` prefix for the backward alone).
 """
 import argparse
 import contextlib

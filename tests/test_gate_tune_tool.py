@@ -53,3 +53,16 @@ def test_render_heading(tmp_path):
     text = out.read_text()
     assert "## gate_tune_compare.py --kind coeffs — 2026-11-30T06:00 — GPU X" in text
     assert "| B8 T2048 N768 | 0.2145 (100) | 0.4366 (49) | 1.0408 (21) |" in text
+
+
+def test_shape_rows_prints_and_counts(capsys):
+    """tune_compare.shape_rows (both tools' loop): one line a shape, mismatches counted."""
+    mod = _tool("tune_compare")
+    medians = {"copy": 0.1, "default": 0.2, "x": 0.4}
+    fails, rows = mod.shape_rows(["8x2048x768", "1x64x32"], "coeffs m=4", True,
+                                 lambda shape: (medians, 0.0 if shape[0] == 8 else 1e-3))
+    out = capsys.readouterr().out.splitlines()
+    assert fails == 1 and list(rows) == ["B8 T2048 N768", "B1 T64 N32"]
+    assert out[0] == ("B8 T2048 N768 coeffs m=4 fwd+bwd fp32, ms (% of same-size copy): copy 0.1000 "
+                      "(100%) default 0.2000 (50%) x 0.4000 (25%); worst rel. diff to default 0.0e+00")
+    assert out[1].endswith("1.0e-03 MISMATCH")

@@ -29,7 +29,7 @@ from lrnn_scan.kernels.fused_gates import function as FF  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lb2_compare import _finish, _rel, timed_rounds  # noqa: E402
-from tune_compare import parse_tune  # noqa: E402
+from tune_compare import parse_tune, shape_rows  # noqa: E402
 
 KINDS = ("coeffs", "logits", "fused")
 
@@ -140,18 +140,8 @@ def main(argv=None):
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
     tunes = parse_tune(args.tune)
-    fails, rows = 0, {}
-    for sh in args.shapes:
-        B, T, N = (int(x) for x in sh.split("x"))
-        key = f"B{B} T{T} N{N}"
-        rows[key], worst = rows_for(args.kind, args.m, (B, T, N), tunes, args.bwd, args.rounds,
-                                    args.baseline)
-        fails += not worst < 1e-5
-        cp = rows[key]["copy"]
-        line = " ".join(f"{k} {v:.4f} ({cp / v * 100:.0f}%)" for k, v in rows[key].items())
-        print(f"{key} {args.kind} m={args.m} {'fwd+bwd' if args.bwd else 'fwd'} fp32, ms (% of copy): "
-              f"{line}; worst rel. diff to default {worst:.1e}{'' if worst < 1e-5 else ' MISMATCH'}",
-              flush=True)
+    fails, rows = shape_rows(args.shapes, f"{args.kind} m={args.m}", args.bwd, lambda shape: rows_for(
+        args.kind, args.m, shape, tunes, args.bwd, args.rounds, args.baseline))
     print("tunes:", json.dumps(tunes))
     return _finish(args, fails, rows, m=args.m, tool=f"gate_tune_compare --kind {args.kind}",
                    stem=f"gate_tune_{args.kind}_m{args.m}")

@@ -99,6 +99,23 @@ def rows_for(m, shape, tunes, bwd, rounds, compiled=False):
     return timed_rounds(fns, nbytes, rounds), worst
 
 
+def shape_rows(shapes, label, bwd, rows_fn):
+    """``rows_fn((B, T, N)) -> (medians by column, worst relative difference to the default)`` for
+    each ``BxTxN`` word, one printed line a shape; returns ``(failed checks, rows by shape)`` (also
+    ``gate_tune_compare.py``'s loop)."""
+    fails, rows = 0, {}
+    for sh in shapes:
+        B, T, N = (int(x) for x in sh.split("x"))
+        key = f"B{B} T{T} N{N}"
+        rows[key], worst = rows_fn((B, T, N))
+        fails += not worst < 1e-5
+        cp = rows[key]["copy"]
+        line = " ".join(f"{k} {v:.4f} ({cp / v * 100:.0f}%)" for k, v in rows[key].items())
+        print(f"{key} {label} {'fwd+bwd' if bwd else 'fwd'} fp32, ms (% of same-size copy): {line}; "
+              f"worst rel. diff to default {worst:.1e}{'' if worst < 1e-5 else ' MISMATCH'}", flush=True)
+    return fails, rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--m", type=int, required=True, help="block size")
@@ -111,16 +128,8 @@ def main(argv=None):
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
     tunes = parse_tune(args.tune)
-    fails, rows = 0, {}
-    for sh in args.shapes:
-        B, T, N = (int(x) for x in sh.split("x"))
-        key = f"B{B} T{T} N{N}"
-        rows[key], worst = rows_for(args.m, (B, T, N), tunes, args.bwd, args.rounds, args.compiled)
-        fails += not worst < 1e-5
-        cp = rows[key]["copy"]
-        line = " ".join(f"{k} {v:.4f} ({cp / v * 100:.0f}%)" for k, v in rows[key].items())
-        print(f"{key} m={args.m} {'fwd+bwd' if args.bwd else 'fwd'} fp32, ms (% of same-size copy): {line}; "
-              f"worst rel. diff to default {worst:.1e}{'' if worst < 1e-5 else ' MISMATCH'}", flush=True)
+    fails, rows = shape_rows(args.shapes, f"m={args.m}", args.bwd, lambda shape: rows_for(
+        args.m, shape, tunes, args.bwd, args.rounds, args.compiled))
     print("tunes:", json.dumps(tunes))
     stem = f"tune_compare_m{args.m}" + ("_compiled" if args.compiled else "")
     return _finish(args, fails, rows, m=args.m, tool="tune_compare" + (" --compiled" if args.compiled else ""),

@@ -140,8 +140,9 @@ def main(argv=None):
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
     tunes = parse_tune(args.tune)
-    fails, rows = shape_rows(args.shapes, f"{args.kind} m={args.m}", args.bwd, lambda shape: rows_for(
-        args.kind, args.m, shape, tunes, args.bwd, args.rounds, args.baseline))
+    fails, rows = shape_rows(args.shapes, f"{args.kind} m={args.m}", args.bwd, lambda shape:
+                             rows_for(args.kind, args.m, shape, tunes, args.bwd, args.rounds,
+                                      args.baseline))
     print("tunes:", json.dumps(tunes))
     return _finish(args, fails, rows, m=args.m, tool=f"gate_tune_compare --kind {args.kind}",
                    stem=f"gate_tune_{args.kind}_m{args.m}")

@@ -98,7 +98,8 @@ def run_fused(rows, B, T, N, ms):
         t_ffb, t_bfb = bench(fwd_bwd(fused, [z, v], gh)), bench(fwd_bwd(base, [z, v], gh))
         rows.append(dict(kind="fused_gates", m=m, B=B, T=T, N=N, H=H,
                          fwd_ms=t_ff, base_fwd_ms=t_bf, fwdbwd_ms=t_ffb, base_fwdbwd_ms=t_bfb,
-                         speedup_fwd=t_bf / t_ff, speedup_fwdbwd=t_bfb / t_ffb, target=2.0,
+                         speedup_fwd=t_bf / t_ff, speedup_fwdbwd=t_bfb / t_ffb,
+                         target=2.0 if m in (4, 8) else None,  # the issue's target sizes only
                          fwd_TBps=byt_f / t_ff / 1e9, fwdbwd_TBps=byt_fb / t_ffb / 1e9,
                          baseline=f"torch softmax + {DENSE_NAME}"))
         print(_fmt(rows[-1]), flush=True)
@@ -191,12 +192,20 @@ def sweep(B, T, N):
         print(f"sweep companion m={m} default: {bench(lambda: comp_mod.companion_scan(z, v)):.3f} ms")
 
 
+def verdict(r):
+    """The target cell: ``≥2.0x (met)`` / ``(missed)``, or ``none`` where the issue sets no target
+    (fused gates at m other than 4 and 8)."""
+    if r["target"] is None:
+        return "none"
+    return f"≥{r['target']:.1f}x ({'met' if r['speedup_fwdbwd'] >= r['target'] else 'missed'})"
+
+
 def _fmt(r):
-    ok = "met" if r["speedup_fwdbwd"] >= r["target"] else "MISSED"
+    # three decimals: a speedup at its target (e.g. 3.996 against 4) must not print as "4.00 missed"
     return (f"{r['kind']:17s} m={r['m']:2d} fwd {r['fwd_ms']:7.3f} ms ({r['fwd_TBps']:.2f} TB/s) "
             f"vs {r['base_fwd_ms']:7.3f} = {r['speedup_fwd']:5.2f}x | fwd+bwd {r['fwdbwd_ms']:7.3f} ms "
-            f"({r['fwdbwd_TBps']:.2f} TB/s) vs {r['base_fwdbwd_ms']:7.3f} = {r['speedup_fwdbwd']:5.2f}x "
-            f"(target {r['target']:.1f}x: {ok})")
+            f"({r['fwdbwd_TBps']:.2f} TB/s) vs {r['base_fwdbwd_ms']:7.3f} = {r['speedup_fwdbwd']:6.3f}x "
+            f"(target: {verdict(r)})")
 
 
 def main():
@@ -238,10 +247,9 @@ def main():
              "| kernel | m | B,T,N | fwd ms | fwd TB/s | fwd speedup | fwd+bwd ms | fwd+bwd TB/s | "
              "fwd+bwd speedup | target | baseline |\n|---|---|---|---|---|---|---|---|---|---|---|\n"]
     for r in rows:
-        ok = "met" if r["speedup_fwdbwd"] >= r["target"] else "missed"
         lines.append(f"| {r['kind']} | {r['m']} | {r['B']},{r['T']},{r['N']} | {r['fwd_ms']:.3f} | "
                      f"{r['fwd_TBps']:.2f} | {r['speedup_fwd']:.2f}x | {r['fwdbwd_ms']:.3f} | "
-                     f"{r['fwdbwd_TBps']:.2f} | {r['speedup_fwdbwd']:.2f}x | ≥{r['target']:.1f}x ({ok}) | "
+                     f"{r['fwdbwd_TBps']:.2f} | {r['speedup_fwdbwd']:.3f}x | {verdict(r)} | "
                      f"{r['baseline']} |\n")
     block = "".join(lines)
     with open(ROOT / "benchmarks" / "RESULTS.md", "a") as f:

@@ -66,3 +66,21 @@ def test_shape_rows_prints_and_counts(capsys):
     assert out[0] == ("B8 T2048 N768 coeffs m=4 fwd+bwd fp32, ms (% of same-size copy): copy 0.1000 "
                       "(100%) default 0.2000 (50%) x 0.4000 (25%); worst rel. diff to default 0.0e+00")
     assert out[1].endswith("1.0e-03 MISMATCH")
+
+
+def test_fused_companion_benchmark_verdicts():
+    """benchmarks/fused_companion_throughput.py's target cell: no target for the fused gates
+    outside m = 4, 8; a speedup of 3.996 against 4 prints with three decimals as missed."""
+    import importlib.util
+    from test_tools_results import ROOT
+    path = ROOT / "benchmarks" / "fused_companion_throughput.py"
+    spec = importlib.util.spec_from_file_location("fct", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    row = dict(kind="companion_coeffs", m=8, fwd_ms=0.228, fwd_TBps=2.21, base_fwd_ms=0.969,
+               speedup_fwd=4.26, fwdbwd_ms=0.752, fwdbwd_TBps=2.01, base_fwdbwd_ms=3.005,
+               speedup_fwdbwd=3.996, target=4.0)
+    assert mod.verdict(row) == "≥4.0x (missed)"
+    assert "=  3.996x (target: ≥4.0x (missed))" in mod._fmt(row)
+    assert mod.verdict({**row, "speedup_fwdbwd": 4.0}) == "≥4.0x (met)"
+    assert mod.verdict({**row, "target": None}) == "none"

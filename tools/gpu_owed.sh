@@ -179,7 +179,7 @@
 #        tmaccel  — issue 3: the time-contiguous m = 1 scan against accelerated-scan (tools/tm_vs_accel.py)
 #        bhsweep  — issue 3: tools/fwd_bh_sweep.py for m = 4 and the B1 T16384 chunk rows (2026-11-25 ran
 #                   m = 2 at B8 T2048 only: the default block group won)
-#        fusedcomp — issue 3: the GPU test of method="unfused", then benchmarks/fused_companion_throughput.py,
+#        fusedcomp — issue 3: tests/gpu/test_gpu_fused_companion.py, then benchmarks/fused_companion_throughput.py,
 #                   the fused-gate (>= 2x softmax + scan, m 4, 8) and companion (>= m/2x) targets
 #                   (last run: H200, forty-third session)
 # Logs and result files go to $OUT (or ./gpu_out); rows are appended to $OUT/RESULTS_<stage>.md
@@ -325,10 +325,11 @@ case "$stage" in
   bhsweep)
     timeout ${STAGE_TIMEOUT:-560} python3 tools/fwd_bh_sweep.py --m 4 2 --out "$OUT" 2>&1 | tee "$OUT/bhsweep.log" | tail -40 ;;
   fusedcomp)
-    # first the owed GPU test of bdlru_scan / hlru_scan(method="unfused") (forty-second session),
-    # then the benchmark: its rows go to benchmarks/RESULTS.md on the device and a copy to $OUT
-    timeout 120 python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_fused_companion.py \
-      -k unfused 2>&1 | tee "$OUT/fusedcomp.log" | tail -3
+    # first the GPU tests of the fused and companion kernels, poisoned (companion m = 32 / 64 have
+    # not run on a GPU yet, forty-third session), then the benchmark: its rows go to
+    # benchmarks/RESULTS.md on the device and a copy to $OUT
+    LRNN_SCAN_POISON=1 timeout 240 python3 -m pytest -q -rfEs -p no:cacheprovider \
+      tests/gpu/test_gpu_fused_companion.py 2>&1 | tee "$OUT/fusedcomp.log" | tail -3
     timeout ${STAGE_TIMEOUT:-450} python3 benchmarks/fused_companion_throughput.py --copy-to "$OUT" 2>&1 \
       | tee -a "$OUT/fusedcomp.log" | tail -30 ;;
   scan)

@@ -131,7 +131,7 @@ def test_companion_variants(variant):
     _comp(2, 300, 37, 4, variant)
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 32, 64])  # 32, 64: 8-channel, 12-stage forward
 def test_companion_orders(m):
     torch.manual_seed(m)
     _comp(2, 129, 40, m)

@@ -30,6 +30,7 @@ from .lookback4 import bd4_lookback_forward
 from .lookback4_bwd import bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward
 from . import tma
+from .outer import bd_outer
 from . import tma_blocks, tma_blocks_bwd
 from .summary import launch_summary
 from .checks import _check_common, _check_float, _check_time_dim  # noqa: F401  (compile.py's too)
@@ -263,11 +264,18 @@ def _bd_forward(A, b, h0, cu, chunk, max_len=None):
     return h, final, P
 
 
-def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
+def _bwd_split(m, nprog) -> bool:
+    """Whether the backward leaves ``dA`` to its own pass (``outer.py``); ``TUNE['bwd_split']``."""
+    return bool(TUNE.get("bwd_split", False))
+
+
+def _bd_backward(A, h, h0, g, dhT, cu, chunk, P, max_len=None):
     B, T, H, m = h.shape
     nseq = B if cu is None else cu.numel() - 1
     mp, bh, nw, ns = _bd_cfg(m)
+    nw = TUNE.get("bwd_num_warps", nw)
     dev = h.device
+    split = _bwd_split(m, cdiv(H, bh) * nseq * (1 if chunk is None else P.shape[1]))
     dA = _empty(A.shape, A.dtype, dev)
     db = _empty(h.shape, h.dtype, dev)
     dh0 = _empty((nseq, H, m), torch.float32, dev)
@@ -280,14 +288,16 @@ def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
         _bwd_launch(grid1,
             A, h, h0_arg, g, dA, db, dhT if dhT is not None else dummy, dh0, cu_arg, T, H,
             max(T, 1), 1, M=m, MP=mp, BH=bh, NS=ns, HAS_H0=h0 is not None, HAS_MUIN=dhT is not None,
-            STORE_GRADS=True, STORE_MUOUT=True, VARLEN=varlen, num_warps=nw)
+            STORE_GRADS=True, STORE_MUOUT=True, VARLEN=varlen, STORE_DA=not split, num_warps=nw)
+        if split:
+            bd_outer(db, h, h0, dA, cu, max_seq_len(T, cu, max_len), TUNE)
         return dA, db, dh0
     nc = P.shape[1]
     F = _empty((nseq, nc, H, m), torch.float32, dev)
     _bwd_launch((cdiv(H, bh), nseq, nc),
         A, h, h0_arg, g, dummy, dummy, dummy, F, cu_arg, T, H, chunk, nc,
         M=m, MP=mp, BH=bh, NS=ns, HAS_H0=False, HAS_MUIN=False, STORE_GRADS=False, STORE_MUOUT=True,
-        VARLEN=varlen, num_warps=nw)
+        VARLEN=varlen, STORE_DA=True, num_warps=nw)
     A2 = P.flip(1).transpose(-1, -2).contiguous()
     b2 = F.flip(1).contiguous()
     X = _empty((nseq, nc, H, m), torch.float32, dev)
@@ -300,7 +310,9 @@ def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
     _bwd_launch((cdiv(H, bh), nseq, nc),
         A, h, h0_arg, g, dA, db, muin, dummy, cu_arg, T, H, chunk, nc,
         M=m, MP=mp, BH=bh, NS=ns, HAS_H0=h0 is not None, HAS_MUIN=True, STORE_GRADS=True,
-        STORE_MUOUT=False, VARLEN=varlen, num_warps=nw)
+        STORE_MUOUT=False, VARLEN=varlen, STORE_DA=not split, num_warps=nw)
+    if split:
+        bd_outer(db, h, h0, dA, cu, max_seq_len(T, cu, max_len), TUNE)
     return dA, db, dh0
 
 
@@ -478,11 +490,11 @@ def _run_backward(A, h, h0, g, dhT, cu, chunk, P, diag, bwd_lookback, max_len):
     if bwd_lookback == "tma":  # after the TMA forward (tma_blocks_bwd.py)
         if tma_blocks_bwd.bd_tma_bwd_usable(A, h, g):
             return tma_blocks_bwd.bd_tma_backward(A, h, h0, g, dhT, cu, TUNE, _empty, max_len)
-        return _bd_backward(A, h, h0, g, dhT, cu, None, P)  # e.g. g off 16-byte alignment
+        return _bd_backward(A, h, h0, g, dhT, cu, None, P, max_len)  # e.g. g not 16-byte aligned
     if bwd_lookback:  # m = 2, 4 with few programs (lookback2_bwd.py, lookback4_bwd.py)
         lbb = bd4_lookback_backward if h.shape[-1] == 4 else bd2_lookback_backward
         return lbb(A, h, h0, g, dhT, cu, TUNE, _empty, max_len)
-    return _bd_backward(A, h, h0, g, dhT, cu, chunk, P)
+    return _bd_backward(A, h, h0, g, dhT, cu, chunk, P, max_len)
 
 
 class _ScanFn(torch.autograd.Function):

@@ -356,6 +356,30 @@ def test_bwd_v1_stages_m16(monkeypatch, sms, want):
     assert scanmod._bwd_deep_stages(16, 3, 1) == 7
 
 
+def test_bwd_warps(monkeypatch):
+    """The backward runs on 1 warp at ``mp = 16`` and 2 at ``mp = 32`` (``_bwd_warps``); the
+    forward, and the scan of chunk carries inside the backward, keep ``_bd_cfg``'s 2 / 4.
+    ``bwd_num_warps`` sets the backward's alone, ``num_warps`` both."""
+    bwd = spy_launches(monkeypatch, "_bd_bwd_kernel", lambda grid, kw: kw["num_warps"])
+    ring = spy_launches(monkeypatch, "_bd_bwd_ring", lambda grid, kw: kw["num_warps"])
+    fwd = spy_launches(monkeypatch, "_bd_fwd_ring", lambda grid, kw: kw["num_warps"])
+    scanmod.TUNE.update(chunk=2)                             # chunked: carries scanned in the bwd
+    A, b = make(1, 5, 2, 12, seed=5)                         # m = 12 (mp 16, masked rows): v1
+    run_check(A, b, torch.randn(1, 2, 12).to(DEV), None, 1e-5)
+    assert bwd and set(bwd) == {1} and fwd and set(fwd) == {2}, (bwd, fwd)
+    fwd.clear()
+    scanmod.TUNE.pop("chunk")
+    A, b = make(1, 3, 1, 24, seed=6)                         # m = 24 (mp 32): ring2
+    run_check(A, b, None, None, 1e-5)
+    assert ring and set(ring) == {2} and fwd and set(fwd) == {4}, (ring, fwd)
+    S = scanmod
+    assert [S._bwd_warps(mp, S._bd_cfg(mp)[2]) for mp in (2, 4, 8, 16, 32)] == [1, 1, 1, 1, 2]
+    with S.tuned({"bwd_num_warps": 4}):
+        assert S._bwd_warps(16, 2) == 4
+    with S.tuned({"num_warps": 8}):
+        assert S._bwd_warps(16, S._bd_cfg(16)[2]) == 8 == S._bd_cfg(16)[2]
+
+
 def test_max_seq_len():
     """``_host.max_seq_len``: T without offsets, else the longest sequence; 0 with no sequence."""
     from lrnn_scan.kernels._host import max_seq_len

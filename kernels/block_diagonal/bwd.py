@@ -2,8 +2,6 @@
 
 With ``lam_t = dL/dh_t`` (total) and ``mu_t = A_t^T lam_t``:
 ``lam_t = g_t + mu_{t+1}``, ``db_t = lam_t``, ``dA_t = lam_t h_{t-1}^T``, ``dh0 = mu_{bos}``.
-``STORE_DA=False`` leaves ``dA`` to a separate pass (``outer.py``): the chain then loads no
-``h_{t-1}`` and stores no ``m x m`` block a step.
 A chunk takes ``mu_in = mu_{t1}`` (the next chunk's ``mu_out``, or ``dh_final`` at the end of a
 sequence) and returns ``mu_out = mu_{t0}``.
 
@@ -22,7 +20,7 @@ from .fwd import _affine_combine, _block_offsets, _block_row_offsets, _seq_bound
 def _bd_bwd_kernel(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
                    M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, NS: tl.constexpr,
                    HAS_H0: tl.constexpr, HAS_MUIN: tl.constexpr, STORE_GRADS: tl.constexpr,
-                   STORE_MUOUT: tl.constexpr, VARLEN: tl.constexpr, STORE_DA: tl.constexpr):
+                   STORE_MUOUT: tl.constexpr, VARLEN: tl.constexpr):
     pid_h = tl.program_id(0)
     s = tl.program_id(1)
     c = tl.program_id(2)
@@ -44,7 +42,6 @@ def _bd_bwd_kernel(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
         a = tl.load(A + t * HMM + offs_a, mask=mask_a, other=0.0).to(tl.float32)
         if STORE_GRADS:
             tl.store(DB + t * HM + offs_s, lam.to(DB.dtype.element_ty), mask=mask_s)
-        if STORE_GRADS and STORE_DA:
             hp = tl.load(Hs + (t - 1) * HM + offs_s, mask=mask_s & ((t + z) > bos),
                          other=0.0).to(tl.float32)
             if HAS_H0:
@@ -58,12 +55,11 @@ def _bd_bwd_kernel(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
 
 @triton.jit
 def _bstep(a, g, hp, mu, t, t0, bos, h0, DA, DB, HM, HMM, offs_s, offs_a, mask_s, mask_a,
-           HAS_H0: tl.constexpr, STORE_GRADS: tl.constexpr, STORE_DA: tl.constexpr):
+           HAS_H0: tl.constexpr, STORE_GRADS: tl.constexpr):
     lam = g.to(tl.float32) + mu
     if STORE_GRADS:
         okm = (t + 0 * offs_s) >= t0
         tl.store(DB + t * HM + offs_s, lam.to(DB.dtype.element_ty), mask=mask_s & okm)
-    if STORE_GRADS and STORE_DA:
         hpf = hp.to(tl.float32)
         if HAS_H0:
             hpf = tl.where(t == bos, h0, hpf)
@@ -73,12 +69,11 @@ def _bstep(a, g, hp, mu, t, t0, bos, h0, DA, DB, HM, HMM, offs_s, offs_a, mask_s
 
 
 @triton.jit
-def _bload(A, G, Hs, t, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS: tl.constexpr,
-           STORE_DA: tl.constexpr):
+def _bload(A, G, Hs, t, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS: tl.constexpr):
     ok = (t + 0 * offs_s) >= t0
     a = tl.load(A + t * HMM + offs_a, mask=mask_a & ok[:, :, None], other=0.0)
     g = tl.load(G + t * HM + offs_s, mask=mask_s & ok, other=0.0)
-    if STORE_GRADS and STORE_DA:
+    if STORE_GRADS:
         hp = tl.load(Hs + (t - 1) * HM + offs_s, mask=mask_s & ok & ((t + 0 * offs_s) > bos), other=0.0)
     else:
         hp = g
@@ -89,7 +84,7 @@ def _bload(A, G, Hs, t, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_
 def _bd_bwd_kernel_g4(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
                       M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr,
                       HAS_H0: tl.constexpr, HAS_MUIN: tl.constexpr, STORE_GRADS: tl.constexpr,
-                      STORE_MUOUT: tl.constexpr, VARLEN: tl.constexpr, STORE_DA: tl.constexpr):
+                      STORE_MUOUT: tl.constexpr, VARLEN: tl.constexpr):
     """``_bd_bwd_kernel`` hand-pipelined like ``_bd_fwd_kernel_g4``: groups of 4 steps, newest
     first, the next (older) group's ``A``, ``g``, ``h_{t-1}`` loaded before the current one is used."""
     pid_h = tl.program_id(0)
@@ -109,33 +104,25 @@ def _bd_bwd_kernel_g4(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
     else:
         h0 = mu
     top = t1 - 1
-    a0, g0, p0 = _bload(A, G, Hs, top, t0, bos, HM, HMM, offs_s, offs_a,
-                        mask_s, mask_a, STORE_GRADS, STORE_DA)
-    a1, g1, p1 = _bload(A, G, Hs, top - 1, t0, bos, HM, HMM, offs_s, offs_a,
-                        mask_s, mask_a, STORE_GRADS, STORE_DA)
-    a2, g2, p2 = _bload(A, G, Hs, top - 2, t0, bos, HM, HMM, offs_s, offs_a,
-                        mask_s, mask_a, STORE_GRADS, STORE_DA)
-    a3, g3, p3 = _bload(A, G, Hs, top - 3, t0, bos, HM, HMM, offs_s, offs_a,
-                        mask_s, mask_a, STORE_GRADS, STORE_DA)
+    a0, g0, p0 = _bload(A, G, Hs, top, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+    a1, g1, p1 = _bload(A, G, Hs, top - 1, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+    a2, g2, p2 = _bload(A, G, Hs, top - 2, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+    a3, g3, p3 = _bload(A, G, Hs, top - 3, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
     for k in range(t0, t1, 4):
         top = t1 - 1 - (k - t0)
         tn = top - 4
-        n0, e0, q0 = _bload(A, G, Hs, tn, t0, bos, HM, HMM, offs_s, offs_a,
-                            mask_s, mask_a, STORE_GRADS, STORE_DA)
-        n1, e1, q1 = _bload(A, G, Hs, tn - 1, t0, bos, HM, HMM, offs_s, offs_a,
-                            mask_s, mask_a, STORE_GRADS, STORE_DA)
-        n2, e2, q2 = _bload(A, G, Hs, tn - 2, t0, bos, HM, HMM, offs_s, offs_a,
-                            mask_s, mask_a, STORE_GRADS, STORE_DA)
-        n3, e3, q3 = _bload(A, G, Hs, tn - 3, t0, bos, HM, HMM, offs_s, offs_a,
-                            mask_s, mask_a, STORE_GRADS, STORE_DA)
+        n0, e0, q0 = _bload(A, G, Hs, tn, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+        n1, e1, q1 = _bload(A, G, Hs, tn - 1, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+        n2, e2, q2 = _bload(A, G, Hs, tn - 2, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
+        n3, e3, q3 = _bload(A, G, Hs, tn - 3, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
         mu = _bstep(a0, g0, p0, mu, top, t0, bos, h0, DA, DB, HM, HMM, offs_s, offs_a, mask_s, mask_a,
-                    HAS_H0, STORE_GRADS, STORE_DA)
+                    HAS_H0, STORE_GRADS)
         mu = _bstep(a1, g1, p1, mu, top - 1, t0, bos, h0, DA, DB, HM, HMM, offs_s, offs_a, mask_s, mask_a,
-                    HAS_H0, STORE_GRADS, STORE_DA)
+                    HAS_H0, STORE_GRADS)
         mu = _bstep(a2, g2, p2, mu, top - 2, t0, bos, h0, DA, DB, HM, HMM, offs_s, offs_a, mask_s, mask_a,
-                    HAS_H0, STORE_GRADS, STORE_DA)
+                    HAS_H0, STORE_GRADS)
         mu = _bstep(a3, g3, p3, mu, top - 3, t0, bos, h0, DA, DB, HM, HMM, offs_s, offs_a, mask_s, mask_a,
-                    HAS_H0, STORE_GRADS, STORE_DA)
+                    HAS_H0, STORE_GRADS)
         a0, a1, a2, a3 = n0, n1, n2, n3
         g0, g1, g2, g3 = e0, e1, e2, e3
         p0, p1, p2, p3 = q0, q1, q2, q3
@@ -207,13 +194,13 @@ def _diag_bwd_kernel(Aa, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, N, CHUNK, NC,
 # ----------------------------------------------------------------------------- ring kernel
 @triton.jit
 def _bring_ld(A, G, Hs, t, t0, bos, offs_a, offs_s, mask_a, mask_s, HM, HMM,
-              STORE_GRADS: tl.constexpr, STORE_DA: tl.constexpr):
+              STORE_GRADS: tl.constexpr):
     """Loads ``A_t``, ``g_t`` and ``h_{t-1}`` (zero before ``t0`` / at ``bos``); scalar time
     masks through ``tl.where`` keep the block loads vectorised (see ``fwd._ring_ld``)."""
     ok = t >= t0
     a = tl.load(A + t * HMM + offs_a, mask=tl.where(ok, mask_a, False), other=0.0)
     g = tl.load(G + t * HM + offs_s, mask=tl.where(ok, mask_s, False), other=0.0)
-    if STORE_GRADS and STORE_DA:
+    if STORE_GRADS:
         hp = tl.load(Hs + (t - 1) * HM + offs_s, mask=tl.where(ok & (t > bos), mask_s, False),
                      other=0.0)
     else:
@@ -224,12 +211,11 @@ def _bring_ld(A, G, Hs, t, t0, bos, offs_a, offs_s, mask_a, mask_s, HM, HMM,
 @triton.jit
 def _bring_step(A, G, Hs, DA, DB, a, g, hp, mu, h0, t, t0, bos, tn, offs_a, offs_s, mask_a, mask_s,
                 HM, HMM, MP: tl.constexpr, BH: tl.constexpr, HAS_H0: tl.constexpr,
-                STORE_GRADS: tl.constexpr, STORE_DA: tl.constexpr):
+                STORE_GRADS: tl.constexpr):
     """Step ``t`` (newest first) with the slot ``(a, g, hp)``, then refill it with step ``tn``."""
     lam = g.to(tl.float32) + mu
     if STORE_GRADS:
         tl.store(DB + t * HM + offs_s, lam.to(DB.dtype.element_ty), mask=tl.where(t >= t0, mask_s, False))
-    if STORE_GRADS and STORE_DA:
         hpf = hp.to(tl.float32)
         if HAS_H0:
             hpf = tl.where(t == bos, h0, hpf)
@@ -237,8 +223,7 @@ def _bring_step(A, G, Hs, DA, DB, a, g, hp, mu, h0, t, t0, bos, tn, offs_a, offs
         tl.store(DA + t * HMM + offs_a, da.to(DA.dtype.element_ty), mask=tl.where(t >= t0, mask_a, False))
     a3 = tl.reshape(a.to(tl.float32), (BH, MP, MP))
     mu = tl.where(t >= t0, tl.sum(a3 * lam[:, :, None], axis=1), mu)
-    a, g, hp = _bring_ld(A, G, Hs, tn, t0, bos, offs_a, offs_s,
-                         mask_a, mask_s, HM, HMM, STORE_GRADS, STORE_DA)
+    a, g, hp = _bring_ld(A, G, Hs, tn, t0, bos, offs_a, offs_s, mask_a, mask_s, HM, HMM, STORE_GRADS)
     return mu, a, g, hp
 
 
@@ -246,7 +231,7 @@ def _bring_step(A, G, Hs, DA, DB, a, g, hp, mu, h0, t, t0, bos, tn, offs_a, offs
 def _bd_bwd_ring(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
                  M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, R: tl.constexpr,
                  HAS_H0: tl.constexpr, HAS_MUIN: tl.constexpr, STORE_GRADS: tl.constexpr,
-                 STORE_MUOUT: tl.constexpr, VARLEN: tl.constexpr, STORE_DA: tl.constexpr):
+                 STORE_MUOUT: tl.constexpr, VARLEN: tl.constexpr):
     """``_bd_bwd_kernel`` as a ring of ``4R`` slots like ``fwd._bd_fwd_ring``: scalar time masks,
     ``A``/``dA`` as ``(BH, MP*MP)`` rows (16-byte accesses), newest step first."""
     pid_h = tl.program_id(0)
@@ -268,90 +253,90 @@ def _bd_bwd_ring(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
     D = 4 * R
     top = t1 - 1
     a0, g0, p0 = _bring_ld(A, G, Hs, top - 0, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                             HM, HMM, STORE_GRADS, STORE_DA)
+                             HM, HMM, STORE_GRADS)
     a1, g1, p1 = _bring_ld(A, G, Hs, top - 1, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                             HM, HMM, STORE_GRADS, STORE_DA)
+                             HM, HMM, STORE_GRADS)
     a2, g2, p2 = _bring_ld(A, G, Hs, top - 2, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                             HM, HMM, STORE_GRADS, STORE_DA)
+                             HM, HMM, STORE_GRADS)
     a3, g3, p3 = _bring_ld(A, G, Hs, top - 3, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                             HM, HMM, STORE_GRADS, STORE_DA)
+                             HM, HMM, STORE_GRADS)
     if R >= 2:
         a4, g4, p4 = _bring_ld(A, G, Hs, top - 4, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                                 HM, HMM, STORE_GRADS, STORE_DA)
+                                 HM, HMM, STORE_GRADS)
         a5, g5, p5 = _bring_ld(A, G, Hs, top - 5, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                                 HM, HMM, STORE_GRADS, STORE_DA)
+                                 HM, HMM, STORE_GRADS)
         a6, g6, p6 = _bring_ld(A, G, Hs, top - 6, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                                 HM, HMM, STORE_GRADS, STORE_DA)
+                                 HM, HMM, STORE_GRADS)
         a7, g7, p7 = _bring_ld(A, G, Hs, top - 7, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                                 HM, HMM, STORE_GRADS, STORE_DA)
+                                 HM, HMM, STORE_GRADS)
     if R >= 4:
         a8, g8, p8 = _bring_ld(A, G, Hs, top - 8, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                                 HM, HMM, STORE_GRADS, STORE_DA)
+                                 HM, HMM, STORE_GRADS)
         a9, g9, p9 = _bring_ld(A, G, Hs, top - 9, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                                 HM, HMM, STORE_GRADS, STORE_DA)
+                                 HM, HMM, STORE_GRADS)
         a10, g10, p10 = _bring_ld(A, G, Hs, top - 10, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                                 HM, HMM, STORE_GRADS, STORE_DA)
+                                 HM, HMM, STORE_GRADS)
         a11, g11, p11 = _bring_ld(A, G, Hs, top - 11, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                                 HM, HMM, STORE_GRADS, STORE_DA)
+                                 HM, HMM, STORE_GRADS)
         a12, g12, p12 = _bring_ld(A, G, Hs, top - 12, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                                 HM, HMM, STORE_GRADS, STORE_DA)
+                                 HM, HMM, STORE_GRADS)
         a13, g13, p13 = _bring_ld(A, G, Hs, top - 13, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                                 HM, HMM, STORE_GRADS, STORE_DA)
+                                 HM, HMM, STORE_GRADS)
         a14, g14, p14 = _bring_ld(A, G, Hs, top - 14, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                                 HM, HMM, STORE_GRADS, STORE_DA)
+                                 HM, HMM, STORE_GRADS)
         a15, g15, p15 = _bring_ld(A, G, Hs, top - 15, t0, bos, offs_a, offs_s, mask_a, mask_s,
-                                 HM, HMM, STORE_GRADS, STORE_DA)
+                                 HM, HMM, STORE_GRADS)
     for kk in range(t0, t1, D):
         top = t1 - 1 - (kk - t0)
         mu, a0, g0, p0 = _bring_step(
             A, G, Hs, DA, DB, a0, g0, p0, mu, h0, top - 0, t0, bos, top - D - 0, offs_a,
-            offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+            offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
         mu, a1, g1, p1 = _bring_step(
             A, G, Hs, DA, DB, a1, g1, p1, mu, h0, top - 1, t0, bos, top - D - 1, offs_a,
-            offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+            offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
         mu, a2, g2, p2 = _bring_step(
             A, G, Hs, DA, DB, a2, g2, p2, mu, h0, top - 2, t0, bos, top - D - 2, offs_a,
-            offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+            offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
         mu, a3, g3, p3 = _bring_step(
             A, G, Hs, DA, DB, a3, g3, p3, mu, h0, top - 3, t0, bos, top - D - 3, offs_a,
-            offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+            offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
         if R >= 2:
             mu, a4, g4, p4 = _bring_step(
                 A, G, Hs, DA, DB, a4, g4, p4, mu, h0, top - 4, t0, bos, top - D - 4, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
             mu, a5, g5, p5 = _bring_step(
                 A, G, Hs, DA, DB, a5, g5, p5, mu, h0, top - 5, t0, bos, top - D - 5, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
             mu, a6, g6, p6 = _bring_step(
                 A, G, Hs, DA, DB, a6, g6, p6, mu, h0, top - 6, t0, bos, top - D - 6, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
             mu, a7, g7, p7 = _bring_step(
                 A, G, Hs, DA, DB, a7, g7, p7, mu, h0, top - 7, t0, bos, top - D - 7, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
         if R >= 4:
             mu, a8, g8, p8 = _bring_step(
                 A, G, Hs, DA, DB, a8, g8, p8, mu, h0, top - 8, t0, bos, top - D - 8, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
             mu, a9, g9, p9 = _bring_step(
                 A, G, Hs, DA, DB, a9, g9, p9, mu, h0, top - 9, t0, bos, top - D - 9, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
             mu, a10, g10, p10 = _bring_step(
                 A, G, Hs, DA, DB, a10, g10, p10, mu, h0, top - 10, t0, bos, top - D - 10, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
             mu, a11, g11, p11 = _bring_step(
                 A, G, Hs, DA, DB, a11, g11, p11, mu, h0, top - 11, t0, bos, top - D - 11, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
             mu, a12, g12, p12 = _bring_step(
                 A, G, Hs, DA, DB, a12, g12, p12, mu, h0, top - 12, t0, bos, top - D - 12, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
             mu, a13, g13, p13 = _bring_step(
                 A, G, Hs, DA, DB, a13, g13, p13, mu, h0, top - 13, t0, bos, top - D - 13, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
             mu, a14, g14, p14 = _bring_step(
                 A, G, Hs, DA, DB, a14, g14, p14, mu, h0, top - 14, t0, bos, top - D - 14, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
             mu, a15, g15, p15 = _bring_step(
                 A, G, Hs, DA, DB, a15, g15, p15, mu, h0, top - 15, t0, bos, top - D - 15, offs_a,
-                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS, STORE_DA)
+                offs_s, mask_a, mask_s, HM, HMM, MP, BH, HAS_H0, STORE_GRADS)
     if STORE_MUOUT:
         tl.store(MuOut + sc + offs_s, mu, mask=mask_s)

@@ -30,7 +30,6 @@ from .lookback4 import bd4_lookback_forward
 from .lookback4_bwd import bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward
 from . import tma
-from .outer import bd_outer
 from . import tma_blocks, tma_blocks_bwd
 from .summary import launch_summary
 from .checks import _check_common, _check_float, _check_time_dim  # noqa: F401  (compile.py's too)
@@ -89,17 +88,10 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
     SM (one at m = 5..16; ``chunk_grad_below``), then aim at 4 programs per SM with chunks >= 256.
     H200, fp32, fwd+bwd at 96 ring programs (thirty-first session): one pass against 256-step
     chunks m = 8 B1 T16384 N1536 3.671 / 1.690 ms, B2 T2048 N768 0.465 / 0.289; m = 16 5.761 /
-    2.846, 0.728 / 0.430; but m = 32 B4 T2048 N768 1.168 / 1.593 (RESULTS.md). H100, fp32
-    (tools/fwdbwd_chunk_sweep.py, 2026-11-24): at B8 T2048 N768, 96-192 programs, one pass beat
-    the chunks of the old "below 4 programs per SM" rule 1.8-2.8x (m = 1 0.556 vs 1.111 ms, m = 2
-    0.640 vs 1.773, m = 4 0.801 vs 1.413); B1 T16384 N768 (12-48 programs) keeps its chunks.
-    ``TUNE`` keys: ``chunk`` (forced length, 0 = never), ``chunk_target`` (programs per SM),
-    ``chunk_grad_below`` (programs per SM), ``chunk_len``, ``chunk_len_grad``, ``chunk_max_m`` (no
-    chunking from this block size on).
-    Tensor-core summaries (``summary.py``; H100, fp32, B1 T16384 N768, README.md): chunks pay from
-    m = 16 on too (forward m = 16 0.685 vs 2.000 ms one pass, m = 32 1.778 vs 2.944; fwd+bwd m = 32
-    3.527 vs 8.906); with gradients 256-step chunks from m = 4 on (CUDA graphs: m = 16 1.729 ms,
-    1024-step 2.079; the 4-programs-per-SM rule gave 1490-step chunks there)."""
+    2.846, 0.728 / 0.430; but m = 32 B4 T2048 N768 1.168 / 1.593 (RESULTS.md). The H100 timings
+    behind the other thresholds: MEASURED.md, "Chunk rules". ``TUNE`` keys: ``chunk`` (forced
+    length, 0 = never), ``chunk_target`` (programs per SM), ``chunk_grad_below`` (programs per
+    SM), ``chunk_len``, ``chunk_len_grad``, ``chunk_max_m`` (no chunking from this m on)."""
     if "chunk" in TUNE:
         c = TUNE["chunk"]
         return None if not c or c >= max_len else c
@@ -131,6 +123,17 @@ def _bd_cfg(m):
     return mp, bh, nw, ns
 
 
+def _bwd_warps(mp, nw):
+    """Warps of the ``m >= 2`` backward: ``_bd_cfg``'s, but 1 at ``mp = 16`` and 2 at ``mp = 32``
+    (``TUNE['bwd_num_warps']``, or ``num_warps`` for both passes). Its chain step sums ``A^T lam``
+    over the rows, which the 16-byte row loads spread over the warps: fewer warps keep that sum
+    and the state's change of layout inside a warp. H200 fwd+bwd, m = 16: B8 T2048 N4096 3.85 ->
+    3.69 ms, N768 0.883 -> 0.749, B1 T16384 1.48 -> 1.27; m = 32: 1.4-4.6 % (MEASURED.md)."""
+    if "bwd_num_warps" in TUNE or "num_warps" in TUNE:
+        return TUNE.get("bwd_num_warps", nw)
+    return {16: 1, 32: 2}.get(mp, nw)
+
+
 # Bands of the m >= 2 kernels on a GPU: {GPU: {(m, "fwd" | "bwd"): (((lo, hi), variant), ...)}} by
 # programs per SM (``_host.device_band``; MEASURED.md), mostly where the default's last wave would
 # be thin: m = 8 forward B9 N4096 85 -> 99 % of copy (ring2), fwd+bwd B5 52 -> 64 % (ring2), B9 58 ->
@@ -151,25 +154,20 @@ def _variant_band(m, nprog, device, bwd=False):
 
 def _fwd_variant(few=False, m=0, nprog=0, device=None):
     """``ring8`` (``_bd_fwd_ring``, 32 slots), ``ring4`` (16), ``ring2`` (8), ``g4`` (hand-pipelined
-    4-step groups) or ``v1`` (one-step loop); ``TUNE['variant']`` overrides. On an H200 (fp32,
-    B8 T2048 N768, one pass, 96-384 programs) ring8 beat ring4 by 1.13-1.74x at m = 2..16 (more
-    bytes in flight per program) and was 4.7x slower at m = 32 (spills); in chunked passes (more
-    programs) it lost to ring4 at B1 T16384 m = 2..16. So ``few`` (an unchunked pass with fewer
-    than 3 programs per SM) and m <= 16 take ring8, the rest ring4 (within 2 % of the best at
-    B8 N4096, README.md), except in ``_VARIANT_BANDS`` (``m``, ``nprog`` programs on ``device``)."""
+    4-step groups) or ``v1`` (one-step loop); ``TUNE['variant']`` overrides. ``few`` (an unchunked
+    pass with fewer than 3 programs per SM, m <= 16) takes ring8 (more bytes in flight; it spills
+    at m = 32 and lost in chunked passes), the rest ring4, except in ``_VARIANT_BANDS`` (``m``,
+    ``nprog`` programs on ``device``). Timings: README.md, "Forward" ("Few programs")."""
     return TUNE["variant"] if "variant" in TUNE else (
         "ring8" if few else _variant_band(m, nprog, device) or "ring4")
 
 
 def _bwd_variant(m, nprog, device=None):
-    """Backward kernel, from forward+backward timings (README.md "Backward"). 1024+ programs (B8
-    T2048 N4096; H200 2026-11-22): ring4 for m = 2, 5..8, ring2 for m = 3, 4, 17..32, v1 for
-    m = 9..16. Below 1024 programs: ring4 for m = 2 (H100 CUDA graphs 2026-11-25: B8 T2048 N768
-    m = 2 / 4 / 8 0.307 / 0.509 / 0.653 ms against g4's 0.481 / 0.704 / 0.809), ring2 above 16,
-    and for m = 3..16 v1 with 16 stages (``_bwd_launch``: its loads become ``cp.async`` copies 15
-    steps ahead; 2026-11-26, H100 m = 4 / 8 / 16 0.418 / 0.568 / 1.011 ms against ring4's 0.508 /
-    0.651 / 1.033, H200 likewise); ``_VARIANT_BANDS`` first (``device``; the H200's m = 32 bands
-    take v1). ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
+    """Backward kernel, from forward+backward timings (README.md "Backward"). 1024+ programs:
+    ring4 for m = 2, 5..8, ring2 for m = 3, 4, 17..32, v1 for m = 9..16. Fewer: ring4 for m = 2,
+    ring2 above 16, v1 with 16 stages for m = 3..16 (``_bwd_launch``: its loads become ``cp.async``
+    copies 15 steps ahead). ``_VARIANT_BANDS`` first (``device``; the H200's m = 32 bands take
+    v1). ``TUNE['bwd_variant']`` overrides (``ring`` = ring2)."""
     if "bwd_variant" in TUNE:
         return TUNE["bwd_variant"]
     if (band := _variant_band(m, nprog, device, bwd=True)) is not None:
@@ -264,18 +262,12 @@ def _bd_forward(A, b, h0, cu, chunk, max_len=None):
     return h, final, P
 
 
-def _bwd_split(m, nprog) -> bool:
-    """Whether the backward leaves ``dA`` to its own pass (``outer.py``); ``TUNE['bwd_split']``."""
-    return bool(TUNE.get("bwd_split", False))
-
-
-def _bd_backward(A, h, h0, g, dhT, cu, chunk, P, max_len=None):
+def _bd_backward(A, h, h0, g, dhT, cu, chunk, P):
     B, T, H, m = h.shape
     nseq = B if cu is None else cu.numel() - 1
     mp, bh, nw, ns = _bd_cfg(m)
-    nw = TUNE.get("bwd_num_warps", nw)
+    bnw = _bwd_warps(mp, nw)  # the chunk carries' forward below keeps nw
     dev = h.device
-    split = _bwd_split(m, cdiv(H, bh) * nseq * (1 if chunk is None else P.shape[1]))
     dA = _empty(A.shape, A.dtype, dev)
     db = _empty(h.shape, h.dtype, dev)
     dh0 = _empty((nseq, H, m), torch.float32, dev)
@@ -288,16 +280,14 @@ def _bd_backward(A, h, h0, g, dhT, cu, chunk, P, max_len=None):
         _bwd_launch(grid1,
             A, h, h0_arg, g, dA, db, dhT if dhT is not None else dummy, dh0, cu_arg, T, H,
             max(T, 1), 1, M=m, MP=mp, BH=bh, NS=ns, HAS_H0=h0 is not None, HAS_MUIN=dhT is not None,
-            STORE_GRADS=True, STORE_MUOUT=True, VARLEN=varlen, STORE_DA=not split, num_warps=nw)
-        if split:
-            bd_outer(db, h, h0, dA, cu, max_seq_len(T, cu, max_len), TUNE)
+            STORE_GRADS=True, STORE_MUOUT=True, VARLEN=varlen, num_warps=bnw)
         return dA, db, dh0
     nc = P.shape[1]
     F = _empty((nseq, nc, H, m), torch.float32, dev)
     _bwd_launch((cdiv(H, bh), nseq, nc),
         A, h, h0_arg, g, dummy, dummy, dummy, F, cu_arg, T, H, chunk, nc,
         M=m, MP=mp, BH=bh, NS=ns, HAS_H0=False, HAS_MUIN=False, STORE_GRADS=False, STORE_MUOUT=True,
-        VARLEN=varlen, STORE_DA=True, num_warps=nw)
+        VARLEN=varlen, num_warps=bnw)
     A2 = P.flip(1).transpose(-1, -2).contiguous()
     b2 = F.flip(1).contiguous()
     X = _empty((nseq, nc, H, m), torch.float32, dev)
@@ -310,9 +300,7 @@ def _bd_backward(A, h, h0, g, dhT, cu, chunk, P, max_len=None):
     _bwd_launch((cdiv(H, bh), nseq, nc),
         A, h, h0_arg, g, dA, db, muin, dummy, cu_arg, T, H, chunk, nc,
         M=m, MP=mp, BH=bh, NS=ns, HAS_H0=h0 is not None, HAS_MUIN=True, STORE_GRADS=True,
-        STORE_MUOUT=False, VARLEN=varlen, STORE_DA=not split, num_warps=nw)
-    if split:
-        bd_outer(db, h, h0, dA, cu, max_seq_len(T, cu, max_len), TUNE)
+        STORE_MUOUT=False, VARLEN=varlen, num_warps=bnw)
     return dA, db, dh0
 
 
@@ -490,11 +478,11 @@ def _run_backward(A, h, h0, g, dhT, cu, chunk, P, diag, bwd_lookback, max_len):
     if bwd_lookback == "tma":  # after the TMA forward (tma_blocks_bwd.py)
         if tma_blocks_bwd.bd_tma_bwd_usable(A, h, g):
             return tma_blocks_bwd.bd_tma_backward(A, h, h0, g, dhT, cu, TUNE, _empty, max_len)
-        return _bd_backward(A, h, h0, g, dhT, cu, None, P, max_len)  # e.g. g not 16-byte aligned
+        return _bd_backward(A, h, h0, g, dhT, cu, None, P)  # e.g. g off 16-byte alignment
     if bwd_lookback:  # m = 2, 4 with few programs (lookback2_bwd.py, lookback4_bwd.py)
         lbb = bd4_lookback_backward if h.shape[-1] == 4 else bd2_lookback_backward
         return lbb(A, h, h0, g, dhT, cu, TUNE, _empty, max_len)
-    return _bd_backward(A, h, h0, g, dhT, cu, chunk, P, max_len)
+    return _bd_backward(A, h, h0, g, dhT, cu, chunk, P)
 
 
 class _ScanFn(torch.autograd.Function):

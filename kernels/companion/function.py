@@ -6,7 +6,7 @@ from torch import Tensor
 
 from .._host import cdiv
 from ..fused_gates._common import (as_loaded, check_cu_seqlens, check_eps, check_float_tensor, check_state,
-                                   empty, next_pow2, num_sms, use_triton)
+                                   empty, next_pow2, num_sms, tune_knob, use_triton)
 from ..fused_gates.gate_math import variant_code
 from .kernels import companion_bwd_kernel, companion_fwd_kernel
 from .ref import companion_scan_coeffs_ref, companion_scan_ref
@@ -50,12 +50,9 @@ def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
         bn //= 2  # fill the GPU first (B1 T16384 N768 m = 4 logits fwd+bwd: 5.60 ms, old 8.65)
     if bwd and num_seq * -(-N // bn) > 16 * num_sms(device):
         bn *= 2  # many programs: B8 N4096 m = 4 fwd+bwd 1.772 -> 1.571 ms (N1536: 8 kept, 0.690)
-
-    def knob(key, default):
-        return TUNE.get("bwd_" + key, TUNE.get(key, default)) if bwd else TUNE.get(key, default)
-    bn = knob("bn", bn)
-    warps = knob("num_warps", 1 if bn * mp <= 256 else 2 if bn * mp <= 1024 else 4)
-    return bn, mp, warps, knob("num_stages", stages)
+    bn = tune_knob(TUNE, "bn", bwd, bn)
+    warps = tune_knob(TUNE, "num_warps", bwd, 1 if bn * mp <= 256 else 2 if bn * mp <= 1024 else 4)
+    return bn, mp, warps, tune_knob(TUNE, "num_stages", bwd, stages)
 
 
 class _CompanionFn(torch.autograd.Function):

@@ -64,6 +64,12 @@ def check_state(name: str, x, shape: tuple, device) -> None:
         raise ValueError(f"{name} must be on {device}, got {x.device}")
 
 
+def tune_knob(tune: dict, key: str, bwd: bool, default):
+    """A launch setting from a ``TUNE`` dict: for the backward ``bwd_<key>`` first, then ``key``
+    (both passes), else ``default``."""
+    return tune.get("bwd_" + key, tune.get(key, default)) if bwd else tune.get(key, default)
+
+
 def is_interpreted(kernel) -> bool:
     """Whether a ``@triton.jit`` kernel was built for the interpreter (``TRITON_INTERPRET=1`` at
     import time: Triton decides when the kernel is decorated, not when it is launched)."""

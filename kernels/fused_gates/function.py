@@ -7,7 +7,7 @@ from torch import Tensor
 
 from .._host import cdiv
 from ._common import (as_loaded, check_cu_seqlens, check_eps, check_float_tensor, check_state, empty,
-                      next_pow2, num_sms, use_triton)
+                      next_pow2, num_sms, tune_knob, use_triton)
 from .gate_math import variant_code
 from .kernels import block_scan_bwd_kernel, block_scan_fwd_kernel
 from .ref import block_scan_ref, fused_gate_scan_ref
@@ -38,13 +38,10 @@ def _config(num_seq: int, H: int, m: int, device, bwd: bool = False) -> tuple[in
     bh = max(1, min(next_pow2(H), 256 // (mp * mp)))
     while bh > 1 and bh * mp * mp > 32 and num_seq * -(-H // bh) < 4 * num_sms(device):
         bh //= 2
-
-    def knob(key, default):
-        return TUNE.get("bwd_" + key, TUNE.get(key, default)) if bwd else TUNE.get(key, default)
-    bh = knob("bh", bh)
+    bh = tune_knob(TUNE, "bh", bwd, bh)
     elems = bh * mp * mp
-    warps = knob("num_warps", 1 if elems <= 64 else 2 if elems <= 256 else 4)
-    return bh, warps, knob("num_stages", 5)
+    warps = tune_knob(TUNE, "num_warps", bwd, 1 if elems <= 64 else 2 if elems <= 256 else 4)
+    return bh, warps, tune_knob(TUNE, "num_stages", bwd, 5)
 
 
 def _launch_fwd(z, v, h0, cu, T, H, m, col0, code, eps, out_fp32_final, out_dtype):

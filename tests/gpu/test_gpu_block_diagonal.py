@@ -280,6 +280,20 @@ def test_wave_tail_bands(m, B, dtype, tol):
     check(A, b, torch.randn(B, H, m, device=DEV), None, tol)
 
 
+@pytest.mark.parametrize("m", [12, 16, 24, 32])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
+def test_backward_warps(m, dtype, tol):
+    """The backward on fewer warps than the forward (``scan._bwd_warps``: 1 at ``mp = 16``, 2 at
+    ``mp = 32``), also with ``m`` below its power of two (masked rows): few programs (B8 N768,
+    odd T) and many (B8 N4096), with h0 and all gradients against fp64 on a subset of heads."""
+    S = bd.scan
+    assert S._bwd_warps(S._bd_cfg(m)[0], S._bd_cfg(m)[2]) == (1 if m <= 16 else 2)
+    for i, (T, N) in enumerate(((1001, 768), (300, 4096))):
+        H = N // m
+        A, b = make(8, T, H, m, dtype, seed=60 + 2 * m + i)
+        check(A, b, torch.randn(8, H, m, device=DEV), None, tol, heads=slice(None, None, max(1, H // 48)))
+
+
 @pytest.mark.parametrize("N", [4098, 4100, 4104, 4099])   # row_divisor 2, 4, 8, 1
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-3)])
 @pytest.mark.parametrize("path", ["default", "tile", "lookback"])

@@ -53,11 +53,12 @@ def _check(fn, ref, tensors, tol, final=True, ref_dev="cpu", **kw):
         lr = lr + (hfr.double() * ghf.to(ref_dev).double()).sum()
     rgrads = torch.autograd.grad(lr, cpu)
     errs = [rel(h, hr)] + ([rel(hf, hfr)] if final else []) + [rel(a, b) for a, b in zip(grads, rgrads)]
+    print(f"\n[errors] max {max(errs):.2e} (tol {tol:.0e}): " + " ".join(f"{e:.2e}" for e in errs))
     assert max(errs) < tol, errs
     return errs
 
 
-def _fused(B, T, H, m, variant="softmax", dtype=torch.float32, h0=True, cu=None, tol=1e-4,
+def _fused(B, T, H, m, variant="softmax", dtype=torch.float32, h0=True, cu=None, tol=1e-5,
            ref_dev="cpu"):
     z = torch.randn(B, T, H, m, m + 1, dtype=dtype) * (0.3 if variant == "none" else 1.5)
     v = torch.randn(B, T, H, m, dtype=dtype)
@@ -75,7 +76,7 @@ def _fused(B, T, H, m, variant="softmax", dtype=torch.float32, h0=True, cu=None,
     return _check(fn, ref, tensors, tol, ref_dev=ref_dev)
 
 
-def _comp(B, T, N, m, variant="softmax", dtype=torch.float32, h0=True, cu=None, tol=1e-4,
+def _comp(B, T, N, m, variant="softmax", dtype=torch.float32, h0=True, cu=None, tol=1e-5,
           ref_dev="cpu"):
     coeffs = variant == "coeffs"
     z = (torch.rand(B, T, N, m, dtype=dtype) / m if coeffs
@@ -112,7 +113,7 @@ def test_fused_block_sizes(m):
 
 def test_fused_bf16():
     torch.manual_seed(1)
-    _fused(2, 256, 8, 8, dtype=torch.bfloat16, tol=2e-2)
+    _fused(2, 256, 8, 8, dtype=torch.bfloat16, tol=5e-3)
 
 
 def test_fused_varlen():
@@ -139,7 +140,7 @@ def test_companion_orders(m):
 
 def test_companion_bf16():
     torch.manual_seed(1)
-    _comp(2, 256, 64, 8, dtype=torch.bfloat16, tol=2e-2)
+    _comp(2, 256, 64, 8, dtype=torch.bfloat16, tol=5e-3)
 
 
 def test_companion_varlen():
@@ -179,6 +180,7 @@ def _big_check(fn, ref, z, v, nb):
     hr, _ = ref(zs, vs)
     rz, rv = torch.autograd.grad((hr * gh.cpu().double()).sum(), [zs, vs])
     errs = [rel(h[-nb:], hr), rel(dz[-nb:], rz), rel(dv[-nb:], rv)]
+    print("\n[errors, > 2^31 elements, bf16] " + " ".join(f"{e:.2e}" for e in errs))
     assert max(errs) < 2e-2, errs
     return errs
 
@@ -232,4 +234,4 @@ def test_unfused_method(family, monkeypatch):
 
     def ref(z, v, s, **kw):
         return ref_fn(z, v, "softmax", initial_state=s, cu_seqlens=cu, **kw)
-    _check(fn, ref, tensors, 1e-4)
+    _check(fn, ref, tensors, 1e-5)

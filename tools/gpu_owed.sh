@@ -110,7 +110,7 @@
 #   m = 4 / 8 now 2.01x / 4.00x (at their targets), fused m = 2 0.85x -> 1.87x;
 #   test_gpu_fused_companion.py 42 passed (poisoned). Nothing owed. Leads: the companion rules on
 #   an H100 (fusedcomp there), and time-chunked companion kernels for margin above m/2.
-#   Forty-fourth (H200, 8 calls): fusedcomp ran (45 passed poisoned, companion m = 32 / 64
+#   Forty-fourth (H200, 9 calls): fusedcomp ran (45 passed poisoned, companion m = 32 / 64
 #   included; coefficients 2.03x / 4.03x at m = 4 / 8). The m >= 2 backward on fewer warps
 #   (scan._bwd_warps: 1 at mp 16, 2 at mp 32): m = 16 fwd+bwd B8 N4096 61.7 % (target met on
 #   the H200), N768 56.8 %; its GPU tests passed (-k "backward_warps or ... (16 or 32)", 30).

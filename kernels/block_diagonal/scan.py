@@ -128,7 +128,7 @@ def _bwd_warps(mp, nw):
     (``TUNE['bwd_num_warps']``, or ``num_warps`` for both passes). Its chain step sums ``A^T lam``
     over the rows, which the 16-byte row loads spread over the warps: fewer warps keep that sum
     and the state's change of layout inside a warp. H200 fwd+bwd, m = 16: B8 T2048 N4096 3.85 ->
-    3.69 ms, N768 0.883 -> 0.749, B1 T16384 1.48 -> 1.27; m = 32: 1.4-4.6 % (MEASURED.md)."""
+    3.69 ms, N768 0.883 -> 0.749, B1 T16384 1.48 -> 1.27; m = 32: 1.4-12 % (MEASURED.md)."""
     if "bwd_num_warps" in TUNE or "num_warps" in TUNE:
         return TUNE.get("bwd_num_warps", nw)
     return {16: 1, 32: 2}.get(mp, nw)

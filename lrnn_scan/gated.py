@@ -20,9 +20,9 @@ from .operators import BlockDiagonal, Companion
 __all__ = ["bdlru_scan", "hlru_scan", "GATED_METHODS"]
 
 # ``unfused``: normalise with torch, then ``scan(..., method="auto")`` (the block-diagonal or
-# companion-coefficient kernels on CUDA): ``A`` is materialised, but those scan kernels have been
-# tuned further than the fused ones, so on some shapes this path may be the faster one
-# (``benchmarks/fused_companion_throughput.py`` times both).
+# companion-coefficient kernels on CUDA): ``A`` is materialised, but those scans split time into
+# chunks when there are few sequences, which the fused kernels do not. ``bdlru_scan``'s ``auto``
+# takes it there (``fused_gates.unfused_faster``); ``hlru_scan``'s has not been measured so.
 GATED_METHODS = ("auto", "kernel", "unfused", "blelloch", "sequential")
 
 
@@ -69,10 +69,13 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
         v: ``(B, T, H, m)`` values.
         gate: gate variant of :mod:`lrnn_scan.gates` (``softmax`` default).
         initial_state: ``(B, H, m)`` (``(num_seqs, H, m)`` with ``cu_seqlens``).
-        method: ``auto`` (fused kernel on CUDA) | ``kernel`` (fused kernel, or an error) |
-            ``unfused`` (``A`` materialised by :func:`lrnn_scan.gates.normalize_gates`, then
-            :func:`lrnn_scan.scan` with ``method="auto"``: the block-diagonal kernels on CUDA) |
-            ``blelloch`` | ``sequential``.
+        method: ``auto`` (fused kernel on CUDA; eager fp32 calls without ``cu_seqlens`` take
+            ``unfused`` for a few long sequences, where that was measured faster, at the cost of
+            ``A`` and its gradient in memory, each about the size of ``logits``:
+            ``lrnn_scan.kernels.fused_gates.unfused_faster``) | ``kernel`` (fused kernel, or an
+            error) | ``unfused`` (``A`` materialised by :func:`lrnn_scan.gates.normalize_gates`,
+            then :func:`lrnn_scan.scan` with ``method="auto"``: the block-diagonal kernels on
+            CUDA) | ``blelloch`` | ``sequential``.
 
     Returns:
         ``h`` ``(B, T, H, m)``, or ``(h, h_final)`` with ``output_final_state``.
@@ -88,6 +91,12 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
                          f"(B, T, H, m); got {tuple(v.shape)}")
     gate = canonical_gate_name(gate)
     fn = _fused("fused_gates", "fused_gate_scan", method, logits)
+    if (fn is not None and method == "auto" and cu_seqlens is None and logits.dtype == torch.float32
+            and not torch.compiler.is_compiling()
+            and kernel_module("fused_gates").unfused_faster(*logits.shape[:3], m, logits.device)):
+        # few long sequences: the time-chunked block-diagonal scan is faster (measured in fp32;
+        # in 16 bits the unfused path would round A, which the fused kernel never stores)
+        fn = None
     if fn is not None:
         h, hT = fn(logits.contiguous(), v.contiguous(), variant=gate, eps=eps,
                    initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)

@@ -145,3 +145,39 @@ def test_unfused_method_skips_the_fused_kernel(family, monkeypatch):
     assert asked == [] and torch.allclose(got, want, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="unfused"):
         fn(z, v, method="fused")
+
+
+def test_bdlru_auto_takes_unfused_for_few_long_sequences(monkeypatch):
+    """``bdlru_scan(method="auto")`` on (faked) CUDA: the fused kernel unless its module's
+    ``unfused_faster`` says otherwise (then normalise with torch and scan, equal to the
+    sequential reference); the rule is not asked with ``cu_seqlens`` or 16-bit logits."""
+    from lrnn_scan import _kernel_modules, gated
+    calls, asked = [], []
+
+    class Fake:
+        flag = True
+
+        @staticmethod
+        def fused_gate_scan(z, v, **kw):
+            calls.append(z.dtype)
+            return torch.zeros_like(v), None
+
+        @staticmethod
+        def unfused_faster(B, T, H, m, device):
+            asked.append((B, T, H, m))
+            return Fake.flag
+    monkeypatch.setattr(_kernel_modules, "kernel_device", lambda device: True)
+    monkeypatch.setattr(gated, "kernel_module", lambda name: Fake)
+    g = gen(4)
+    z = torch.randn(2, 9, 3, 2, 3, generator=g)
+    v = torch.randn(2, 9, 3, 2, generator=g)
+    got = ls.bdlru_scan(z, v)
+    want = ls.bdlru_scan(z.double(), v.double(), method="sequential")
+    assert calls == [] and asked == [(2, 9, 3, 2)] and rel_err(got, want) < 1e-5
+    Fake.flag = False
+    assert ls.bdlru_scan(z, v).abs().max() == 0 and calls == [torch.float32]
+    asked.clear()
+    ls.bdlru_scan(z.bfloat16(), v.bfloat16())
+    ls.bdlru_scan(z[:1], v[:1], cu_seqlens=torch.tensor([0, 4, 9]))
+    assert asked == [] and calls == [torch.float32, torch.bfloat16, torch.float32]
+

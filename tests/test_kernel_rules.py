@@ -92,3 +92,23 @@ def test_gate_kernel_configs(monkeypatch):
     assert ff._config(1, 4, 8, dev) == (1, 1, 5)             # one block is the floor
     ff.TUNE.update(bwd_bh=4)
     assert ff._config(8, 384, 2, dev) == (8, 1, 5) and ff._config(8, 384, 2, dev, bwd=True) == (4, 1, 5)
+
+
+def test_fused_gates_unfused_faster(monkeypatch):
+    """``fused_gates.unfused_faster``: fewer than 1.5 fused programs an SM over 4096+ steps at
+    m = 4..16, the H200's measured shapes on both sides of the line (B1 T16384 and B2 T4096 N768
+    unfused; B8 T2048 fused); ``TUNE['unfused_below']`` moves it."""
+    from lrnn_scan.kernels.fused_gates import function as ff
+    monkeypatch.setattr(ff, "num_sms", lambda device: 132)
+    monkeypatch.setattr(ff, "TUNE", {})
+    dev = torch.device("cpu")
+    for m in (4, 8, 16):
+        H = 768 // m
+        assert ff.unfused_faster(1, 16384, H, m, dev) and ff.unfused_faster(2, 4096, H, m, dev), m
+        assert not ff.unfused_faster(8, 2048, H, m, dev), m      # 2.9-5.8 programs an SM
+        assert not ff.unfused_faster(2, 4095, H, m, dev), m      # shorter than measured
+    assert not ff.unfused_faster(1, 16384, 384, 2, dev)          # m outside the measured 4..16
+    assert not ff.unfused_faster(1, 16384, 24, 32, dev)
+    assert not ff.unfused_faster(4, 4096, 192, 4, dev)           # 384 programs: 2.9 an SM
+    ff.TUNE.update(unfused_below=3)
+    assert ff.unfused_faster(4, 4096, 192, 4, dev)

@@ -110,13 +110,16 @@
 #   m = 4 / 8 now 2.01x / 4.00x (at their targets), fused m = 2 0.85x -> 1.87x;
 #   test_gpu_fused_companion.py 42 passed (poisoned). Nothing owed. Leads: the companion rules on
 #   an H100 (fusedcomp there), and time-chunked companion kernels for margin above m/2.
-#   Forty-fourth (H200, 9 calls): fusedcomp ran (45 passed poisoned, companion m = 32 / 64
+#   Forty-fourth (H200, 10 calls): fusedcomp ran (45 passed poisoned, companion m = 32 / 64
 #   included; coefficients 2.03x / 4.03x at m = 4 / 8). The m >= 2 backward on fewer warps
 #   (scan._bwd_warps: 1 at mp 16, 2 at mp 32): m = 16 fwd+bwd B8 N4096 61.7 % (target met on
 #   the H200), N768 56.8 %; its GPU tests passed (-k "backward_warps or ... (16 or 32)", 30).
 #   Nothing owed. Leads: the m = 16 backward's g4 at 1 warp (faster at B8 / B12 / B16, slower at
 #   B9; no clean band yet); fused gates at m = 16 / 32 (fewer backward warps lost, call 8; B1
-#   T16384 m = 16 fwd+bwd runs at 3 % of copy, 25.6 ms).
+#   T16384 m = 16 fwd+bwd runs at 3 % of copy, 25.6 ms). bdlru_scan's auto now takes the unfused
+#   path for few long fp32 sequences (fused_gates.unfused_faster, call 10). OWED: time it through
+#   bdlru_scan at B1 T16384 / B2 T4096 N768 m 4-16 and at B1-B4 T2048-4096 around its line, and
+#   run tests/gpu/test_gpu_fused_companion.py -k unfused (the routing on a GPU).
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):

@@ -44,6 +44,22 @@ def _config(num_seq: int, H: int, m: int, device, bwd: bool = False) -> tuple[in
     return bh, warps, tune_knob(TUNE, "num_stages", bwd, 5)
 
 
+def unfused_faster(num_seq: int, max_len: int, H: int, m: int, device) -> bool:
+    """Whether ``bdlru_scan(method="auto")`` should take the unfused path (torch gates, then the
+    block-diagonal scan, which splits time into chunks when programs are few) over this kernel,
+    which runs each sequence's chain in one program: fewer than 1.5 programs an SM (``_config``)
+    over 4096+ steps at m = 4..16, where it was measured. H200, fp32 fwd+bwd, CUDA graphs
+    (2026-11-30, RESULTS.md "forty-fourth"), fused against unfused, ms: B1 T16384 N768 (0.4-0.7
+    programs an SM) 5.01 / 10.42 / 25.64 against 2.06 / 3.92 / 7.00 at m = 4 / 8 / 16 (forward
+    m = 16 11.11 against 2.51); B2 T4096 (0.7-1.5) 1.26 / 2.62 / 6.42 against 1.08 / 2.01 / 3.54;
+    at B8 T2048 (2.9-5.8) the fused kernel is 1.7-2.5x faster. ``TUNE['unfused_below']``
+    (programs an SM) moves the line."""
+    if not 4 <= m <= 16 or max_len < 4096:
+        return False
+    programs = num_seq * cdiv(H, _config(num_seq, H, m, device)[0])
+    return programs < TUNE.get("unfused_below", 1.5) * num_sms(device)
+
+
 def _launch_fwd(z, v, h0, cu, T, H, m, col0, code, eps, out_fp32_final, out_dtype):
     num_seq = cu.numel() - 1 if cu is not None else v.shape[0]
     h = empty(v.shape, out_dtype, v.device)

@@ -22,7 +22,8 @@ __all__ = ["bdlru_scan", "hlru_scan", "GATED_METHODS"]
 # ``unfused``: normalise with torch, then ``scan(..., method="auto")`` (the block-diagonal or
 # companion-coefficient kernels on CUDA): ``A`` is materialised, but those scans split time into
 # chunks when there are few sequences, which the fused kernels do not. ``bdlru_scan``'s ``auto``
-# takes it there (``fused_gates.unfused_faster``); ``hlru_scan``'s has not been measured so.
+# takes it there (``fused_gates.unfused_faster``). ``hlru_scan``'s unfused path runs the
+# companion-coefficient kernel, which does not chunk time either, so its ``auto`` stays fused.
 GATED_METHODS = ("auto", "kernel", "unfused", "blelloch", "sequential")
 
 

@@ -114,7 +114,7 @@
 #   included; coefficients 2.03x / 4.03x at m = 4 / 8). The m >= 2 backward on fewer warps
 #   (scan._bwd_warps: 1 at mp 16, 2 at mp 32): m = 16 fwd+bwd B8 N4096 61.7 % (target met on
 #   the H200), N768 56.8 %; its GPU tests passed (-k "backward_warps or ... (16 or 32)", 30).
-#   Nothing owed. Leads: the m = 16 backward's g4 at 1 warp (faster at B8 / B12 / B16, slower at
+#   Leads: the m = 16 backward's g4 at 1 warp (faster at B8 / B12 / B16, slower at
 #   B9; no clean band yet); fused gates at m = 16 / 32 (fewer backward warps lost, call 8; B1
 #   T16384 m = 16 fwd+bwd runs at 3 % of copy, 25.6 ms). bdlru_scan's auto now takes the unfused
 #   path for few long fp32 sequences (fused_gates.unfused_faster, call 10). OWED: time it through

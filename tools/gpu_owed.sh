@@ -117,9 +117,8 @@
 #   Leads: the m = 16 backward's g4 at 1 warp (faster at B8 / B12 / B16, slower at
 #   B9; no clean band yet); fused gates at m = 16 / 32 (fewer backward warps lost, call 8; B1
 #   T16384 m = 16 fwd+bwd runs at 3 % of copy, 25.6 ms). bdlru_scan's auto now takes the unfused
-#   path for few long fp32 sequences (fused_gates.unfused_faster, call 10). OWED: time it through
-#   bdlru_scan at B1 T16384 / B2 T4096 N768 m 4-16 and at B1-B4 T2048-4096 around its line, and
-#   run tests/gpu/test_gpu_fused_companion.py -k unfused (the routing on a GPU).
+#   path for few long fp32 sequences (fused_gates.unfused_faster, call 10). OWED: stage unfused
+#   (its GPU test, and fused against unfused at B1-B4 T2048 / T4096 around the line).
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):
@@ -191,7 +190,10 @@
 #                   m = 2 at B8 T2048 only: the default block group won)
 #        fusedcomp — issue 3: tests/gpu/test_gpu_fused_companion.py, then benchmarks/fused_companion_throughput.py,
 #                   the fused-gate (>= 2x softmax + scan, m 4, 8) and companion (>= m/2x) targets
-#                   (last run: H200, forty-third session)
+#                   (last run: H200, forty-fourth session)
+#        unfused  — issue 3: bdlru_scan's unfused route for few long fp32 sequences (forty-fourth session,
+#                   not yet on a GPU): tests/gpu/test_gpu_fused_companion.py -k unfused, then the fused
+#                   kernels against the unfused path at shapes around fused_gates.unfused_faster's line
 # Logs and result files go to $OUT (or ./gpu_out); rows are appended to $OUT/RESULTS_<stage>.md
 # so they can be reviewed before they are merged into benchmarks/RESULTS.md. Every stage ends by
 # writing $OUT/triton_cache.tar.gz: copy it to .triton_cache/ here and carry ".triton_cache" in the
@@ -200,7 +202,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1  # a stage cut by its timeout still leaves its progress in the logs
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh ncu|memcheck|bd|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|tmaccel|bhsweep|fusedcomp|train}
+stage=${1:?usage: gpu_owed.sh ncu|memcheck|bd|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|tmaccel|bhsweep|fusedcomp|unfused|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -342,6 +344,16 @@ case "$stage" in
       tests/gpu/test_gpu_fused_companion.py 2>&1 | tee "$OUT/fusedcomp.log" | tail -3
     timeout ${STAGE_TIMEOUT:-450} python3 benchmarks/fused_companion_throughput.py --copy-to "$OUT" 2>&1 \
       | tee -a "$OUT/fusedcomp.log" | tail -30 ;;
+  unfused)
+    # the routing's GPU test, then fused against unfused (--baseline) on both sides of the line
+    # (1.5 fused programs an SM, 4096 steps; m = 4..16): B1 / B2 / B3 / B4 at T2048 and T4096, N768
+    LRNN_SCAN_POISON=1 timeout 200 python3 -m pytest -q -rfEs -p no:cacheprovider \
+      tests/gpu/test_gpu_fused_companion.py -k unfused 2>&1 | tee "$OUT/unfused.log" | tail -3
+    for m in 4 8 16; do
+      timeout 110 python3 tools/gate_tune_compare.py --kind fused --m $m --bwd --baseline --rounds 2 \
+        --out "$OUT/unfused_m$m" --shapes 1x2048x768 1x4096x768 2x2048x768 3x4096x768 4x4096x768 \
+        2>&1 | tee -a "$OUT/unfused.log" | grep "fwd+bwd"
+    done ;;
   scan)
     # --skip-variants: the forward-variant and m = 1 tile rows (36 extra compilations; with them the
     # 2026-11-25 run did not finish in 390 s) are in RESULTS.md (2026-11-24, 2026-11-25)

@@ -73,7 +73,7 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
         method: ``auto`` (fused kernel on CUDA; eager fp32 calls without ``cu_seqlens`` take
             ``unfused`` for a few long sequences, where that was measured faster, at the cost of
             ``A`` and its gradient in memory, each about the size of ``logits``:
-            ``lrnn_scan.kernels.fused_gates.unfused_faster``) | ``kernel`` (fused kernel, or an
+            ``lrnn_scan.kernels.fused_gates.unfused_faster``, m = 2..32) | ``kernel`` (fused kernel, or an
             error) | ``unfused`` (``A`` materialised by :func:`lrnn_scan.gates.normalize_gates`,
             then :func:`lrnn_scan.scan` with ``method="auto"``: the block-diagonal kernels on
             CUDA) | ``blelloch`` | ``sequential``.

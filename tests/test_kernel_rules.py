@@ -95,20 +95,27 @@ def test_gate_kernel_configs(monkeypatch):
 
 
 def test_fused_gates_unfused_faster(monkeypatch):
-    """``fused_gates.unfused_faster``: fewer than 1.5 fused programs an SM over 4096+ steps at
-    m = 4..16, the H200's measured shapes on both sides of the line (B1 T16384 and B2 T4096 N768
-    unfused; B8 T2048 fused); ``TUNE['unfused_below']`` moves it."""
+    """``fused_gates.unfused_faster`` against the H200's measured shapes on both sides of its
+    lines (``UNFUSED_LINES``: steps, programs an SM), N768; the TUNE keys move them."""
     from lrnn_scan.kernels.fused_gates import function as ff
     monkeypatch.setattr(ff, "num_sms", lambda device: 132)
     monkeypatch.setattr(ff, "TUNE", {})
     dev = torch.device("cpu")
-    for m in (4, 8, 16):
+    unfused = {2: [(2, 4096), (1, 16384)], 4: [(1, 6144), (1, 8192), (2, 8192), (1, 16384)],
+               8: [(1, 4096), (2, 4096), (1, 16384)], 16: [(1, 2048), (2, 2048), (3, 2048)],
+               32: [(1, 512), (4, 2048), (6, 2048), (8, 2048), (1, 4096)]}
+    fused = {2: [(1, 2048), (6, 2048), (8, 2048)], 4: [(1, 4096), (2, 4096), (3, 8192)],
+             8: [(1, 2048), (2, 2048), (3, 4096)], 16: [(1, 1024), (4, 2048), (4, 4096)],
+             32: [(1, 128), (1, 256), (11, 2048), (16, 2048)]}
+    for m in unfused:
         H = 768 // m
-        assert ff.unfused_faster(1, 16384, H, m, dev) and ff.unfused_faster(2, 4096, H, m, dev), m
-        assert not ff.unfused_faster(8, 2048, H, m, dev), m      # 2.9-5.8 programs an SM
-        assert not ff.unfused_faster(2, 4095, H, m, dev), m      # shorter than measured
-    assert not ff.unfused_faster(1, 16384, 384, 2, dev)          # m outside the measured 4..16
-    assert not ff.unfused_faster(1, 16384, 24, 32, dev)
-    assert not ff.unfused_faster(4, 4096, 192, 4, dev)           # 384 programs: 2.9 an SM
-    ff.TUNE.update(unfused_below=3)
-    assert ff.unfused_faster(4, 4096, 192, 4, dev)
+        for B, T in unfused[m]:
+            assert ff.unfused_faster(B, T, H, m, dev), (m, B, T)
+        for B, T in fused[m]:
+            assert not ff.unfused_faster(B, T, H, m, dev), (m, B, T)
+    assert not ff.unfused_faster(1, 16384, 768, 1, dev)          # m = 1: not measured
+    assert ff.unfused_faster(1, 16384, 256, 3, dev) and ff.unfused_faster(1, 2048, 64, 12, dev)
+    ff.TUNE.update(unfused_below=3)                              # 2.2 programs an SM
+    assert ff.unfused_faster(3, 8192, 192, 4, dev)
+    ff.TUNE.update(unfused_min_len=1024)
+    assert ff.unfused_faster(1, 1024, 192, 4, dev) and not ff.unfused_faster(1, 1023, 192, 4, dev)

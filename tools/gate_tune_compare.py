@@ -4,6 +4,10 @@ the baseline of the issue's target timed in the same rounds (coefficients: the s
 dense ``m x m`` companion blocks through ``block_diagonal_scan``; logits / fused: the torch
 normalisation, then the materialised scan). Each column's outputs (gradients with ``--bwd``) are
 compared with the default's (relative RMS < 1e-5); a mismatch counts as a failed check.
+``--route`` (``--kind fused``) times the public entry point instead: ``bdlru_scan`` with
+``method="kernel"`` (default column), ``"unfused"`` (baseline) and ``"auto"`` (column ``auto``,
+whichever ``fused_gates.unfused_faster`` picks). ``--eager`` times eager calls instead (``triton.testing.do_bench`` medians, L2 flushed, host
+launch gaps included: what an un-captured training step sees).
 
     python tools/gate_tune_compare.py --kind coeffs --m 4 --shapes 8x2048x768 \\
         --tune ns8=num_stages:8 bn16=bn:16+num_stages:8 [--bwd] [--baseline] [--rounds 3] [--out DIR]
@@ -22,6 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lrnn_scan.gated import bdlru_scan  # noqa: E402
 from lrnn_scan.gates import normalize_gates  # noqa: E402
 from lrnn_scan.kernels.block_diagonal import block_diagonal_scan  # noqa: E402
 from lrnn_scan.kernels.companion import function as CF  # noqa: E402
@@ -56,7 +61,7 @@ def companion_dense(a):
     return C
 
 
-def problem(kind, m, B, T, N, g):
+def problem(kind, m, B, T, N, g, route=False):
     """(ours(), baseline() or None, inputs to differentiate, dh, bytes moved fwd / fwd+bwd)."""
     if kind == "fused":
         if N % m:
@@ -70,6 +75,9 @@ def problem(kind, m, B, T, N, g):
             A, a0 = normalize_gates(z, "softmax")
             return block_diagonal_scan(A.contiguous(), (a0 * v).contiguous())[0]
         per = (z.numel() + 2 * v.numel(), 3 * z.numel() + 6 * v.numel())
+        if route:
+            return (lambda method="kernel": bdlru_scan(z, v, method=method)), \
+                (lambda: bdlru_scan(z, v, method="unfused")), (z, v), dh, per, FF
         return (lambda: FF.fused_gate_scan(z, v, "softmax")[0]), base, (z, v), dh, per, FF
     if kind == "coeffs":
         z = (torch.rand(B, T, N, m, device="cuda", generator=g) / m)
@@ -97,25 +105,29 @@ def problem(kind, m, B, T, N, g):
     return ours, base, (z, v) + extra, dh, per, CF
 
 
-def rows_for(kind, m, shape, tunes, bwd, rounds, baseline):
+def rows_for(kind, m, shape, tunes, bwd, rounds, baseline, eager=False, route=False):
     B, T, N = shape
     g = torch.Generator(device="cuda").manual_seed(0)
-    ours, base, inputs, dh, (nf, nfb), module = problem(kind, m, B, T, N, g)
+    ours, base, inputs, dh, (nf, nfb), module = problem(kind, m, B, T, N, g, route)
+    if route:  # the auto column: a tune entry that is not a TUNE dict
+        tunes = {**tunes, "auto": "auto"}
+        kernel = ours
+        ours = lambda t=None: kernel("auto") if t == "auto" else kernel()  # noqa: E731
     z, v = inputs[:2]
     if bwd:
         for x in inputs:
             x.requires_grad_()
 
         def run(tune):
-            with tuned(module, tune):
-                return torch.autograd.grad(ours(), (z, v), dh)
+            with tuned(module, tune if isinstance(tune, dict) else {}):
+                return torch.autograd.grad(ours(tune) if route else ours(), (z, v), dh)
 
         def run_base():
             return torch.autograd.grad(base(), inputs[2:] or (z, v), dh)
     else:
         def run(tune):
-            with tuned(module, tune), torch.no_grad():
-                return (ours(),)
+            with tuned(module, tune if isinstance(tune, dict) else {}), torch.no_grad():
+                return (ours(tune) if route else ours(),)
 
         def run_base():
             with torch.no_grad():
@@ -125,7 +137,11 @@ def rows_for(kind, m, shape, tunes, bwd, rounds, baseline):
     worst = max([0.0] + [_rel(x, y) for k, fn in fns.items() if k != "default" for x, y in zip(fn(), ref)])
     if baseline:
         fns["baseline"] = run_base
-    return timed_rounds(fns, (nfb if bwd else nf) * 4, rounds), worst
+    timer = None
+    if eager:
+        from triton.testing import do_bench
+        timer = lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")  # noqa: E731
+    return timed_rounds(fns, (nfb if bwd else nf) * 4, rounds, timer=timer), worst
 
 
 def main(argv=None):
@@ -136,15 +152,20 @@ def main(argv=None):
     ap.add_argument("--tune", nargs="*", default=[], help="columns NAME=key:value+key:value")
     ap.add_argument("--bwd", action="store_true", help="forward+backward rows")
     ap.add_argument("--baseline", action="store_true", help="time the target's baseline too")
+    ap.add_argument("--route", action="store_true", help="--kind fused: time bdlru_scan's methods")
+    ap.add_argument("--eager", action="store_true", help="eager do_bench medians, not CUDA graphs")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
     tunes = parse_tune(args.tune)
+    if args.route and args.kind != "fused":
+        raise SystemExit("--route times bdlru_scan: it needs --kind fused")
     fails, rows = shape_rows(args.shapes, f"{args.kind} m={args.m}", args.bwd, lambda shape:
                              rows_for(args.kind, args.m, shape, tunes, args.bwd, args.rounds,
-                                      args.baseline))
+                                      args.baseline, args.eager, args.route))
     print("tunes:", json.dumps(tunes))
-    return _finish(args, fails, rows, m=args.m, tool=f"gate_tune_compare --kind {args.kind}",
+    return _finish(args, fails, rows, m=args.m, tool=f"gate_tune_compare --kind {args.kind}" + " --route" * args.route
+                   + " --eager" * args.eager,
                    stem=f"gate_tune_{args.kind}_m{args.m}")
 
 

@@ -54,17 +54,19 @@ def _rel(x, y):
     return ((x.double() - y).norm() / y.norm()).item()
 
 
-def timed_rounds(fns, nbytes, rounds, device="cuda"):
+def timed_rounds(fns, nbytes, rounds, device="cuda", timer=None):
     """CUDA-graph medians (ms) of ``fns`` in ``rounds`` interleaved rounds, with a first column
     ``copy``: a device copy moving ``nbytes`` (read + written) in the same rounds (also
-    ``lb4_compare.py``'s and ``tune_compare.py``'s)."""
+    ``lb4_compare.py``'s and ``tune_compare.py``'s). ``timer(fn) -> ms`` replaces ``graph_time``
+    (e.g. eager ``do_bench``, where host launch gaps count)."""
+    timer = timer or graph_time
     src = torch.empty(nbytes // 8, device=device)
     dst = torch.empty_like(src)
     fns = {"copy": graph_copy(src, dst), **fns}  # an SM kernel: graph-timed copy_ can be a DMA
     times = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
-            times[k].append(graph_time(fn))
+            times[k].append(timer(fn))
     return {k: statistics.median(v) for k, v in times.items()}
 
 

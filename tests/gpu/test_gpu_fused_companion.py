@@ -237,17 +237,19 @@ def test_unfused_method(family, monkeypatch):
     _check(fn, ref, tensors, 1e-5)
 
 
-def test_auto_unfused_for_few_long_sequences(monkeypatch):
-    """``bdlru_scan(method="auto")`` at B1 T4097 N768 m = 4 (96 fused programs, below 1.5 an SM
-    on an H100 / H200) takes the unfused path (``fused_gates.unfused_faster``; the fused kernel is
-    not called) and matches the fp64 reference with every gradient."""
+@pytest.mark.parametrize("m,T", [(16, 2049), (32, 513), (4, 6145)])
+def test_auto_unfused_for_few_long_sequences(monkeypatch, m, T):
+    """``bdlru_scan(method="auto")`` at B1 N768 past the step line of ``fused_gates.unfused_faster``
+    (below its programs line on an H100 / H200) takes the unfused path (the fused kernel is not
+    called) and matches the fp64 reference with every gradient."""
     import lrnn_scan as ls
     import lrnn_scan.kernels.fused_gates as fg
-    if not fg.unfused_faster(1, 4097, 192, 4, torch.device(DEV)):
+    H = 768 // m
+    if not fg.unfused_faster(1, T, H, m, torch.device(DEV)):
         pytest.skip("this GPU has too few SMs for the shape to fall below the line")
     monkeypatch.setattr(fg, "fused_gate_scan", lambda *a, **k: pytest.fail("fused kernel called"))
     torch.manual_seed(6)
-    tensors = [torch.randn(1, 4097, 192, 4, 5) * 1.5, torch.randn(1, 4097, 192, 4), torch.randn(1, 192, 4)]
+    tensors = [torch.randn(1, T, H, m, m + 1) * 1.5, torch.randn(1, T, H, m), torch.randn(1, H, m)]
 
     def fn(z, v, s, **kw):
         return ls.bdlru_scan(z, v, "softmax", initial_state=s, **kw)

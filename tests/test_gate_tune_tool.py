@@ -84,3 +84,12 @@ def test_fused_companion_benchmark_verdicts():
     assert "=  3.996x (target: ≥4.0x (missed))" in mod._fmt(row)
     assert mod.verdict({**row, "speedup_fwdbwd": 4.0}) == "≥4.0x (met)"
     assert mod.verdict({**row, "target": None}) == "none"
+
+
+def test_route_needs_fused():
+    """``--route`` times ``bdlru_scan``'s methods, so it is refused for the companion kinds
+    before anything touches a GPU."""
+    mod = _tool("gate_tune_compare")
+    for kind in ("coeffs", "logits"):
+        with pytest.raises(SystemExit, match="--route times bdlru_scan: it needs --kind fused"):
+            mod.main(["--kind", kind, "--m", "4", "--route"])

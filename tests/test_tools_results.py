@@ -468,6 +468,12 @@ def test_lb2_compare_render(tmp_path):
     js.write_text(json.dumps(d))
     mod.render(js, out)
     assert "## lb4_compare.py — 2026-11-27T00:49 — GPU X" in out.read_text() and "; m = 4 fwd," in out.read_text()
+    assert "CUDA-graph medians of 3" in out.read_text() and "eager" not in out.read_text()
+    d["meta"].update(tool="gate_tune_compare --kind fused --route --eager")
+    js.write_text(json.dumps(d))
+    mod.render(js, out)
+    assert "## gate_tune_compare.py --kind fused --route --eager — " in out.read_text()
+    assert "fp32, eager do_bench medians (L2 flushed) of 3 interleaved rounds" in out.read_text()
 
 
 def test_tune_compare_parse_and_render(tmp_path):

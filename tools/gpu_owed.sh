@@ -119,6 +119,12 @@
 #   T16384 m = 16 fwd+bwd runs at 3 % of copy, 25.6 ms). bdlru_scan's auto now takes the unfused
 #   path for few long fp32 sequences (fused_gates.unfused_faster, call 10). OWED: stage unfused
 #   (its GPU test, and fused against unfused at B1-B4 T2048 / T4096 around the line).
+#   Forty-fifth (H200, 7 calls): everything the forty-fourth owed ran (test_gpu_fused_companion.py
+#   46 passed poisoned at 1e-5 / 5e-3; stage unfused). The unfused route's lines are now by block
+#   size (fused_gates.UNFUSED_LINES, m = 2..32) from eager and graph timings
+#   (gate_tune_compare.py --route --eager); -k unfused 5 passed, test_gpu_models.py +
+#   test_gpu_compile.py 85 passed. Nothing owed. Leads: the unfused route's host work (1.0-1.8 ms
+#   a fwd+bwd at B1, tools/host_overhead.py --bdlru unfused); an H100 run of stage unfused.
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):
@@ -191,8 +197,8 @@
 #        fusedcomp — issue 3: tests/gpu/test_gpu_fused_companion.py, then benchmarks/fused_companion_throughput.py,
 #                   the fused-gate (>= 2x softmax + scan, m 4, 8) and companion (>= m/2x) targets
 #                   (last run: H200, forty-fourth session)
-#        unfused  — issue 3: bdlru_scan's unfused route for few long fp32 sequences (forty-fourth session,
-#                   not yet on a GPU): tests/gpu/test_gpu_fused_companion.py -k unfused, then the fused
+#        unfused  — issue 3: bdlru_scan's unfused route for few long fp32 sequences (last run: H200,
+#                   forty-fifth session): tests/gpu/test_gpu_fused_companion.py -k unfused, then the fused
 #                   kernels against the unfused path at shapes around fused_gates.unfused_faster's line
 # Logs and result files go to $OUT (or ./gpu_out); rows are appended to $OUT/RESULTS_<stage>.md
 # so they can be reviewed before they are merged into benchmarks/RESULTS.md. Every stage ends by
@@ -345,15 +351,21 @@ case "$stage" in
     timeout ${STAGE_TIMEOUT:-450} python3 benchmarks/fused_companion_throughput.py --copy-to "$OUT" 2>&1 \
       | tee -a "$OUT/fusedcomp.log" | tail -30 ;;
   unfused)
-    # the routing's GPU test, then fused against unfused (--baseline) on both sides of the line
-    # (1.5 fused programs an SM, 4096 steps; m = 4..16): B1 / B2 / B3 / B4 at T2048 and T4096, N768
+    # the routing's GPU test, then bdlru_scan's methods (--route: kernel / auto / unfused), eager
+    # (the unfused path's host work sets the step lines), on both sides of each block size's lines
+    # (fused_gates.UNFUSED_LINES: steps, and programs an SM; N768). Printed lines go to the log;
+    # the JSONs are dropped (the device returns at most 8 files)
     LRNN_SCAN_POISON=1 timeout 200 python3 -m pytest -q -rfEs -p no:cacheprovider \
       tests/gpu/test_gpu_fused_companion.py -k unfused 2>&1 | tee "$OUT/unfused.log" | tail -3
-    for m in 4 8 16; do
-      timeout 110 python3 tools/gate_tune_compare.py --kind fused --m $m --bwd --baseline --rounds 2 \
-        --out "$OUT/unfused_m$m" --shapes 1x2048x768 1x4096x768 2x2048x768 3x4096x768 4x4096x768 \
-        2>&1 | tee -a "$OUT/unfused.log" | grep "fwd+bwd"
-    done ;;
+    for ms in "2 1x2048x768 1x4096x768 4x4096x768 6x4096x768" "4 1x4096x768 1x6144x768 2x8192x768 3x8192x768" \
+              "8 1x2048x768 1x4096x768 2x4096x768 3x4096x768" "16 1x1024x768 1x2048x768 3x2048x768 4x2048x768" \
+              "32 1x256x768 1x512x768 8x2048x768 11x2048x768"; do
+      set -- $ms
+      m=$1; shift
+      timeout 100 python3 tools/gate_tune_compare.py --kind fused --m $m --bwd --route --eager --baseline \
+        --rounds 2 --out "$OUT/unfused_json" --shapes "$@" 2>&1 | tee -a "$OUT/unfused.log" | grep "fp32,"
+    done
+    rm -rf "$OUT/unfused_json" ;;
   scan)
     # --skip-variants: the forward-variant and m = 1 tile rows (36 extra compilations; with them the
     # 2026-11-25 run did not finish in 390 s) are in RESULTS.md (2026-11-24, 2026-11-25)

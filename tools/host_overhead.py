@@ -5,7 +5,8 @@ For each case: ``loop`` = wall time per call of n back-to-back calls with one sy
 end (max of host and GPU time per call), ``graph`` = CUDA-graph replay (GPU time only), the
 host time per call with the GPU work made negligible (T = 16, same launches) and ``issue`` = the
 host time per call at the shape itself (n calls timed without a synchronize: the host's side of
-the plan that shape gets). ``--bdlru METHOD`` times ``bdlru_scan(logits, v, method=METHOD)``
+the plan that shape gets; an upper bound: where the GPU is the slower side, a full launch queue
+makes the host wait). ``--bdlru METHOD`` times ``bdlru_scan(logits, v, method=METHOD)``
 (``(B, T, N/m, m, m + 1)`` softmax logits) instead of ``block_diagonal_scan``. With
 ``--profile`` it prints cProfile's top functions (tottime) of the first ``--m``'s
 forward+backward at the shape, to find what the host spends its time on.

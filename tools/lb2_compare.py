@@ -152,8 +152,9 @@ def render(path, results, note=""):
     sep = "; " if note and not note.startswith(";") else ""
     with open(results, "a") as fh:
         name, _, flags = meta.get("tool", "lb%d_compare" % meta.get("m", 2)).partition(" ")
+        how = "eager do_bench medians (L2 flushed)" if "--eager" in flags else "CUDA-graph medians"
         fh.write(f"\n## {name}.py{' ' + flags if flags else ''} — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
-                 f"Triton {meta['triton']}; m = {meta.get('m', 2)} {meta.get('kind', 'fwd')}, fp32, CUDA-graph medians "
+                 f"Triton {meta['triton']}; m = {meta.get('m', 2)} {meta.get('kind', 'fwd')}, fp32, {how} "
                  f"of {meta['rounds']} interleaved rounds, ms (% of a copy of the same bytes); GPU "
                  f"checks failed: {meta['fails']}{sep}{note}\n\n")
         fh.write("| shape | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n")

@@ -119,7 +119,7 @@
 #   T16384 m = 16 fwd+bwd runs at 3 % of copy, 25.6 ms). bdlru_scan's auto now takes the unfused
 #   path for few long fp32 sequences (fused_gates.unfused_faster, call 10). OWED: stage unfused
 #   (its GPU test, and fused against unfused at B1-B4 T2048 / T4096 around the line).
-#   Forty-fifth (H200, 7 calls): everything the forty-fourth owed ran (test_gpu_fused_companion.py
+#   Forty-fifth (H200, 8 calls): everything the forty-fourth owed ran (test_gpu_fused_companion.py
 #   46 passed poisoned at 1e-5 / 5e-3; stage unfused). The unfused route's lines are now by block
 #   size (fused_gates.UNFUSED_LINES, m = 2..32) from eager and graph timings
 #   (gate_tune_compare.py --route --eager); -k unfused 5 passed, test_gpu_models.py +

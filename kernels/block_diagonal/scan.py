@@ -153,13 +153,13 @@ def _variant_band(m, nprog, device, bwd=False):
 
 
 def _fwd_variant(few=False, m=0, nprog=0, device=None):
-    """``ring8`` (``_bd_fwd_ring``, 32 slots), ``ring4`` (16), ``ring2`` (8), ``g4`` (hand-pipelined
-    4-step groups) or ``v1`` (one-step loop); ``TUNE['variant']`` overrides. ``few`` (an unchunked
-    pass with fewer than 3 programs per SM, m <= 16) takes ring8 (more bytes in flight; it spills
-    at m = 32 and lost in chunked passes), the rest ring4, except in ``_VARIANT_BANDS`` (``m``,
-    ``nprog`` programs on ``device``). Timings: README.md, "Forward" ("Few programs")."""
-    return TUNE["variant"] if "variant" in TUNE else (
-        "ring8" if few else _variant_band(m, nprog, device) or "ring4")
+    """``ring8`` (``_bd_fwd_ring``, 32 slots), ``ring4`` (16), ``ring2`` (8), ``g4`` (4-step groups)
+    or ``v1`` (one step a loop); ``TUNE['variant']`` overrides. ``few`` (unchunked, < 3 programs an
+    SM, m <= 16): ring8 (more bytes in flight; spills at m = 32, lost in chunked passes); else ring4
+    but in ``_VARIANT_BANDS`` (``m``, ``nprog`` on ``device``). README.md "Forward" ("Few programs")."""
+    if "variant" in TUNE:
+        return TUNE["variant"]
+    return "ring8" if few else _variant_band(m, nprog, device) or "ring4"
 
 
 def _bwd_variant(m, nprog, device=None):

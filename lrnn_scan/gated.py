@@ -71,9 +71,9 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
         gate: gate variant of :mod:`lrnn_scan.gates` (``softmax`` default).
         initial_state: ``(B, H, m)`` (``(num_seqs, H, m)`` with ``cu_seqlens``).
         method: ``auto`` (fused kernel on CUDA; eager fp32 calls without ``cu_seqlens`` take
-            ``unfused`` for a few long sequences, where that was measured faster, at the cost of
-            ``A`` and its gradient in memory, each about the size of ``logits``:
-            ``lrnn_scan.kernels.fused_gates.unfused_faster``, m = 2..32) | ``kernel`` (fused kernel, or an
+            ``unfused`` for a few long sequences at m = 2..32, where that was measured faster, at
+            the cost of ``A`` and its gradient in memory, each about the size of ``logits``:
+            ``lrnn_scan.kernels.fused_gates.unfused_faster``) | ``kernel`` (fused kernel, or an
             error) | ``unfused`` (``A`` materialised by :func:`lrnn_scan.gates.normalize_gates`,
             then :func:`lrnn_scan.scan` with ``method="auto"``: the block-diagonal kernels on
             CUDA) | ``blelloch`` | ``sequential``.

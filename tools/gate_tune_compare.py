@@ -6,8 +6,9 @@ normalisation, then the materialised scan). Each column's outputs (gradients wit
 compared with the default's (relative RMS < 1e-5); a mismatch counts as a failed check.
 ``--route`` (``--kind fused``) times the public entry point instead: ``bdlru_scan`` with
 ``method="kernel"`` (default column), ``"unfused"`` (baseline) and ``"auto"`` (column ``auto``,
-whichever ``fused_gates.unfused_faster`` picks). ``--eager`` times eager calls instead (``triton.testing.do_bench`` medians, L2 flushed, host
-launch gaps included: what an un-captured training step sees).
+whichever ``fused_gates.unfused_faster`` picks). ``--eager`` times eager calls instead
+(``triton.testing.do_bench`` medians, L2 flushed, host launch gaps included: what an un-captured
+training step sees).
 
     python tools/gate_tune_compare.py --kind coeffs --m 4 --shapes 8x2048x768 \\
         --tune ns8=num_stages:8 bn16=bn:16+num_stages:8 [--bwd] [--baseline] [--rounds 3] [--out DIR]
@@ -164,9 +165,8 @@ def main(argv=None):
                              rows_for(args.kind, args.m, shape, tunes, args.bwd, args.rounds,
                                       args.baseline, args.eager, args.route))
     print("tunes:", json.dumps(tunes))
-    return _finish(args, fails, rows, m=args.m, tool=f"gate_tune_compare --kind {args.kind}" + " --route" * args.route
-                   + " --eager" * args.eager,
-                   stem=f"gate_tune_{args.kind}_m{args.m}")
+    tool = f"gate_tune_compare --kind {args.kind}" + " --route" * args.route + " --eager" * args.eager
+    return _finish(args, fails, rows, m=args.m, tool=tool, stem=f"gate_tune_{args.kind}_m{args.m}")
 
 
 if __name__ == "__main__":

@@ -92,9 +92,12 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
                          f"(B, T, H, m); got {tuple(v.shape)}")
     gate = canonical_gate_name(gate)
     fn = _fused("fused_gates", "fused_gate_scan", method, logits)
+    backward = torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad for t in (logits, v, initial_state))
     if (fn is not None and method == "auto" and cu_seqlens is None and logits.dtype == torch.float32
             and not torch.compiler.is_compiling()
-            and kernel_module("fused_gates").unfused_faster(*logits.shape[:3], m, logits.device)):
+            and kernel_module("fused_gates").unfused_faster(*logits.shape[:3], m, logits.device,
+                                                            backward=backward)):
         # few long sequences: the time-chunked block-diagonal scan is faster (measured in fp32;
         # in 16 bits the unfused path would round A, which the fused kernel never stores)
         fn = None

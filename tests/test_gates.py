@@ -150,7 +150,8 @@ def test_unfused_method_skips_the_fused_kernel(family, monkeypatch):
 def test_bdlru_auto_takes_unfused_for_few_long_sequences(monkeypatch):
     """``bdlru_scan(method="auto")`` on (faked) CUDA: the fused kernel unless its module's
     ``unfused_faster`` says otherwise (then normalise with torch and scan, equal to the
-    sequential reference); the rule is not asked with ``cu_seqlens`` or 16-bit logits."""
+    sequential reference); the rule is told whether a backward will run (an input that requires
+    grad, grad mode on) and is not asked with ``cu_seqlens`` or 16-bit logits."""
     from lrnn_scan import _kernel_modules, gated
     calls, asked = [], []
 
@@ -163,8 +164,8 @@ def test_bdlru_auto_takes_unfused_for_few_long_sequences(monkeypatch):
             return torch.zeros_like(v), None
 
         @staticmethod
-        def unfused_faster(B, T, H, m, device):
-            asked.append((B, T, H, m))
+        def unfused_faster(B, T, H, m, device, backward=True):
+            asked.append((B, T, H, m, backward))
             return Fake.flag
     monkeypatch.setattr(_kernel_modules, "kernel_device", lambda device: True)
     monkeypatch.setattr(gated, "kernel_module", lambda name: Fake)
@@ -173,7 +174,15 @@ def test_bdlru_auto_takes_unfused_for_few_long_sequences(monkeypatch):
     v = torch.randn(2, 9, 3, 2, generator=g)
     got = ls.bdlru_scan(z, v)
     want = ls.bdlru_scan(z.double(), v.double(), method="sequential")
-    assert calls == [] and asked == [(2, 9, 3, 2)] and rel_err(got, want) < 1e-5
+    assert calls == [] and asked == [(2, 9, 3, 2, False)] and rel_err(got, want) < 1e-5
+    ls.bdlru_scan(z.requires_grad_(), v)                         # a backward will run
+    with torch.no_grad():
+        ls.bdlru_scan(z, v)
+    h0 = torch.zeros(2, 3, 2, requires_grad=True)
+    ls.bdlru_scan(z.detach(), v, initial_state=h0)
+    assert [a[-1] for a in asked] == [False, True, False, True]
+    z = z.detach()
+    asked.clear()
     Fake.flag = False
     assert ls.bdlru_scan(z, v).abs().max() == 0 and calls == [torch.float32]
     asked.clear()

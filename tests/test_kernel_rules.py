@@ -101,10 +101,10 @@ def test_fused_gates_unfused_faster(monkeypatch):
     monkeypatch.setattr(ff, "num_sms", lambda device: 132)
     monkeypatch.setattr(ff, "TUNE", {})
     dev = torch.device("cpu")
-    unfused = {2: [(2, 4096), (1, 16384)], 4: [(1, 6144), (1, 8192), (2, 8192), (1, 16384)],
+    unfused = {2: [(2, 8192), (1, 16384)], 4: [(1, 8192), (2, 8192), (1, 16384)],
                8: [(1, 4096), (2, 4096), (1, 16384)], 16: [(1, 2048), (2, 2048), (3, 2048)],
                32: [(1, 512), (4, 2048), (6, 2048), (8, 2048), (1, 4096)]}
-    fused = {2: [(1, 2048), (6, 2048), (8, 2048)], 4: [(1, 4096), (2, 4096), (3, 8192)],
+    fused = {2: [(1, 4096), (6, 8192), (8, 2048)], 4: [(1, 4096), (1, 6144), (3, 8192)],
              8: [(1, 2048), (2, 2048), (3, 4096)], 16: [(1, 1024), (4, 2048), (4, 4096)],
              32: [(1, 128), (1, 256), (11, 2048), (16, 2048)]}
     for m in unfused:
@@ -113,9 +113,20 @@ def test_fused_gates_unfused_faster(monkeypatch):
             assert ff.unfused_faster(B, T, H, m, dev), (m, B, T)
         for B, T in fused[m]:
             assert not ff.unfused_faster(B, T, H, m, dev), (m, B, T)
+    fwd_unfused = {2: [(1, 4096)], 4: [(1, 4096), (2, 4096)], 8: [(1, 2048)],
+                   16: [(1, 512), (1, 1024)], 32: [(1, 256)]}
+    fwd_fused = {2: [(1, 2048)], 4: [(1, 2048)], 8: [(1, 1024)], 16: [(1, 256), (4, 2048)],
+                 32: [(1, 128), (11, 2048)]}
+    for m in fwd_unfused:                                        # a forward alone (no backward)
+        H = 768 // m
+        for B, T in fwd_unfused[m]:
+            assert ff.unfused_faster(B, T, H, m, dev, backward=False), (m, B, T)
+        for B, T in fwd_fused[m]:
+            assert not ff.unfused_faster(B, T, H, m, dev, backward=False), (m, B, T)
     assert not ff.unfused_faster(1, 16384, 768, 1, dev)          # m = 1: not measured
     assert ff.unfused_faster(1, 16384, 256, 3, dev) and ff.unfused_faster(1, 2048, 64, 12, dev)
     ff.TUNE.update(unfused_below=3)                              # 2.2 programs an SM
     assert ff.unfused_faster(3, 8192, 192, 4, dev)
     ff.TUNE.update(unfused_min_len=1024)
     assert ff.unfused_faster(1, 1024, 192, 4, dev) and not ff.unfused_faster(1, 1023, 192, 4, dev)
+    assert not ff.unfused_faster(1, 1023, 192, 4, dev, backward=False)

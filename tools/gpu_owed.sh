@@ -119,12 +119,13 @@
 #   T16384 m = 16 fwd+bwd runs at 3 % of copy, 25.6 ms). bdlru_scan's auto now takes the unfused
 #   path for few long fp32 sequences (fused_gates.unfused_faster, call 10). OWED: stage unfused
 #   (its GPU test, and fused against unfused at B1-B4 T2048 / T4096 around the line).
-#   Forty-fifth (H200, 8 calls): everything the forty-fourth owed ran (test_gpu_fused_companion.py
+#   Forty-fifth (H200, 11 calls): everything the forty-fourth owed ran (test_gpu_fused_companion.py
 #   46 passed poisoned at 1e-5 / 5e-3; stage unfused). The unfused route's lines are now by block
-#   size (fused_gates.UNFUSED_LINES, m = 2..32) from eager and graph timings
-#   (gate_tune_compare.py --route --eager); -k unfused 5 passed, test_gpu_models.py +
-#   test_gpu_compile.py 85 passed. Nothing owed. Leads: the unfused route's host work (1.0-1.8 ms
-#   a fwd+bwd at B1, tools/host_overhead.py --bdlru unfused); an H100 run of stage unfused.
+#   size and by whether a backward follows (fused_gates.UNFUSED_LINES, m = 2..32) from eager and
+#   graph timings (gate_tune_compare.py --route --eager); -k unfused 7 passed on the final lines,
+#   test_gpu_models.py + test_gpu_compile.py 85 passed (before the forward lines). Nothing owed.
+#   Leads: the unfused route's host work (1.0-1.8 ms a fwd+bwd at B1, tools/host_overhead.py
+#   --bdlru unfused; it varied 2x between machines); an H100 run of stage unfused.
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):
@@ -357,13 +358,16 @@ case "$stage" in
     # the JSONs are dropped (the device returns at most 8 files)
     LRNN_SCAN_POISON=1 timeout 200 python3 -m pytest -q -rfEs -p no:cacheprovider \
       tests/gpu/test_gpu_fused_companion.py -k unfused 2>&1 | tee "$OUT/unfused.log" | tail -3
-    for ms in "2 1x2048x768 1x4096x768 4x4096x768 6x4096x768" "4 1x4096x768 1x6144x768 2x8192x768 3x8192x768" \
-              "8 1x2048x768 1x4096x768 2x4096x768 3x4096x768" "16 1x1024x768 1x2048x768 3x2048x768 4x2048x768" \
-              "32 1x256x768 1x512x768 8x2048x768 11x2048x768"; do
+    # "bwd m shapes" (fwd+bwd) and "fwd m shapes" (a forward alone: its own, shorter step lines)
+    for ms in "bwd 2 1x4096x768 1x8192x768 4x8192x768 6x8192x768" "bwd 4 1x6144x768 1x8192x768 2x8192x768 3x8192x768" \
+              "bwd 8 1x2048x768 1x4096x768 2x4096x768 3x4096x768" "bwd 16 1x1024x768 1x2048x768 3x2048x768 4x2048x768" \
+              "bwd 32 1x256x768 1x512x768 8x2048x768 11x2048x768" "fwd 4 1x2048x768 1x4096x768" \
+              "fwd 16 1x256x768 1x512x768" "fwd 32 1x128x768 1x256x768"; do
       set -- $ms
-      m=$1; shift
-      timeout 100 python3 tools/gate_tune_compare.py --kind fused --m $m --bwd --route --eager --baseline \
-        --rounds 2 --out "$OUT/unfused_json" --shapes "$@" 2>&1 | tee -a "$OUT/unfused.log" | grep "fp32,"
+      pass=$1; m=$2; shift 2
+      timeout 100 python3 tools/gate_tune_compare.py --kind fused --m $m $([ $pass = bwd ] && echo --bwd) \
+        --route --eager --baseline --rounds 2 --out "$OUT/unfused_json" --shapes "$@" 2>&1 \
+        | tee -a "$OUT/unfused.log" | grep "fp32,"
     done
     rm -rf "$OUT/unfused_json" ;;
   scan)

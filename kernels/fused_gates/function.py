@@ -44,35 +44,44 @@ def _config(num_seq: int, H: int, m: int, device, bwd: bool = False) -> tuple[in
     return bh, warps, tune_knob(TUNE, "num_stages", bwd, 5)
 
 
-# The unfused path's lines by MP = next_pow2(m): (fewest steps, fused programs an SM below which).
-# Steps: below them the fused kernel's chain costs less than the unfused path's extra host work in
-# eager calls (1.0-1.8 ms a fwd+bwd: torch's gate ops and backward, the chunked plan's launches;
-# tools/host_overhead.py --bdlru unfused). H200 eager fwd+bwd through bdlru_scan, fused against
-# unfused, ms (2026-11-30, RESULTS.md "forty-fifth"): m = 4 B1 T4096 1.26 / 1.84, T6144 1.88 /
-# 1.65-1.69; m = 8 B1 T2048 1.31 / 1.50, T4096 2.61 / 1.70-2.02; m = 16 B1 T1024 1.61 / 1.77,
-# T2048 3.21 / 1.37-1.53; m = 32 B1 T128 0.55 / 0.94, T256 1.09 / 1.08-1.15 (a tie). Programs:
-# m = 16 B3 T2048 (1.09 an SM) 3.35 / 2.82, B4 T4096 (1.45) 6.69 / 6.99; m = 32 B8 T2048 (1.45)
-# 14.34 / 10.88, B11 (2.0) 14.34 / 14.71.
-UNFUSED_LINES = {2: (4096, 1.5), 4: (6144, 1.5), 8: (4096, 1.5), 16: (2048, 1.25), 32: (512, 1.5)}
+# The unfused path's lines by MP = next_pow2(m): (fewest steps with a backward, fewest steps for a
+# forward alone, fused programs an SM below which). Steps: below them the fused kernel's chain
+# costs less than the unfused path's extra host work in eager calls (1.0-1.8 ms a fwd+bwd, about
+# 0.15-0.25 ms a forward: torch's gate ops and backward, the chunked plan's launches;
+# tools/host_overhead.py --bdlru unfused). H200 eager timings through bdlru_scan, fused against
+# unfused, ms (2026-11-30, RESULTS.md "forty-fifth"). fwd+bwd: m = 4 B1 T4096 1.26 / 1.84, T6144
+# 1.88 / 1.65-1.69; m = 8 B1 T2048 1.31 / 1.50, T4096 2.61 / 1.70-2.02; m = 16 B1 T1024 1.61 /
+# 1.77, T2048 3.21 / 1.37-1.53; m = 32 B1 T128 0.55 / 0.94, T256 1.09 / 1.08-1.15 (a tie).
+# Forward: m = 2 T2048 0.226 / 0.235, T4096 0.449 / 0.249; m = 4 T1024 0.155 / 0.208, T2048
+# 0.304 / 0.180; m = 8 T512 0.108 / 0.151, T1024 0.212 / 0.183; m = 16 T256 0.178 / 0.159;
+# m = 32 T64 0.140 / 0.166, T128 0.271 / 0.131. The host's share moves between machines (a later
+# call: m = 4 forward T1024 0.168 / 0.407, T2048 0.304 / 0.363), so each line sits where the
+# unfused path won by about 1.4x or more: m = 2 / 4 fwd+bwd from 8192 steps (m = 4 T8192 2.50 /
+# 1.53-1.69), forward m = 4 from 4096 (0.602 / 0.348), m = 8 from 2048, m = 16 from 512 (0.352 /
+# 0.215), m = 32 from 256 (0.532 / 0.137). Programs: m = 16 B3 T2048 (1.09 an SM) 3.35 /
+# 2.82, B4 T4096 (1.45) 6.69 / 6.99; m = 32 B8 T2048 (1.45) 14.34 / 10.88, B11 (2.0) 14.34 / 14.71.
+UNFUSED_LINES = {2: (8192, 4096, 1.5), 4: (8192, 4096, 1.5), 8: (4096, 2048, 1.5),
+                 16: (2048, 512, 1.25), 32: (512, 256, 1.5)}
 
 
-def unfused_faster(num_seq: int, max_len: int, H: int, m: int, device) -> bool:
+def unfused_faster(num_seq: int, max_len: int, H: int, m: int, device, backward: bool = True) -> bool:
     """Whether ``bdlru_scan(method="auto")`` should take the unfused path (torch gates, then the
     block-diagonal scan, which splits time into chunks when programs are few) over this kernel,
     which runs each sequence's chain in one program: m = 2..32, at least ``UNFUSED_LINES[MP][0]``
-    steps and fewer than ``UNFUSED_LINES[MP][1]`` fused programs an SM (``_config``).
+    steps (``[1]`` when no backward will run, ``backward=False``) and fewer than
+    ``UNFUSED_LINES[MP][2]`` fused programs an SM (``_config``).
 
-    Measured on an H200, fp32 fwd+bwd, fused against unfused (RESULTS.md "forty-fourth",
-    "forty-fifth"). CUDA graphs, ms: B1 T16384 N768 (0.4-0.7 programs an SM) 5.01 / 10.42 /
-    25.64 against 2.06 / 3.92 / 7.00 at m = 4 / 8 / 16; at 1.45 programs an SM (T2048 / T4096)
-    m = 2 0.605 / 0.599, m = 4 0.634 / 0.594, m = 8 1.31 / 1.08, m = 16 6.71 / 7.00, m = 32
-    14.39 / 10.86; at 2.2-2.9 m = 2 0.612 / 0.870, m = 4 1.27 / 1.55, m = 8 2.63 / 3.21, m = 32
-    equal within 2 %. Eager calls, which pay the unfused path's host time, set the step lines.
-    ``TUNE['unfused_min_len']`` / ``TUNE['unfused_below']`` move the lines."""
+    Measured on an H200, fp32, fused against unfused (RESULTS.md "forty-fourth", "forty-fifth").
+    CUDA graphs, fwd+bwd, ms: B1 T16384 N768 (0.4-0.7 programs an SM) 5.01 / 10.42 / 25.64
+    against 2.06 / 3.92 / 7.00 at m = 4 / 8 / 16; at 1.45 programs an SM (T2048 / T4096) m = 2
+    0.605 / 0.599, m = 4 0.634 / 0.594, m = 8 1.31 / 1.08, m = 16 6.71 / 7.00, m = 32 14.39 /
+    10.86; at 2.2-2.9 m = 2 0.612 / 0.870, m = 4 1.27 / 1.55, m = 8 2.63 / 3.21, m = 32 equal
+    within 2 %. Eager calls, which pay the unfused path's host time, set the step lines.
+    ``TUNE['unfused_min_len']`` (both step lines) / ``TUNE['unfused_below']`` move the lines."""
     if not 2 <= m <= 32:
         return False
-    min_len, below = UNFUSED_LINES[max(2, next_pow2(m))]
-    if max_len < TUNE.get("unfused_min_len", min_len):
+    min_len, min_len_fwd, below = UNFUSED_LINES[max(2, next_pow2(m))]
+    if max_len < TUNE.get("unfused_min_len", min_len if backward else min_len_fwd):
         return False
     programs = num_seq * cdiv(H, _config(num_seq, H, m, device)[0])
     return programs < TUNE.get("unfused_below", below) * num_sms(device)

@@ -237,7 +237,7 @@ def test_unfused_method(family, monkeypatch):
     _check(fn, ref, tensors, 1e-5)
 
 
-@pytest.mark.parametrize("m,T", [(16, 2049), (32, 513), (4, 6145)])
+@pytest.mark.parametrize("m,T", [(16, 2049), (32, 513), (4, 8193)])
 def test_auto_unfused_for_few_long_sequences(monkeypatch, m, T):
     """``bdlru_scan(method="auto")`` at B1 N768 past the step line of ``fused_gates.unfused_faster``
     (below its programs line on an H100 / H200) takes the unfused path (the fused kernel is not
@@ -257,3 +257,33 @@ def test_auto_unfused_for_few_long_sequences(monkeypatch, m, T):
     def ref(z, v, s, **kw):
         return fused_gate_scan_ref(z, v, "softmax", initial_state=s, **kw)
     _check(fn, ref, tensors, 1e-5, ref_dev=DEV)
+
+
+@pytest.mark.parametrize("m,T", [(16, 513), (4, 4097)])
+def test_auto_unfused_forward_alone(monkeypatch, m, T):
+    """Without a backward (``torch.no_grad``) ``bdlru_scan(method="auto")`` takes the unfused path
+    from the shorter forward step line (``UNFUSED_LINES[MP][1]``); under grad mode the same shape
+    stays fused. Outputs and final state against the fp64 reference."""
+    import lrnn_scan as ls
+    import lrnn_scan.kernels.fused_gates as fg
+    H = 768 // m
+    if not fg.unfused_faster(1, T, H, m, torch.device(DEV), backward=False):
+        pytest.skip("this GPU has too few SMs for the shape to fall below the line")
+    assert not fg.unfused_faster(1, T, H, m, torch.device(DEV))
+    torch.manual_seed(7)
+    z, v, s = torch.randn(1, T, H, m, m + 1) * 1.5, torch.randn(1, T, H, m), torch.randn(1, H, m)
+    hr, hfr = fused_gate_scan_ref(z.double(), v.double(), "softmax", initial_state=s.double(),
+                                  output_final_state=True)
+    zc, vc, sc = z.to(DEV), v.to(DEV), s.to(DEV)
+    with monkeypatch.context() as mp:
+        mp.setattr(fg, "fused_gate_scan", lambda *a, **k: pytest.fail("fused kernel called"))
+        with torch.no_grad():
+            h, hf = ls.bdlru_scan(zc, vc, "softmax", initial_state=sc, output_final_state=True)
+    errs = [rel(h, hr.to(DEV)), rel(hf, hfr.to(DEV))]
+    print(f"\n[errors] max {max(errs):.2e} (tol 1e-05): " + " ".join(f"{e:.2e}" for e in errs))
+    assert max(errs) < 1e-5, errs
+    calls = []
+    kernel = fg.fused_gate_scan
+    monkeypatch.setattr(fg, "fused_gate_scan", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    ls.bdlru_scan(zc.requires_grad_(), vc, "softmax", initial_state=sc)
+    assert calls == [1]

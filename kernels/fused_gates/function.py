@@ -47,7 +47,7 @@ def _config(num_seq: int, H: int, m: int, device, bwd: bool = False) -> tuple[in
 # The unfused path's lines by MP = next_pow2(m): (fewest steps with a backward, fewest steps for a
 # forward alone, fused programs an SM below which). Steps: below them the fused kernel's chain
 # costs less than the unfused path's extra host work in eager calls (1.0-1.8 ms a fwd+bwd, about
-# 0.15-0.25 ms a forward: torch's gate ops and backward, the chunked plan's launches;
+# 0.17-0.28 ms a forward: torch's gate ops and backward, the chunked plan's launches;
 # tools/host_overhead.py --bdlru unfused). H200 eager timings through bdlru_scan, fused against
 # unfused, ms (2026-11-30, RESULTS.md "forty-fifth"). fwd+bwd: m = 4 B1 T4096 1.26 / 1.84, T6144
 # 1.88 / 1.65-1.69; m = 8 B1 T2048 1.31 / 1.50, T4096 2.61 / 1.70-2.02; m = 16 B1 T1024 1.61 /

@@ -58,6 +58,11 @@ def _fused(module: str, fn: str, method: str, logits: Tensor):
         return None
 
 
+def _backward_follows(*tensors) -> bool:
+    """Whether autograd will record this call: grad mode on and an input that requires grad."""
+    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+
+
 def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float = DEFAULT_EPS,
                initial_state: Tensor | None = None, output_final_state: bool = False,
                cu_seqlens: Tensor | None = None, method: str = "auto"):
@@ -92,12 +97,11 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
                          f"(B, T, H, m); got {tuple(v.shape)}")
     gate = canonical_gate_name(gate)
     fn = _fused("fused_gates", "fused_gate_scan", method, logits)
-    backward = torch.is_grad_enabled() and any(
-        isinstance(t, Tensor) and t.requires_grad for t in (logits, v, initial_state))
     if (fn is not None and method == "auto" and cu_seqlens is None and logits.dtype == torch.float32
             and not torch.compiler.is_compiling()
-            and kernel_module("fused_gates").unfused_faster(*logits.shape[:3], m, logits.device,
-                                                            backward=backward)):
+            and kernel_module("fused_gates").unfused_faster(
+                *logits.shape[:3], m, logits.device,
+                backward=_backward_follows(logits, v, initial_state))):
         # few long sequences: the time-chunked block-diagonal scan is faster (measured in fp32;
         # in 16 bits the unfused path would round A, which the fused kernel never stores)
         fn = None

@@ -96,37 +96,68 @@ def test_gate_kernel_configs(monkeypatch):
 
 def test_fused_gates_unfused_faster(monkeypatch):
     """``fused_gates.unfused_faster`` against the H200's measured shapes on both sides of its
-    lines (``UNFUSED_LINES``: steps, programs an SM), N768; the TUNE keys move them."""
+    lines (``UNFUSED_LINES``: steps, programs an SM), N768; the TUNE keys move them. With a
+    backward, m <= 8 stays fused (time-chunked there: ``choose_chunk``)."""
     from lrnn_scan.kernels.fused_gates import function as ff
     monkeypatch.setattr(ff, "num_sms", lambda device: 132)
     monkeypatch.setattr(ff, "TUNE", {})
     dev = torch.device("cpu")
-    unfused = {2: [(2, 8192), (1, 16384)], 4: [(1, 8192), (2, 8192), (1, 16384)],
-               8: [(1, 4096), (2, 4096), (1, 16384)], 16: [(1, 2048), (2, 2048), (3, 2048)],
+    unfused = {16: [(1, 2048), (2, 2048), (3, 2048)],
                32: [(1, 512), (4, 2048), (6, 2048), (8, 2048), (1, 4096)]}
-    fused = {2: [(1, 4096), (6, 8192), (8, 2048)], 4: [(1, 4096), (1, 6144), (3, 8192)],
-             8: [(1, 2048), (2, 2048), (3, 4096)], 16: [(1, 1024), (4, 2048), (4, 4096)],
+    fused = {2: [(1, 16384), (2, 8192), (4, 8192)], 4: [(1, 8192), (1, 16384), (2, 8192)],
+             8: [(1, 4096), (2, 8192), (1, 16384)], 16: [(1, 1024), (4, 2048), (4, 4096)],
              32: [(1, 128), (1, 256), (11, 2048), (16, 2048)]}
-    for m in unfused:
+    for m in fused:
         H = 768 // m
-        for B, T in unfused[m]:
+        for B, T in unfused.get(m, []):
             assert ff.unfused_faster(B, T, H, m, dev), (m, B, T)
         for B, T in fused[m]:
             assert not ff.unfused_faster(B, T, H, m, dev), (m, B, T)
-    fwd_unfused = {2: [(1, 4096)], 4: [(1, 4096), (2, 4096)], 8: [(1, 2048)],
+    fwd_unfused = {4: [(1, 4096), (2, 4096), (2, 8192), (1, 16384)], 8: [(1, 4096), (1, 16384)],
                    16: [(1, 512), (1, 1024)], 32: [(1, 256)]}
-    fwd_fused = {2: [(1, 2048)], 4: [(1, 2048)], 8: [(1, 1024)], 16: [(1, 256), (4, 2048)],
-                 32: [(1, 128), (11, 2048)]}
-    for m in fwd_unfused:                                        # a forward alone (no backward)
+    fwd_fused = {2: [(1, 4096), (1, 16384)], 4: [(1, 2048)], 8: [(1, 2048)],
+                 16: [(1, 256), (4, 2048)], 32: [(1, 128), (11, 2048)]}
+    for m in fwd_fused:                                          # a forward alone (no backward)
         H = 768 // m
-        for B, T in fwd_unfused[m]:
+        for B, T in fwd_unfused.get(m, []):
             assert ff.unfused_faster(B, T, H, m, dev, backward=False), (m, B, T)
         for B, T in fwd_fused[m]:
             assert not ff.unfused_faster(B, T, H, m, dev, backward=False), (m, B, T)
     assert not ff.unfused_faster(1, 16384, 768, 1, dev)          # m = 1: not measured
-    assert ff.unfused_faster(1, 16384, 256, 3, dev) and ff.unfused_faster(1, 2048, 64, 12, dev)
+    assert ff.unfused_faster(1, 2048, 64, 12, dev) and not ff.unfused_faster(1, 16384, 256, 3, dev)
     ff.TUNE.update(unfused_below=3)                              # 2.2 programs an SM
-    assert ff.unfused_faster(3, 8192, 192, 4, dev)
+    assert ff.unfused_faster(3, 8192, 192, 4, dev, backward=False)
     ff.TUNE.update(unfused_min_len=1024)
     assert ff.unfused_faster(1, 1024, 192, 4, dev) and not ff.unfused_faster(1, 1023, 192, 4, dev)
     assert not ff.unfused_faster(1, 1023, 192, 4, dev, backward=False)
+
+
+def test_fused_gates_choose_chunk(monkeypatch):
+    """``fused_gates.choose_chunk`` on the H200's measured shapes (N768): chunked below 2
+    unchunked programs an SM from 4096 steps at m <= 4 (eager host time), 2048 at m = 5..8,
+    128-step chunks up to 8192 programs."""
+    from lrnn_scan.kernels.fused_gates import function as ff
+    monkeypatch.setattr(ff, "num_sms", lambda device: 132)
+    monkeypatch.setattr(ff, "TUNE", {})
+    dev = torch.device("cpu")
+
+    def chunk(B, T, m, cu=None):
+        return ff.choose_chunk(cu, B, T, 768 // m, m, dev)
+    assert chunk(1, 16384, 2) == 128 and chunk(4, 8192, 2) == 256        # 48 / 192 programs
+    assert chunk(1, 4096, 4) == 128 and chunk(1, 8192, 4) == 128         # 96 programs
+    assert chunk(1, 16384, 4) == 256 and chunk(2, 8192, 4) == 256
+    assert chunk(2, 8192, 8) == 256 and chunk(1, 2048, 8) == 128
+    assert chunk(4, 8192, 4) is None and chunk(4, 8192, 8) is None      # 2.9 programs an SM
+    assert chunk(1, 4095, 4) is None and chunk(1, 4095, 2) is None      # short (eager host)
+    assert chunk(1, 2047, 8) is None
+    assert chunk(1, 4096, 2) == 128
+    assert chunk(1, 16384, 16) is None and chunk(1, 16384, 32) is None  # m^3 summaries lost
+    assert chunk(1, 16384, 1) is None
+    assert chunk(1, 16384, 4, cu=torch.tensor([0, 16384])) is None      # varlen: no sync
+    ff.TUNE.update(chunk=100)
+    assert chunk(1, 1000, 1) == 100 and chunk(1, 100, 4) is None
+    assert chunk(1, 50, 4, cu=torch.tensor([0, 50])) == 100
+    ff.TUNE.update(chunk=0)
+    assert chunk(1, 16384, 4) is None
+
+

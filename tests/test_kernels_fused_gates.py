@@ -107,6 +107,52 @@ def test_bf16_inputs_fp32_state(upcast16, monkeypatch):
     run_case(1, 17, 2, 4, "softmax", dtype=torch.bfloat16, seed=5, tol=2e-2)
 
 
+def _count_chunked(monkeypatch):
+    calls = []
+    for name in ("chunked_forward", "chunked_backward"):
+        fn = getattr(_kmod, name)
+        monkeypatch.setattr(_kmod, name, lambda *a, _f=fn, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("m,T,chunk", [(1, 17, 4), (2, 63, 8), (3, 65, 16), (4, 37, 5),
+                                       (8, 20, 6), (16, 9, 2)])
+def test_time_chunked(m, T, chunk, monkeypatch):
+    """The time-chunked passes (chunked.py: chunk summaries, carries, re-run; the adjoint's the
+    same in reverse), forced by TUNE["chunk"]: chunks that do not divide T, a last chunk of one
+    step, every block size class."""
+    monkeypatch.setitem(_kmod.TUNE, "chunk", chunk)
+    calls = _count_chunked(monkeypatch)
+    run_case(2, T, 2, m, "softmax" if m % 2 else "tanh", seed=10 + m)
+    assert calls == ["chunked_forward", "chunked_backward"]
+
+
+@pytest.mark.parametrize("variant", ["sigmoid", "relu", "identity", "none"])
+def test_time_chunked_varlen(variant, monkeypatch):
+    """Chunked varlen: boundaries inside chunks, an empty sequence and one shorter than a chunk
+    (its later chunks are empty: P = I, E = 0), no initial state for one variant."""
+    monkeypatch.setitem(_kmod.TUNE, "chunk", 6)
+    calls = _count_chunked(monkeypatch)
+    run_case(1, 41, 2, 3, variant, cu=[0, 4, 4, 23, 41], seed=11, h0=variant != "none",
+             final=variant != "relu")
+    assert calls == ["chunked_forward", "chunked_backward"]
+
+
+def test_time_chunked_bf16(monkeypatch):
+    monkeypatch.setitem(_kmod.TUNE, "chunk", 7)
+    run_case(1, 30, 2, 4, "softmax", dtype=torch.bfloat16, seed=12, tol=2e-2)
+
+
+def test_time_chunked_column_groups(monkeypatch):
+    """Chunk summaries with several programs a block (``sum_ncb`` columns of ``P`` each)."""
+    monkeypatch.setitem(_kmod.TUNE, "chunk", 5)
+    monkeypatch.setitem(_kmod.TUNE, "sum_ncb", 2)
+    run_case(1, 12, 1, 8, "softmax", seed=13)
+    monkeypatch.setitem(_kmod.TUNE, "sum_ncb", 3)
+    with pytest.raises(ValueError, match="sum_ncb"):
+        run_case(1, 12, 1, 8, "softmax", seed=13)
+
+
 def test_no_state_no_final():
     run_case(2, 9, 2, 2, "identity", h0=False, final=False, seed=6)
 

@@ -36,6 +36,14 @@ def _seq_bounds(CU, i_n, T, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _chunk_bounds(bos, L, i_c, CHUNK):
+    """Chunk ``i_c`` (``CHUNK`` steps) of a sequence ``[bos, bos + L)``: its start and length
+    (0 past the sequence's end: a varlen batch sizes its chunk grid by its longest sequence)."""
+    start = i_c.to(tl.int64) * CHUNK
+    return bos + start, tl.minimum(tl.maximum(L - start, 0), CHUNK).to(tl.int32)
+
+
+@triton.jit
 def _tiles(i_h, H, M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, COL0: tl.constexpr):
     """Offsets / masks: N tile (b, i, j), T tile (b, j, i), input gate and vectors (b, i)."""
     K1: tl.constexpr = M + COL0
@@ -70,10 +78,14 @@ def _fwd_step(Z, V, HOUT, tok, h, off_z, mask3, off_z0, off_v, mask2, sz, sv, ep
 
 
 @triton.jit(do_not_specialize=["T"])
-def block_scan_fwd_kernel(Z, V, H0, HOUT, HF, CU, T, H, eps,
+def block_scan_fwd_kernel(Z, V, H0, HOUT, HF, CU, XIN, T, H, CHUNK, eps,
                           M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr,
                           COL0: tl.constexpr, VARIANT: tl.constexpr, NS: tl.constexpr,
-                          HAS_H0: tl.constexpr, STORE_HF: tl.constexpr, IS_VARLEN: tl.constexpr):
+                          HAS_H0: tl.constexpr, STORE_HF: tl.constexpr, IS_VARLEN: tl.constexpr,
+                          CHUNKED: tl.constexpr):
+    """Grid ``(num_seqs, head groups)``, or with ``CHUNKED`` ``(num_seqs, head groups, chunks)``:
+    chunk ``c > 0`` of ``CHUNK`` steps starts from the carry ``XIN (num_seqs, chunks, H, m)``
+    entry ``c - 1`` (the state after chunk ``c - 1``; ``chunked.py``), chunk 0 from ``H0``."""
     i_n = tl.program_id(0)
     i_h = tl.program_id(1)
     bos, L = _seq_bounds(CU, i_n, T, IS_VARLEN)
@@ -84,6 +96,11 @@ def block_scan_fwd_kernel(Z, V, H0, HOUT, HF, CU, T, H, eps,
     h = tl.zeros([BH, MP], dtype=tl.float32)
     if HAS_H0:
         h = tl.load(H0 + n64 * sv + off_v, mask=mask2, other=0.0).to(tl.float32)
+    if CHUNKED:
+        i_c = tl.program_id(2)
+        bos, L = _chunk_bounds(bos, L, i_c, CHUNK)
+        if i_c > 0:
+            h = tl.load(XIN + (n64 * tl.num_programs(2) + i_c - 1) * sv + off_v, mask=mask2, other=0.0)
     for p in tl.range(0, L // 2, num_stages=NS):
         tok = bos + 2 * p
         h = _fwd_step(Z, V, HOUT, tok, h, off_n, mask_n, off_z0, off_v, mask2, sz, sv, eps,
@@ -99,15 +116,24 @@ def block_scan_fwd_kernel(Z, V, H0, HOUT, HF, CU, T, H, eps,
 
 @triton.jit
 def _bwd_step(Z, V, HOUT, DH, DZ, DV, tok, bos, h0, c, off_z, mask3, off_z0, off_v, mask2, sz, sv,
-              eps, AX: tl.constexpr, COL0: tl.constexpr, VARIANT: tl.constexpr):
-    """One adjoint step on a tile reduced over AX; returns A_t^T λ_t (the next step's carry)."""
+              eps, AX: tl.constexpr, COL0: tl.constexpr, VARIANT: tl.constexpr,
+              STORE: tl.constexpr = True):
+    """One adjoint step on a tile reduced over AX; returns A_t^T λ_t (the next step's carry).
+    ``bos``: the sequence's first token (``h_{t-1}`` is ``h0`` there); ``STORE=False``: the
+    carry alone (a chunk's local adjoint, ``chunked.py``), no gradients read or written."""
     OX: tl.constexpr = 3 - AX
     z = tl.load(Z + tok * sz + off_z, mask=mask3, other=0.0).to(tl.float32)
-    v = tl.load(V + tok * sv + off_v, mask=mask2, other=0.0).to(tl.float32)
     g = tl.load(DH + tok * sv + off_v, mask=mask2, other=0.0).to(tl.float32)
+    lam = g + c
+    if not STORE:
+        w = z
+        if COL0 == 1:
+            z0 = tl.load(Z + tok * sz + off_z0, mask=mask2, other=0.0).to(tl.float32)
+            w, _w0, _g, _g0, _s, _s0 = gate_normalize(z, z0, mask3, eps, AX, VARIANT)
+        return tl.sum(w * tl.expand_dims(lam, AX), axis=OX)
+    v = tl.load(V + tok * sv + off_v, mask=mask2, other=0.0).to(tl.float32)
     hp = tl.load(HOUT + tl.maximum(tok - 1, bos) * sv + off_v, mask=mask2, other=0.0).to(tl.float32)
     hp = tl.where(tok > bos, hp, h0)
-    lam = g + c
     if COL0 == 1:
         z0 = tl.load(Z + tok * sz + off_z0, mask=mask2, other=0.0).to(tl.float32)
         w, w0, gg, gg0, s, s0 = gate_normalize(z, z0, mask3, eps, AX, VARIANT)
@@ -125,19 +151,25 @@ def _bwd_step(Z, V, HOUT, DH, DZ, DV, tok, bos, h0, c, off_z, mask3, off_z0, off
 
 
 @triton.jit(do_not_specialize=["T"])
-def block_scan_bwd_kernel(Z, V, H0, HOUT, DH, DHF, DZ, DV, DH0, CU, T, H, eps,
+def block_scan_bwd_kernel(Z, V, H0, HOUT, DH, DHF, DZ, DV, DH0, CU, XIN, T, H, CHUNK, eps,
                           M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr,
                           COL0: tl.constexpr, VARIANT: tl.constexpr, NS: tl.constexpr,
                           HAS_H0: tl.constexpr, HAS_DHF: tl.constexpr, STORE_DH0: tl.constexpr,
-                          IS_VARLEN: tl.constexpr):
+                          IS_VARLEN: tl.constexpr, CHUNKED: tl.constexpr = False,
+                          HAS_XIN: tl.constexpr = False, STORE_GRADS: tl.constexpr = True):
     """Adjoint scan λ_t = g_t + A_{t+1}^T λ_{t+1}, with the fused gate gradient per step.
 
     Needs h_{t-1}: read from the saved output (or h0 at the sequence start), h_t is recomputed.
     Steps run t = L-1 … 0: an odd leftover first (T tile), then pairs (N at t, T at t-1).
+    ``CHUNKED`` (grid ``(num_seqs, head groups, chunks)``): chunk ``c`` of ``CHUNK`` steps; its
+    carry in is ``DHF`` for the last chunk and, with ``HAS_XIN``, entry ``chunks - 2 - c`` of
+    ``XIN`` (the reversed carry scan of ``chunked.py``) for the others, zero without;
+    ``DH0`` entry ``(n, chunks - 1 - c)`` gets the carry out. ``STORE_GRADS=False``: carries only.
     """
     i_n = tl.program_id(0)
     i_h = tl.program_id(1)
     bos, L = _seq_bounds(CU, i_n, T, IS_VARLEN)
+    sbos = bos
     off_v, off_z0, mask2, off_n, mask_n, off_t, mask_t = _tiles(i_h, H, M, MP, BH, COL0)
     sz = H * (M * (M + COL0))
     sv = H * M
@@ -148,15 +180,25 @@ def block_scan_bwd_kernel(Z, V, H0, HOUT, DH, DHF, DZ, DV, DH0, CU, T, H, eps,
     c = tl.zeros([BH, MP], dtype=tl.float32)  # A_{t+1}^T λ_{t+1}
     if HAS_DHF:
         c = tl.load(DHF + n64 * sv + off_v, mask=mask2, other=0.0).to(tl.float32)
+    i_c = 0
+    nch = 1
+    if CHUNKED:
+        i_c = tl.program_id(2)
+        nch = tl.num_programs(2)
+        bos, L = _chunk_bounds(bos, L, i_c, CHUNK)
+        if i_c < nch - 1:
+            c = tl.zeros([BH, MP], dtype=tl.float32)
+            if HAS_XIN:
+                c = tl.load(XIN + (n64 * nch + nch - 2 - i_c) * sv + off_v, mask=mask2, other=0.0)
     if L % 2 == 1:
-        c = _bwd_step(Z, V, HOUT, DH, DZ, DV, bos + L - 1, bos, h0, c, off_t, mask_t, off_z0,
-                      off_v, mask2, sz, sv, eps, 1, COL0, VARIANT)
+        c = _bwd_step(Z, V, HOUT, DH, DZ, DV, bos + L - 1, sbos, h0, c, off_t, mask_t, off_z0,
+                      off_v, mask2, sz, sv, eps, 1, COL0, VARIANT, STORE_GRADS)
     top = bos + (L - L % 2) - 1
     for p in tl.range(0, L // 2, num_stages=NS):
         tok = top - 2 * p
-        c = _bwd_step(Z, V, HOUT, DH, DZ, DV, tok, bos, h0, c, off_n, mask_n, off_z0, off_v,
-                      mask2, sz, sv, eps, 2, COL0, VARIANT)
-        c = _bwd_step(Z, V, HOUT, DH, DZ, DV, tok - 1, bos, h0, c, off_t, mask_t, off_z0, off_v,
-                      mask2, sz, sv, eps, 1, COL0, VARIANT)
-    if STORE_DH0:
-        tl.store(DH0 + n64 * sv + off_v, c, mask=mask2)
+        c = _bwd_step(Z, V, HOUT, DH, DZ, DV, tok, sbos, h0, c, off_n, mask_n, off_z0, off_v,
+                      mask2, sz, sv, eps, 2, COL0, VARIANT, STORE_GRADS)
+        c = _bwd_step(Z, V, HOUT, DH, DZ, DV, tok - 1, sbos, h0, c, off_t, mask_t, off_z0, off_v,
+                      mask2, sz, sv, eps, 1, COL0, VARIANT, STORE_GRADS)
+    if STORE_DH0:  # chunked: entry (n, chunks - 1 - c), the order of the reversed carry scan
+        tl.store(DH0 + (n64 * nch + nch - 1 - i_c) * sv + off_v, c, mask=mask2)

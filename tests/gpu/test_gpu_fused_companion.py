@@ -126,6 +126,61 @@ def test_fused_long():
     _fused(1, 65536, 2, 4, h0=False, ref_dev=DEV)  # fp64 loop on the GPU: faster than the CPU
 
 
+def _chunk_calls(monkeypatch, chunk=None):
+    """Count the fused scan's time-chunked passes (``chunked.py``); force ``chunk`` steps."""
+    import lrnn_scan.kernels.fused_gates.function as ff
+    if chunk is not None:
+        monkeypatch.setitem(ff.TUNE, "chunk", chunk)
+    calls = []
+    for name in ("chunked_forward", "chunked_backward"):
+        fn = getattr(ff, name)
+        monkeypatch.setattr(ff, name, lambda *a, _f=fn, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("m", [2, 3, 4, 8, 16, 32])
+def test_fused_time_chunked(m, monkeypatch):
+    calls = _chunk_calls(monkeypatch, 100)
+    torch.manual_seed(20 + m)
+    _fused(2, 1001, 3, m)
+    assert calls == ["chunked_forward", "chunked_backward"]
+
+
+def test_fused_time_chunked_bf16_varlen(monkeypatch):
+    calls = _chunk_calls(monkeypatch, 64)
+    torch.manual_seed(27)
+    _fused(1, 1000, 8, 4, "sigmoid", dtype=torch.bfloat16, cu=[0, 1, 63, 64, 150, 150, 1000], tol=5e-3)
+    assert calls == ["chunked_forward", "chunked_backward"]
+
+
+@pytest.mark.parametrize("m,T", [(4, 65537), (8, 8193), (2, 4097)])
+def test_fused_time_chunked_by_rule_long(m, T, monkeypatch):
+    """One long sequence: the default rule (``function.choose_chunk``) chunks it."""
+    calls = _chunk_calls(monkeypatch)
+    torch.manual_seed(28)
+    _fused(1, T, 4, m, h0=True, ref_dev=DEV)
+    assert calls == ["chunked_forward", "chunked_backward"]
+
+
+@pytest.mark.parametrize("m", [2, 4, 8])
+def test_auto_fused_chunked_with_gradients(m, monkeypatch):
+    """``bdlru_scan(method="auto")`` with gradients at B1 T8193 N768 takes the chunked fused
+    passes (not the unfused path), every gradient against fp64."""
+    import lrnn_scan as ls
+    calls = _chunk_calls(monkeypatch)
+    H = 768 // m
+    torch.manual_seed(29)
+    tensors = [torch.randn(1, 8193, H, m, m + 1) * 1.5, torch.randn(1, 8193, H, m), torch.randn(1, H, m)]
+
+    def fn(z, v, s, **kw):
+        return ls.bdlru_scan(z, v, "softmax", initial_state=s, **kw)
+
+    def ref(z, v, s, **kw):
+        return fused_gate_scan_ref(z, v, "softmax", initial_state=s, **kw)
+    _check(fn, ref, tensors, 1e-5, ref_dev=DEV)
+    assert calls == ["chunked_forward", "chunked_backward"]
+
+
 @pytest.mark.parametrize("variant", VARIANTS + ["coeffs"])
 def test_companion_variants(variant):
     torch.manual_seed(0)
@@ -237,7 +292,7 @@ def test_unfused_method(family, monkeypatch):
     _check(fn, ref, tensors, 1e-5)
 
 
-@pytest.mark.parametrize("m,T", [(16, 2049), (32, 513), (4, 8193)])
+@pytest.mark.parametrize("m,T", [(16, 2049), (32, 513)])
 def test_auto_unfused_for_few_long_sequences(monkeypatch, m, T):
     """``bdlru_scan(method="auto")`` at B1 N768 past the step line of ``fused_gates.unfused_faster``
     (below its programs line on an H100 / H200) takes the unfused path (the fused kernel is not

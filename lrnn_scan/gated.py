@@ -75,9 +75,11 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
         v: ``(B, T, H, m)`` values.
         gate: gate variant of :mod:`lrnn_scan.gates` (``softmax`` default).
         initial_state: ``(B, H, m)`` (``(num_seqs, H, m)`` with ``cu_seqlens``).
-        method: ``auto`` (fused kernel on CUDA; eager fp32 calls without ``cu_seqlens`` take
-            ``unfused`` for a few long sequences at m = 2..32, where that was measured faster, at
-            the cost of ``A`` and its gradient in memory, each about the size of ``logits``:
+        method: ``auto`` (fused kernel on CUDA, time-chunked for a few long sequences at
+            m = 2..8: ``lrnn_scan.kernels.fused_gates.choose_chunk``; eager fp32 calls without
+            ``cu_seqlens`` take ``unfused`` for a few long sequences at m = 16, 32 and for long
+            forwards without gradients at m = 3..32, where that was measured faster, at the cost
+            of ``A`` (and its gradient) in memory, each about the size of ``logits``:
             ``lrnn_scan.kernels.fused_gates.unfused_faster``) | ``kernel`` (fused kernel, or an
             error) | ``unfused`` (``A`` materialised by :func:`lrnn_scan.gates.normalize_gates`,
             then :func:`lrnn_scan.scan` with ``method="auto"``: the block-diagonal kernels on
@@ -102,8 +104,9 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
             and kernel_module("fused_gates").unfused_faster(
                 *logits.shape[:3], m, logits.device,
                 backward=_backward_follows(logits, v, initial_state))):
-        # few long sequences: the time-chunked block-diagonal scan is faster (measured in fp32;
-        # in 16 bits the unfused path would round A, which the fused kernel never stores)
+        # few long sequences at m = 16 / 32, long forwards at m >= 3: the block-diagonal scan's
+        # look-backs are faster (measured in fp32; in 16 bits the unfused path would round A,
+        # which the fused kernel never stores)
         fn = None
     if fn is not None:
         h, hT = fn(logits.contiguous(), v.contiguous(), variant=gate, eps=eps,

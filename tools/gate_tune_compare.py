@@ -15,8 +15,10 @@ training step sees).
 
 ``--kind``: ``coeffs`` (``companion_scan_coeffs``), ``logits`` (``companion_scan``) or ``fused``
 (``fused_gate_scan``, ``N = H * m``). TUNE keys: the kernels' ``function.TUNE`` (companion:
-``bn``, ``num_warps``, ``num_stages``; fused: ``bh``, ``num_warps``, ``num_stages``; each for
-both passes, or with a ``bwd_`` prefix for the backward alone).
+``bn``, ``num_warps``, ``num_stages``; fused: ``bh``, ``num_warps``, ``num_stages``, each for
+both passes, or with a ``bwd_`` prefix for the backward alone; fused also ``chunk``, the
+time-chunk length, 0 = never, and the other keys of ``choose_chunk``), e.g.
+``--tune nochunk=chunk:0 c128=chunk:128``.
 """
 import argparse
 import contextlib

@@ -138,6 +138,14 @@ def test_time_chunked_varlen(variant, monkeypatch):
     assert calls == ["chunked_forward", "chunked_backward"]
 
 
+def test_time_chunked_varlen_shorter_than_a_chunk(monkeypatch):
+    """Forced chunks longer than every sequence: one pass."""
+    monkeypatch.setitem(_kmod.TUNE, "chunk", 64)
+    calls = _count_chunked(monkeypatch)
+    run_case(1, 20, 2, 2, "softmax", cu=[0, 7, 20], seed=14)
+    assert calls == []
+
+
 def test_time_chunked_bf16(monkeypatch):
     monkeypatch.setitem(_kmod.TUNE, "chunk", 7)
     run_case(1, 30, 2, 4, "softmax", dtype=torch.bfloat16, seed=12, tol=2e-2)

@@ -255,6 +255,8 @@ def fused_gate_scan(logits: Tensor, v: Tensor, variant: str = "softmax", eps: fl
                                     cu_seqlens, dtype=torch.float32)
         return h, hf
     chunk = choose_chunk(cu_seqlens, B, T, H, m, v.device)
+    if chunk is not None and cu_seqlens is not None and max_seq_len(T, cu_seqlens) <= chunk:
+        chunk = None  # (forced chunks only) every sequence fits one chunk: nothing to split
     h, hf = _BlockScanFn.apply(logits, v, initial_state, cu_seqlens, 1, code, eps,
                                bool(output_final_state), out_dtype, chunk)
     return h, (hf if output_final_state else None)

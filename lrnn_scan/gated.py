@@ -76,11 +76,11 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
         gate: gate variant of :mod:`lrnn_scan.gates` (``softmax`` default).
         initial_state: ``(B, H, m)`` (``(num_seqs, H, m)`` with ``cu_seqlens``).
         method: ``auto`` (fused kernel on CUDA, time-chunked for a few long sequences at
-            m = 2..8: ``lrnn_scan.kernels.fused_gates.choose_chunk``; eager fp32 calls without
-            ``cu_seqlens`` take ``unfused`` for a few long sequences at m = 16, 32 and for long
-            forwards without gradients at m = 3..32, where that was measured faster, at the cost
-            of ``A`` (and its gradient) in memory, each about the size of ``logits``:
-            ``lrnn_scan.kernels.fused_gates.unfused_faster``) | ``kernel`` (fused kernel, or an
+            m = 2..16: ``lrnn_scan.kernels.fused_gates.choose_chunk``; eager fp32 calls without
+            ``cu_seqlens`` take ``unfused`` for a few long sequences at m = 32 (and m = 16 below
+            the chunk rule's length) and for long forwards without gradients at m = 3..32, where
+            that was measured faster, at the cost of ``A`` (and its gradient) in memory, each
+            about the size of ``logits``: ``lrnn_scan.kernels.fused_gates.unfused_faster``) | ``kernel`` (fused kernel, or an
             error) | ``unfused`` (``A`` materialised by :func:`lrnn_scan.gates.normalize_gates`,
             then :func:`lrnn_scan.scan` with ``method="auto"``: the block-diagonal kernels on
             CUDA) | ``blelloch`` | ``sequential``.
@@ -104,8 +104,8 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
             and kernel_module("fused_gates").unfused_faster(
                 *logits.shape[:3], m, logits.device,
                 backward=_backward_follows(logits, v, initial_state))):
-        # few long sequences at m = 16 / 32, long forwards at m >= 3: the block-diagonal scan's
-        # look-backs are faster (measured in fp32; in 16 bits the unfused path would round A,
+        # few long sequences at m = 32 (m = 16 short of chunking), long forwards at m >= 3: the
+        # block-diagonal scan's look-backs are faster (measured in fp32; in 16 bits the unfused path would round A,
         # which the fused kernel never stores)
         fn = None
     if fn is not None:

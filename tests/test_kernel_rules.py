@@ -124,6 +124,9 @@ def test_fused_gates_unfused_faster(monkeypatch):
         for B, T in fwd_fused[m]:
             assert not ff.unfused_faster(B, T, H, m, dev, backward=False), (m, B, T)
     assert not ff.unfused_faster(1, 16384, 768, 1, dev)          # m = 1: not measured
+    H16 = 768 // 16                           # m = 16 from 4096 steps: chunked with a backward
+    assert not ff.unfused_faster(1, 4096, H16, 16, dev) and not ff.unfused_faster(3, 8192, H16, 16, dev)
+    assert ff.unfused_faster(1, 4096, H16, 16, dev, backward=False)
     assert ff.unfused_faster(1, 2048, 64, 12, dev) and not ff.unfused_faster(1, 16384, 256, 3, dev)
     ff.TUNE.update(unfused_below=3)                              # 2.2 programs an SM
     assert ff.unfused_faster(3, 8192, 192, 4, dev, backward=False)
@@ -134,8 +137,8 @@ def test_fused_gates_unfused_faster(monkeypatch):
 
 def test_fused_gates_choose_chunk(monkeypatch):
     """``fused_gates.choose_chunk`` on the H200's measured shapes (N768): chunked below 2
-    unchunked programs an SM from 4096 steps at m <= 4 (eager host time), 2048 at m = 5..8,
-    128-step chunks up to 8192 programs."""
+    unchunked programs an SM (1.25 at m = 16) from 4096 steps at m <= 4 (eager host time) and
+    m = 16, 2048 at m = 5..8, 128-step chunks up to 8192 programs; not at m = 32."""
     from lrnn_scan.kernels.fused_gates import function as ff
     monkeypatch.setattr(ff, "num_sms", lambda device: 132)
     monkeypatch.setattr(ff, "TUNE", {})
@@ -151,7 +154,9 @@ def test_fused_gates_choose_chunk(monkeypatch):
     assert chunk(1, 4095, 4) is None and chunk(1, 4095, 2) is None      # short (eager host)
     assert chunk(1, 2047, 8) is None
     assert chunk(1, 4096, 2) == 128
-    assert chunk(1, 16384, 16) is None and chunk(1, 16384, 32) is None  # m^3 summaries lost
+    assert chunk(1, 16384, 16) == 128 and chunk(1, 4096, 16) == 128      # tl.dot summaries
+    assert chunk(1, 4095, 16) is None and chunk(4, 8192, 16) is None    # 1.45 programs an SM
+    assert chunk(3, 8192, 16) == 256 and chunk(1, 16384, 32) is None    # m = 32 lost
     assert chunk(1, 16384, 1) is None
     assert chunk(1, 16384, 4, cu=torch.tensor([0, 16384])) is None      # varlen: no sync
     ff.TUNE.update(chunk=100)

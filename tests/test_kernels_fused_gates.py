@@ -152,10 +152,14 @@ def test_time_chunked_bf16(monkeypatch):
 
 
 def test_time_chunked_column_groups(monkeypatch):
-    """Chunk summaries with several programs a block (``sum_ncb`` columns of ``P`` each)."""
+    """Chunk summaries with several programs a block (``sum_ncb`` columns of ``P`` each); the
+    default m = 16 / 32 summaries (``tl.dot``) run in ``test_time_chunked``."""
     monkeypatch.setitem(_kmod.TUNE, "chunk", 5)
     monkeypatch.setitem(_kmod.TUNE, "sum_ncb", 2)
     run_case(1, 12, 1, 8, "softmax", seed=13)
+    monkeypatch.setitem(_kmod.TUNE, "sum_dot", False)  # m = 16 by broadcast products too
+    monkeypatch.setitem(_kmod.TUNE, "sum_ncb", 4)
+    run_case(1, 7, 1, 16, "tanh", seed=13)
     monkeypatch.setitem(_kmod.TUNE, "sum_ncb", 3)
     with pytest.raises(ValueError, match="sum_ncb"):
         run_case(1, 12, 1, 8, "softmax", seed=13)

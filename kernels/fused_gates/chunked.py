@@ -48,10 +48,27 @@ def _summary_step(Z, V, tok, S, e, off_z, mask3, off_z0, off_v, mask2, sz, sv, e
     return S, e
 
 
+@triton.jit
+def _summary_step_dot(Z, V, tok, S, e, off_z, mask3, off_z0, off_v, mask2, sz, sv, eps,
+                      MP: tl.constexpr, VARIANT: tl.constexpr, PREC: tl.constexpr):
+    """As ``_summary_step`` on the N tile of one block (``BH = NCB / MP = 1``), ``S <- A_t S`` by
+    ``tl.dot`` (tensor cores with ``PREC="tf32x3"``): the broadcast product's cross-warp
+    reduction each step made m = 16 / 32 summaries slower than the unfused path."""
+    z = tl.load(Z + tok * sz + off_z, mask=mask3, other=0.0).to(tl.float32)
+    z0 = tl.load(Z + tok * sz + off_z0, mask=mask2, other=0.0).to(tl.float32)
+    v = tl.load(V + tok * sv + off_v, mask=mask2, other=0.0).to(tl.float32)
+    w, w0, _g, _g0, _s, _s0 = gate_normalize(z, z0, mask3, eps, 2, VARIANT)
+    e = tl.sum(w * tl.expand_dims(e, 1), axis=2) + w0 * v
+    S = tl.reshape(tl.dot(tl.reshape(w, (MP, MP)), tl.reshape(S, (MP, MP)), input_precision=PREC),
+                   (1, MP, MP))
+    return S, e
+
+
 @triton.jit(do_not_specialize=["T"])
 def chunk_summary_kernel(Z, V, P, PT, E, CU, T, H, CHUNK, eps,
                          M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, NCB: tl.constexpr,
-                         VARIANT: tl.constexpr, NS: tl.constexpr, IS_VARLEN: tl.constexpr):
+                         VARIANT: tl.constexpr, NS: tl.constexpr, IS_VARLEN: tl.constexpr,
+                         DOT: tl.constexpr = False, PREC: tl.constexpr = "ieee"):
     """Grid ``(num_seqs, head groups x MP // NCB, chunks)``: ``P (num_seqs, chunks, H, m, m)``
     columns ``[g*NCB, (g+1)*NCB)``, the same entries of ``PT`` (``P^T`` with the chunks in
     reverse: the backward's carry scan) and, for column group 0, ``E (num_seqs, chunks, H, m)``."""
@@ -70,15 +87,20 @@ def chunk_summary_kernel(Z, V, P, PT, E, CU, T, H, CHUNK, eps,
     eye = (o_j[:, None] == o_c[None, :]).to(tl.float32)
     S = tl.zeros([BH, MP, NCB], dtype=tl.float32) + eye[None, :, :]
     e = tl.zeros([BH, MP], dtype=tl.float32)
-    for p in tl.range(0, L // 2, num_stages=NS):
-        tok = bos + 2 * p
-        S, e = _summary_step(Z, V, tok, S, e, off_n, mask_n, off_z0, off_v, mask2, sz, sv, eps,
-                             2, VARIANT)
-        S, e = _summary_step(Z, V, tok + 1, S, e, off_t, mask_t, off_z0, off_v, mask2, sz, sv, eps,
-                             1, VARIANT)
-    if L % 2 == 1:
-        S, e = _summary_step(Z, V, bos + L - 1, S, e, off_n, mask_n, off_z0, off_v, mask2, sz, sv,
-                             eps, 2, VARIANT)
+    if DOT:  # one block a program, all columns (BH = 1, NCB = MP >= 16)
+        for t in tl.range(0, L, num_stages=NS):
+            S, e = _summary_step_dot(Z, V, bos + t, S, e, off_n, mask_n, off_z0, off_v, mask2, sz,
+                                     sv, eps, MP, VARIANT, PREC)
+    else:
+        for p in tl.range(0, L // 2, num_stages=NS):
+            tok = bos + 2 * p
+            S, e = _summary_step(Z, V, tok, S, e, off_n, mask_n, off_z0, off_v, mask2, sz, sv, eps,
+                                 2, VARIANT)
+            S, e = _summary_step(Z, V, tok + 1, S, e, off_t, mask_t, off_z0, off_v, mask2, sz, sv,
+                                 eps, 1, VARIANT)
+        if L % 2 == 1:
+            S, e = _summary_step(Z, V, bos + L - 1, S, e, off_n, mask_n, off_z0, off_v, mask2, sz,
+                                 sv, eps, 2, VARIANT)
     k = i_n.to(tl.int64) * tl.num_programs(2) + i_c  # (sequence, chunk) entry
     k_rev = k + tl.num_programs(2) - 1 - 2 * i_c      # (sequence, chunks - 1 - chunk)
     col = o_c[None, None, :]
@@ -90,30 +112,38 @@ def chunk_summary_kernel(Z, V, P, PT, E, CU, T, H, CHUNK, eps,
         tl.store(E + k * sv + off_v, e, mask=mask2)
 
 
-def summary_config(H: int, m: int, tune: dict) -> tuple[int, int, int]:
-    """(BH blocks a program, NCB columns of ``P`` a program, num_warps) of the summary kernel:
-    ``BH x MP x MP x NCB`` products a step, about 512 a program (at most 8 columns:
-    m = 16 / 32 run 2 / 4 column groups) and 4 warps from 2048 on. ``tune`` keys ``sum_bh``,
+def summary_config(H: int, m: int, tune: dict) -> tuple[int, int, int, str | None]:
+    """(BH blocks a program, NCB columns of ``P`` a program, num_warps, ``tl.dot`` precision or
+    None) of the summary kernel. m <= 8: broadcast products, ``BH x MP x MP x NCB`` a step, about
+    512 a program (NCB = MP up to 8). m = 9..32 (``sum_dot``, default on): one block a program,
+    ``S <- A_t S`` by ``tl.dot`` (``sum_prec``: ``"tf32x3"`` at MP 16, ``"ieee"`` at 32, as
+    ``block_diagonal/summary.py`` measured; 1 warp at MP 16, 4 at 32). ``tune`` keys ``sum_bh``,
     ``sum_ncb``, ``sum_warps`` override."""
     mp = max(2, next_pow2(m))
+    if mp >= 16 and tune.get("sum_dot", True):
+        prec = tune.get("sum_prec", "tf32x3" if mp == 16 else "ieee")
+        if prec not in ("tf32x3", "ieee"):
+            raise ValueError(f"TUNE['sum_prec'] must be 'tf32x3' or 'ieee', got {prec!r}")
+        return 1, mp, tune.get("sum_warps", 1 if mp == 16 else 4), prec
     ncb = tune.get("sum_ncb", min(mp, 8))
     if ncb not in (1, 2, 4, 8, 16, 32) or ncb > mp:
         raise ValueError(f"TUNE['sum_ncb'] must be a power of two <= {mp}, got {ncb!r}")
     bh = tune.get("sum_bh", max(1, min(next_pow2(H), 512 // (mp * mp * ncb))))
     elems = bh * mp * mp * ncb
     warps = tune.get("sum_warps", 1 if elems <= 256 else 2 if elems <= 1024 else 4 if elems <= 4096 else 8)
-    return bh, ncb, warps
+    return bh, ncb, warps, None
 
 
 def _summaries(z, v, cu, T, H, m, code, eps, chunk, nc, nseq, stages, tune, empty):
     mp = max(2, next_pow2(m))
-    bh, ncb, warps = summary_config(H, m, tune)
+    bh, ncb, warps, prec = summary_config(H, m, tune)
     P = empty((nseq, nc, H, m, m), torch.float32, v.device)
     PT = empty((nseq, nc, H, m, m), torch.float32, v.device)
     E = empty((nseq, nc, H, m), torch.float32, v.device)
     chunk_summary_kernel[(nseq, cdiv(H, bh) * (mp // ncb), nc)](
         z, v, P, PT, E, cu if cu is not None else v, T, H, chunk, eps, M=m, MP=mp, BH=bh, NCB=ncb,
-        VARIANT=code, NS=stages, IS_VARLEN=cu is not None, num_warps=warps, num_stages=stages)
+        VARIANT=code, NS=stages, IS_VARLEN=cu is not None, DOT=prec is not None,
+        PREC=prec or "ieee", num_warps=warps, num_stages=stages)
     return P, PT, E
 
 

@@ -22,7 +22,8 @@ MAX_M = 32
 # "bwd_bh", "bwd_num_warps", "bwd_num_stages" the backward's alone), "upcast16" (16-bit inputs
 # read as fp32 copies, default on: see _common.as_loaded); the time-chunk rule's (choose_chunk):
 # "chunk" (forced length, 0 = never), "chunk_below", "chunk_min_len", "chunk_max_m",
-# "chunk_programs", "chunk_len"; the chunk summaries' "sum_bh", "sum_ncb", "sum_warps" (chunked.summary_config).
+# "chunk_programs", "chunk_len"; the chunk summaries' "sum_bh", "sum_ncb", "sum_warps",
+# "sum_dot", "sum_prec" (chunked.summary_config).
 TUNE: dict = {}
 
 
@@ -80,7 +81,8 @@ def unfused_faster(num_seq: int, max_len: int, H: int, m: int, device, backward:
     which runs each sequence's chain in one program or, for a few long sequences at m <= 8, in
     time chunks (``choose_chunk``): m = 2..32, at least ``UNFUSED_LINES[MP][0]`` steps (``[1]``
     when no backward will run, ``backward=False``; None: never) and fewer than
-    ``UNFUSED_LINES[MP][2]`` fused programs an SM (``_config``).
+    ``UNFUSED_LINES[MP][2]`` fused programs an SM (``_config``), and with a backward only where
+    the fused call would not be time-chunked.
 
     Measured on an H200, fp32, fused against unfused (RESULTS.md "forty-fourth", "forty-fifth").
     CUDA graphs, fwd+bwd, ms: B1 T16384 N768 (0.4-0.7 programs an SM) 5.01 / 10.42 / 25.64
@@ -95,6 +97,8 @@ def unfused_faster(num_seq: int, max_len: int, H: int, m: int, device, backward:
     line = TUNE.get("unfused_min_len", min_len if backward else min_len_fwd)
     if line is None or max_len < line:
         return False
+    if backward and choose_chunk(None, num_seq, max_len, H, m, device) is not None:
+        return False  # the chunked fused passes won with a backward (m = 16: 4.30 / 6.99 ms)
     programs = num_seq * cdiv(H, _config(num_seq, H, m, device)[0])
     return programs < TUNE.get("unfused_below", below) * num_sms(device)
 
@@ -103,11 +107,11 @@ def choose_chunk(cu_seqlens, B: int, T: int, H: int, m: int, device) -> int | No
     """Chunk length of the time-chunked passes (``chunked.py``), or None for one program per
     sequence and head group. Chunked: fixed-length batches (no ``cu_seqlens``: sizing the chunk
     grid of a varlen batch needs its longest sequence, a device sync) at m = 2..``chunk_max_m``
-    (8) with at least ``chunk_min_len`` (4096 at m <= 4, else 2048) steps and fewer than
-    ``chunk_below`` (2)
-    unchunked programs an SM; chunks of 128 steps while that makes at most ``chunk_programs``
-    (8192) programs, else ``chunk_len`` (256). ``TUNE["chunk"]`` forces a length (0: never), at
-    any m and with ``cu_seqlens`` too.
+    (16) with at least ``chunk_min_len`` steps (2048 at m = 5..8, else 4096) and fewer unchunked
+    programs an SM than ``chunk_below`` (2; 1.25 from m = 9, where it replaces the unfused route:
+    ``UNFUSED_LINES``); chunks of 128 steps while that makes at most ``chunk_programs`` (8192)
+    programs, else ``chunk_len`` (256). ``TUNE["chunk"]`` forces a length (0: never), at any m
+    and with ``cu_seqlens`` too.
 
     H200, fp32, N768, CUDA graphs, fwd+bwd / forward in ms, unchunked against chunked (best of
     128 / 256 / 512 steps; RESULTS.md "forty-sixth"): m = 2 B1 T16384 (0.36 programs an SM)
@@ -115,22 +119,22 @@ def choose_chunk(cu_seqlens, B: int, T: int, H: int, m: int, device) -> int | No
     B2 T8192 (1.45) 2.52 / 1.08, B4 T8192 (2.9) 2.54 / 2.12 but forward 1.21 / 1.40; m = 8 B2
     T8192 (1.45) 5.24 / 2.94, forward 1.67 / 1.70, B4 (2.9) 5.28 / 5.79. Chunk length: m = 4 B1
     T8192 (6144 programs at 128 steps) 0.56 at 128 / 0.74 at 256, T16384 (12288) 1.15 / 1.09.
-    m = 16 / 32 lost (B1 T16384 fwd+bwd 9.96 / 49.6 chunked against 7.01 / 12.3 by the unfused
-    path): their summaries cost m^3 a step in a broadcast product (a tensor-core summary as in
-    ``block_diagonal/summary.py`` would be the next step). Eager calls pay the passes' launches
-    (about 0.5 ms of host time a fwd+bwd, ``tools/host_overhead.py``): m = 2 B1 T2048 fwd+bwd
-    eager 0.87 chunked against 0.56 (GPU 0.17 / 0.56), m = 4 0.69-0.89 / 0.63 (GPU 0.24 / 0.63),
-    hence 4096 steps there (T4096 eager: m = 2 0.70-0.80 / 1.12, m = 4 0.62-0.66 / 1.26); m = 8
-    0.75 / 1.31 at T2048."""
+    m = 16 (``tl.dot`` summaries), B1, one-pass / chunked / unfused: T4096 6.42 / 1.16 / 1.83,
+    T16384 25.6 / 4.30 / 6.99. m = 32 lost to the unfused path (T2048 2.12 / 1.70, T16384 16.0
+    / 12.3). Eager calls pay the passes' launches (about 0.5 ms of host time a fwd+bwd,
+    ``tools/host_overhead.py``): m = 2 B1 T2048 fwd+bwd eager 0.87 chunked against 0.56 (GPU
+    0.17 / 0.56), m = 4 0.69-0.89 / 0.63 (GPU 0.24 / 0.63), hence 4096 steps there (T4096
+    eager: m = 2 0.70-0.80 / 1.12, m = 4 0.62-0.66 / 1.26); m = 8 0.75 / 1.31 at T2048; m = 16
+    was timed from 4096 steps only."""
     if "chunk" in TUNE:
         c = int(TUNE["chunk"])
         return c if 0 < c < max(T, 1) or (c > 0 and cu_seqlens is not None) else None
-    if cu_seqlens is not None or not 2 <= m <= TUNE.get("chunk_max_m", 8):
+    if cu_seqlens is not None or not 2 <= m <= TUNE.get("chunk_max_m", 16):
         return None
-    if T < TUNE.get("chunk_min_len", 4096 if m <= 4 else 2048):
+    if T < TUNE.get("chunk_min_len", 2048 if 5 <= m <= 8 else 4096):
         return None
     programs = B * cdiv(H, _config(B, H, m, device)[0])
-    if programs >= TUNE.get("chunk_below", 2.0) * num_sms(device):
+    if programs >= TUNE.get("chunk_below", 2.0 if m <= 8 else 1.25) * num_sms(device):
         return None
     chunk = 128 if programs * cdiv(T, 128) <= TUNE.get("chunk_programs", 8192) else TUNE.get("chunk_len", 256)
     return chunk if chunk < T else None

@@ -15,7 +15,7 @@ op (namespace ``lrnn_scan``)                          wraps
 ``tm_scan_fwd`` / ``tm_scan_bwd``                      ``kernels.block_diagonal.time_major`` (in
                                                        :mod:`lrnn_scan._compile_time_major`)
 ``fused_gate_fwd`` / ``fused_gate_bwd``                ``kernels.fused_gates.function._launch_fwd`` /
-                                                       ``_launch_bwd``
+                                                       ``_launch_bwd`` (time-chunked as eager)
 ``companion_fwd`` / ``companion_bwd``                  ``kernels.companion.function._CompanionFn``
                                                        ``.forward`` / ``.backward`` (launches are inline
                                                        in the Function: called with a stand-in ctx)
@@ -63,19 +63,20 @@ _SAVED_DYNAMO: dict = {}
 
 def _register_logits_autograd(fwd_op, bwd_op) -> None:
     """Autograd of the from-logits ops (fused gates, companion): both save ``(z, v, h0, h, cu)``
-    and call their backward op with the same arguments."""
+    and call their backward op with the same arguments; the fused gates' also pass their
+    ``chunk`` input and third output (the chunk products ``PT``) on."""
     def setup_context(ctx, inputs, output):
-        z, v, h0, cu, col0, code, eps, _ = inputs
-        ctx.save_for_backward(z, v, h0, output[0], cu)
-        ctx.cfg = (col0, code, eps, None if h0 is None else h0.dtype)
+        z, v, h0, cu, col0, code, eps = inputs[:7]
+        ctx.save_for_backward(z, v, h0, output[0], cu, *output[2:])
+        ctx.cfg = (col0, code, eps, None if h0 is None else h0.dtype, inputs[8:], len(inputs))
 
-    def backward(ctx, dh, dhf):
-        z, v, h0, h, cu = ctx.saved_tensors
-        col0, code, eps, h0_dtype = ctx.cfg
+    def backward(ctx, dh, dhf, *_):
+        z, v, h0, h, cu, *pt = ctx.saved_tensors
+        col0, code, eps, h0_dtype, extra, n_in = ctx.cfg
         dh = torch.zeros_like(h) if dh is None else dh.contiguous()
         dhf = None if dhf is None else dhf.float().contiguous()
-        dz, dv, dh0 = bwd_op(z, v, h0, h, dh, dhf, cu, col0, code, eps)
-        return dz, dv, (None if h0 is None else dh0.to(h0_dtype)), None, None, None, None, None
+        dz, dv, dh0 = bwd_op(z, v, h0, h, dh, dhf, cu, col0, code, eps, *extra, *pt)
+        return (dz, dv, None if h0 is None else dh0.to(h0_dtype)) + (None,) * (n_in - 3)
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
 
@@ -233,32 +234,38 @@ def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens
 def _register_fused_gates():
     fn = _kernels("fused_gates.function")
 
+    # chunk > 0: time-chunked passes; the backward reads PT (B, cdiv(T, chunk), H, m, m)
     @torch.library.custom_op("lrnn_scan::fused_gate_fwd", mutates_args=())
     def fused_gate_fwd(z: Tensor, v: Tensor, h0: Tensor | None, cu: Tensor | None, col0: int,
-                       code: int, eps: float, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+                       code: int, eps: float, out_dtype: torch.dtype,
+                       chunk: int = 0) -> tuple[Tensor, Tensor, Tensor]:
         B, T, H, m = v.shape
         h0c = h0.float().contiguous() if h0 is not None else None
-        return fn._launch_fwd(z.contiguous(), v.contiguous(), h0c, cu, T, H, m, col0, code, eps,
-                              True, out_dtype)
+        out = fn._launch_fwd(z.contiguous(), v.contiguous(), h0c, cu, T, H, m, col0, code, eps,
+                             True, out_dtype, chunk or None)
+        return out[0], out[1], (out[2] if chunk else _empty0(v))
 
     @fused_gate_fwd.register_fake
-    def _(z, v, h0, cu, col0, code, eps, out_dtype):
-        nseq = v.shape[0] if cu is None else cu.shape[0] - 1
-        return (v.new_empty(v.shape, dtype=out_dtype),
-                v.new_empty((nseq, v.shape[2], v.shape[3]), dtype=torch.float32))
+    def _(z, v, h0, cu, col0, code, eps, out_dtype, chunk=0):
+        B, T, H, m = v.shape
+        nseq = B if cu is None else cu.shape[0] - 1
+        pt = (B, -(-T // chunk), H, m, m) if chunk else (0,)
+        return (v.new_empty(v.shape, dtype=out_dtype), v.new_empty((nseq, H, m), dtype=torch.float32),
+                v.new_empty(pt, dtype=torch.float32))
 
     @torch.library.custom_op("lrnn_scan::fused_gate_bwd", mutates_args=())
     def fused_gate_bwd(z: Tensor, v: Tensor, h0: Tensor | None, h: Tensor, dh: Tensor,
                        dhf: Tensor | None, cu: Tensor | None, col0: int, code: int,
-                       eps: float) -> tuple[Tensor, Tensor, Tensor]:
+                       eps: float, chunk: int = 0,
+                       PT: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         B, T, H, m = v.shape
         h0c = h0.float().contiguous() if h0 is not None else None
         dz, dv, dh0 = fn._launch_bwd(z.contiguous(), v.contiguous(), h0c, h, dh, dhf, cu, T, H, m,
-                                     col0, code, eps, h0 is not None)
+                                     col0, code, eps, h0 is not None, chunk or None, PT)
         return dz, dv, (dh0 if dh0 is not None else _empty0(v))
 
     @fused_gate_bwd.register_fake
-    def _(z, v, h0, h, dh, dhf, cu, col0, code, eps):
+    def _(z, v, h0, h, dh, dhf, cu, col0, code, eps, chunk=0, PT=None):
         nseq = v.shape[0] if cu is None else cu.shape[0] - 1
         dh0 = (v.new_empty((nseq, v.shape[2], v.shape[3]), dtype=torch.float32)
                if h0 is not None else v.new_empty((0,), dtype=torch.float32))
@@ -287,7 +294,10 @@ def fused_gate_scan(logits, v, variant="softmax", eps=1e-6, initial_state=None,
     if not _compiling():
         fn._check_common(v, initial_state, cu_seqlens, B, T, H, m)
     out_dtype = torch.promote_types(logits.dtype, v.dtype)
-    h, hf = _OPS["fused_gate_fwd"](logits, v, initial_state, cu_seqlens, 1, code, eps, out_dtype)
+    # the eager call's time chunks (fixed-length batches), decided at trace time from the shapes
+    chunk = fn.choose_chunk(None, B, T, H, m, v.device) if cu_seqlens is None else None
+    h, hf, _ = _OPS["fused_gate_fwd"](logits, v, initial_state, cu_seqlens, 1, code, eps, out_dtype,
+                                      chunk or 0)
     return h, (hf if output_final_state else None)
 
 

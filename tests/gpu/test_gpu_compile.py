@@ -141,3 +141,32 @@ def test_compile_plans_full_size(m, B, T, N, monkeypatch):
     assert res["eager"][0] == res["compiled"][0], (res["eager"][0], res["compiled"][0])
     for x, y in zip(res["eager"][1], res["compiled"][1]):
         assert torch.isfinite(x).all() and _rel(y, x) < 1e-5, _rel(y, x)
+
+
+@pytest.mark.parametrize("m,T", [(4, 8193), (16, 4096)])
+def test_compile_fused_gates_time_chunked(m, T, monkeypatch):
+    """B1 N768 under Inductor: ``fused_gate_scan``'s custom op takes the time-chunked passes
+    (``fused_gates.choose_chunk``) as the eager call does, with equal outputs and gradients."""
+    from lrnn_scan.kernels.fused_gates import fused_gate_scan
+    from lrnn_scan.kernels.fused_gates import function as ff
+    calls = []
+    for name in ("chunked_forward", "chunked_backward"):
+        f = getattr(ff, name)
+        monkeypatch.setattr(ff, name, lambda *a, _f=f, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    g = torch.Generator(device="cuda").manual_seed(m)
+    z = torch.randn(1, T, 768 // m, m, m + 1, device="cuda", generator=g)
+    v = torch.randn(1, T, 768 // m, m, device="cuda", generator=g)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *x: lc.fused_gate_scan(*x, "softmax", 1e-6, None, True), fullgraph=True)
+    res = {}
+    for key, fn in (("eager", lambda *x: fused_gate_scan(*x, "softmax", 1e-6, None, True)),
+                    ("compiled", compiled)):
+        calls.clear()
+        ins = [z.clone().requires_grad_(True), v.clone().requires_grad_(True)]
+        h, hf = fn(*ins)
+        (h.square().mean() + hf.square().mean()).backward()
+        assert calls == ["chunked_forward", "chunked_backward"], (key, calls)
+        res[key] = [h.detach(), hf.detach()] + [t.grad for t in ins]
+    torch._dynamo.reset()
+    for x, y in zip(res["eager"], res["compiled"]):
+        assert torch.isfinite(x).all() and _rel(y, x) < 1e-5, _rel(y, x)

@@ -126,6 +126,12 @@
 #   test_gpu_models.py + test_gpu_compile.py 85 passed (before the forward lines). Nothing owed.
 #   Leads: the unfused route's host work (1.0-1.8 ms a fwd+bwd at B1, tools/host_overhead.py
 #   --bdlru unfused; it varied 2x between machines); an H100 run of stage unfused.
+#   Forty-sixth (H200, 5 calls): time-chunked fused-gate passes (fused_gates/chunked.py, rule
+#   choose_chunk, m = 2..16; tl.dot summaries from m = 9); their GPU tests passed (62, 21, 7).
+#   OWED: stage chunked: the time-chunked companion passes (companion/chunked.py, no rule yet:
+#   TUNE["chunk"] only; CPU-interpreter-tested) on the GPU, their timing against one pass and the
+#   unfused hlru_scan at B1-B4 T4096-T16384 N768 to set a rule, and the compiled fused-gate op's
+#   chunked path (tests/gpu/test_gpu_compile.py::test_compile_fused_gates_time_chunked).
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):
@@ -209,7 +215,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1  # a stage cut by its timeout still leaves its progress in the logs
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh ncu|memcheck|bd|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|tmaccel|bhsweep|fusedcomp|unfused|train}
+stage=${1:?usage: gpu_owed.sh ncu|memcheck|bd|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|tmaccel|bhsweep|fusedcomp|unfused|chunked|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -370,6 +376,19 @@ case "$stage" in
         | tee -a "$OUT/unfused.log" | grep "fp32,"
     done
     rm -rf "$OUT/unfused_json" ;;
+  chunked)
+    # the chunked passes' GPU tests (fused and companion, the compiled fused op), then the
+    # companion's forced chunks against one pass and the same recurrence as dense blocks
+    # (--baseline), CUDA graphs; logits fwd+bwd then coefficients fwd+bwd
+    LRNN_SCAN_POISON=1 timeout 240 python3 -m pytest -q -rfEs -p no:cacheprovider \
+      tests/gpu/test_gpu_fused_companion.py tests/gpu/test_gpu_compile.py -k "chunked" 2>&1 \
+      | tee "$OUT/chunked.log" | tail -3
+    for kind in logits coeffs; do for m in 2 4 8; do
+      timeout 60 python3 tools/gate_tune_compare.py --kind $kind --m $m --bwd --baseline --rounds 2 \
+        --tune c128=chunk:128 c256=chunk:256 --out "$OUT/chunked_json" \
+        --shapes 1x4096x768 1x16384x768 4x8192x768 2>&1 | tee -a "$OUT/chunked.log" | grep "fp32,"
+    done; done
+    rm -rf "$OUT/chunked_json" ;;
   scan)
     # --skip-variants: the forward-variant and m = 1 tile rows (36 extra compilations; with them the
     # 2026-11-25 run did not finish in 390 s) are in RESULTS.md (2026-11-24, 2026-11-25)

@@ -181,6 +181,40 @@ def test_auto_fused_chunked_with_gradients(m, monkeypatch):
     assert calls == ["chunked_forward", "chunked_backward"]
 
 
+def _companion_chunk_calls(monkeypatch, chunk):
+    import lrnn_scan.kernels.companion.function as cf
+    monkeypatch.setitem(cf.TUNE, "chunk", chunk)
+    calls = []
+    for name in ("chunked_forward", "chunked_backward"):
+        fn = getattr(cf, name)
+        monkeypatch.setattr(cf, name, lambda *a, _f=fn, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("m", [2, 3, 4, 8, 16, 32])
+@pytest.mark.parametrize("variant", ["softmax", "coeffs"])
+def test_companion_time_chunked(m, variant, monkeypatch):
+    """The companion's time-chunked passes (``companion/chunked.py``, forced: no rule yet)."""
+    calls = _companion_chunk_calls(monkeypatch, 100)
+    torch.manual_seed(40 + m)
+    _comp(2, 1001, 24, m, variant)
+    assert calls == ["chunked_forward", "chunked_backward"]
+
+
+def test_companion_time_chunked_bf16_varlen(monkeypatch):
+    calls = _companion_chunk_calls(monkeypatch, 64)
+    torch.manual_seed(47)
+    _comp(1, 1000, 32, 4, "sigmoid", dtype=torch.bfloat16, cu=[0, 1, 63, 64, 150, 150, 1000], tol=5e-3)
+    assert calls == ["chunked_forward", "chunked_backward"]
+
+
+def test_companion_time_chunked_long(monkeypatch):
+    calls = _companion_chunk_calls(monkeypatch, 256)
+    torch.manual_seed(48)
+    _comp(1, 65537, 8, 4, h0=True, ref_dev=DEV)
+    assert calls == ["chunked_forward", "chunked_backward"]
+
+
 @pytest.mark.parametrize("variant", VARIANTS + ["coeffs"])
 def test_companion_variants(variant):
     torch.manual_seed(0)

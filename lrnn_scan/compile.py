@@ -63,20 +63,20 @@ _SAVED_DYNAMO: dict = {}
 
 def _register_logits_autograd(fwd_op, bwd_op) -> None:
     """Autograd of the from-logits ops (fused gates, companion): both save ``(z, v, h0, h, cu)``
-    and call their backward op with the same arguments; the fused gates' also pass their
-    ``chunk`` input and third output (the chunk products ``PT``) on."""
+    and call their backward op with the same arguments; the fused gates' also pass their third
+    output on (the chunk products ``PT``)."""
     def setup_context(ctx, inputs, output):
-        z, v, h0, cu, col0, code, eps = inputs[:7]
+        z, v, h0, cu, col0, code, eps, _ = inputs
         ctx.save_for_backward(z, v, h0, output[0], cu, *output[2:])
-        ctx.cfg = (col0, code, eps, None if h0 is None else h0.dtype, inputs[8:], len(inputs))
+        ctx.cfg = (col0, code, eps, None if h0 is None else h0.dtype)
 
     def backward(ctx, dh, dhf, *_):
         z, v, h0, h, cu, *pt = ctx.saved_tensors
-        col0, code, eps, h0_dtype, extra, n_in = ctx.cfg
+        col0, code, eps, h0_dtype = ctx.cfg
         dh = torch.zeros_like(h) if dh is None else dh.contiguous()
         dhf = None if dhf is None else dhf.float().contiguous()
-        dz, dv, dh0 = bwd_op(z, v, h0, h, dh, dhf, cu, col0, code, eps, *extra, *pt)
-        return (dz, dv, None if h0 is None else dh0.to(h0_dtype)) + (None,) * (n_in - 3)
+        dz, dv, dh0 = bwd_op(z, v, h0, h, dh, dhf, cu, col0, code, eps, *pt)
+        return dz, dv, (None if h0 is None else dh0.to(h0_dtype)), None, None, None, None, None
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
 
@@ -234,38 +234,41 @@ def diagonal_scan(a, b, initial_state=None, output_final_state=False, cu_seqlens
 def _register_fused_gates():
     fn = _kernels("fused_gates.function")
 
-    # chunk > 0: time-chunked passes; the backward reads PT (B, cdiv(T, chunk), H, m, m)
+    # eager's time chunks (fixed-length batches), chosen in the op; PT: (nseq, chunks or 0, H, m, m)
     @torch.library.custom_op("lrnn_scan::fused_gate_fwd", mutates_args=())
     def fused_gate_fwd(z: Tensor, v: Tensor, h0: Tensor | None, cu: Tensor | None, col0: int,
-                       code: int, eps: float, out_dtype: torch.dtype,
-                       chunk: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+                       code: int, eps: float, out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
         B, T, H, m = v.shape
         h0c = h0.float().contiguous() if h0 is not None else None
+        chunk = fn.choose_chunk(None, B, T, H, m, v.device) if col0 == 1 and cu is None else None
         out = fn._launch_fwd(z.contiguous(), v.contiguous(), h0c, cu, T, H, m, col0, code, eps,
-                             True, out_dtype, chunk or None)
-        return out[0], out[1], (out[2] if chunk else _empty0(v))
+                             True, out_dtype, chunk)
+        return out[0], out[1], (out[2] if chunk else out[1].new_empty((out[1].shape[0], 0, H, m, m)))
 
     @fused_gate_fwd.register_fake
-    def _(z, v, h0, cu, col0, code, eps, out_dtype, chunk=0):
+    def _(z, v, h0, cu, col0, code, eps, out_dtype):
         B, T, H, m = v.shape
         nseq = B if cu is None else cu.shape[0] - 1
-        pt = (B, -(-T // chunk), H, m, m) if chunk else (0,)
         return (v.new_empty(v.shape, dtype=out_dtype), v.new_empty((nseq, H, m), dtype=torch.float32),
-                v.new_empty(pt, dtype=torch.float32))
+                v.new_empty((nseq, _dyn(), H, m, m), dtype=torch.float32))
 
     @torch.library.custom_op("lrnn_scan::fused_gate_bwd", mutates_args=())
     def fused_gate_bwd(z: Tensor, v: Tensor, h0: Tensor | None, h: Tensor, dh: Tensor,
                        dhf: Tensor | None, cu: Tensor | None, col0: int, code: int,
-                       eps: float, chunk: int = 0,
-                       PT: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                       eps: float, PT: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         B, T, H, m = v.shape
         h0c = h0.float().contiguous() if h0 is not None else None
+        chunk = None
+        if PT is not None and PT.shape[1] > 0:  # the forward's chunks, by the same rule
+            chunk = fn.choose_chunk(None, B, T, H, m, v.device)
+            if chunk is None or -(-T // chunk) != PT.shape[1]:
+                raise RuntimeError("fused_gates.TUNE's chunk keys changed since the forward")
         dz, dv, dh0 = fn._launch_bwd(z.contiguous(), v.contiguous(), h0c, h, dh, dhf, cu, T, H, m,
-                                     col0, code, eps, h0 is not None, chunk or None, PT)
+                                     col0, code, eps, h0 is not None, chunk, PT)
         return dz, dv, (dh0 if dh0 is not None else _empty0(v))
 
     @fused_gate_bwd.register_fake
-    def _(z, v, h0, h, dh, dhf, cu, col0, code, eps, chunk=0, PT=None):
+    def _(z, v, h0, h, dh, dhf, cu, col0, code, eps, PT=None):
         nseq = v.shape[0] if cu is None else cu.shape[0] - 1
         dh0 = (v.new_empty((nseq, v.shape[2], v.shape[3]), dtype=torch.float32)
                if h0 is not None else v.new_empty((0,), dtype=torch.float32))
@@ -294,10 +297,7 @@ def fused_gate_scan(logits, v, variant="softmax", eps=1e-6, initial_state=None,
     if not _compiling():
         fn._check_common(v, initial_state, cu_seqlens, B, T, H, m)
     out_dtype = torch.promote_types(logits.dtype, v.dtype)
-    # the eager call's time chunks (fixed-length batches), decided at trace time from the shapes
-    chunk = fn.choose_chunk(None, B, T, H, m, v.device) if cu_seqlens is None else None
-    h, hf, _ = _OPS["fused_gate_fwd"](logits, v, initial_state, cu_seqlens, 1, code, eps, out_dtype,
-                                      chunk or 0)
+    h, hf, _ = _OPS["fused_gate_fwd"](logits, v, initial_state, cu_seqlens, 1, code, eps, out_dtype)
     return h, (hf if output_final_state else None)
 
 

@@ -1,6 +1,7 @@
 """Shared pytest configuration: hypothesis profiles (CI runs derandomized, no deadlines)."""
 import os
 
+import pytest
 import torch
 
 # Without a GPU, Triton kernels run in the interpreter (CPU CI exercises every kernel's semantics).
@@ -23,3 +24,17 @@ except ImportError:  # pragma: no cover
 
 # Deterministic and quick on 2-core CI machines.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture
+def chunked_calls(monkeypatch):
+    """``record(module)``: a list that collects, in order, the names of ``module``'s time-chunked
+    passes (``chunked_forward`` / ``chunked_backward``, e.g. ``fused_gates.function``) as they run."""
+    def record(module):
+        calls = []
+        for name in ("chunked_forward", "chunked_backward"):
+            fn = getattr(module, name)
+            monkeypatch.setattr(module, name,
+                                lambda *a, _f=fn, _n=name, **k: calls.append(_n) or _f(*a, **k))
+        return calls
+    return record

@@ -300,17 +300,14 @@ def test_custom_ops_eager_and_compiled_match_kernels():
 
 
 @needs_kernels
-def test_fused_gate_op_time_chunked_matches_eager(monkeypatch):
+def test_fused_gate_op_time_chunked_matches_eager(monkeypatch, chunked_calls):
     """With time chunks (forced by ``TUNE["chunk"]``) the custom op runs the chunked passes
     (``fused_gates/chunked.py``) as the eager call does: equal outputs and gradients, eagerly and
-    inside ``torch.compile``; opcheck of the op with ``chunk > 0`` (the fake shape of ``PT``)."""
+    inside ``torch.compile``; opcheck of the op while it chunks (the fake shape of ``PT``)."""
     from lrnn_scan.kernels.fused_gates import fused_gate_scan
     from lrnn_scan.kernels.fused_gates import function as ff
     monkeypatch.setitem(ff.TUNE, "chunk", 3)
-    calls = []
-    for name in ("chunked_forward", "chunked_backward"):
-        f = getattr(ff, name)
-        monkeypatch.setattr(ff, name, lambda *a, _f=f, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    calls = chunked_calls(ff)
     g = torch.Generator().manual_seed(3)
     z, v, h0 = (torch.randn(1, 7, 2, 2, 3, generator=g).to(DEV), torch.randn(1, 7, 2, 2, generator=g).to(DEV),
                 torch.randn(1, 2, 2, generator=g).to(DEV))
@@ -327,7 +324,7 @@ def test_fused_gate_op_time_chunked_matches_eager(monkeypatch):
         for a, b in zip(gr, g_r):
             torch.testing.assert_close(a, b)
     req = [t.detach().clone().requires_grad_(True) for t in (z, v, h0)]
-    torch.library.opcheck(lc.register()["fused_gate_fwd"], (*req, None, 1, 0, 1e-6, torch.float32, 3),
+    torch.library.opcheck(lc.register()["fused_gate_fwd"], (*req, None, 1, 0, 1e-6, torch.float32),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 

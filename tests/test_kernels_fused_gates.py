@@ -107,41 +107,33 @@ def test_bf16_inputs_fp32_state(upcast16, monkeypatch):
     run_case(1, 17, 2, 4, "softmax", dtype=torch.bfloat16, seed=5, tol=2e-2)
 
 
-def _count_chunked(monkeypatch):
-    calls = []
-    for name in ("chunked_forward", "chunked_backward"):
-        fn = getattr(_kmod, name)
-        monkeypatch.setattr(_kmod, name, lambda *a, _f=fn, _n=name, **k: calls.append(_n) or _f(*a, **k))
-    return calls
-
-
 @pytest.mark.parametrize("m,T,chunk", [(1, 17, 4), (2, 63, 8), (3, 65, 16), (4, 37, 5),
                                        (8, 20, 6), (16, 9, 2)])
-def test_time_chunked(m, T, chunk, monkeypatch):
+def test_time_chunked(m, T, chunk, monkeypatch, chunked_calls):
     """The time-chunked passes (chunked.py: chunk summaries, carries, re-run; the adjoint's the
     same in reverse), forced by TUNE["chunk"]: chunks that do not divide T, a last chunk of one
     step, every block size class."""
     monkeypatch.setitem(_kmod.TUNE, "chunk", chunk)
-    calls = _count_chunked(monkeypatch)
+    calls = chunked_calls(_kmod)
     run_case(2, T, 2, m, "softmax" if m % 2 else "tanh", seed=10 + m)
     assert calls == ["chunked_forward", "chunked_backward"]
 
 
 @pytest.mark.parametrize("variant", ["sigmoid", "relu", "identity", "none"])
-def test_time_chunked_varlen(variant, monkeypatch):
+def test_time_chunked_varlen(variant, monkeypatch, chunked_calls):
     """Chunked varlen: boundaries inside chunks, an empty sequence and one shorter than a chunk
     (its later chunks are empty: P = I, E = 0), no initial state for one variant."""
     monkeypatch.setitem(_kmod.TUNE, "chunk", 6)
-    calls = _count_chunked(monkeypatch)
+    calls = chunked_calls(_kmod)
     run_case(1, 41, 2, 3, variant, cu=[0, 4, 4, 23, 41], seed=11, h0=variant != "none",
              final=variant != "relu")
     assert calls == ["chunked_forward", "chunked_backward"]
 
 
-def test_time_chunked_varlen_shorter_than_a_chunk(monkeypatch):
+def test_time_chunked_varlen_shorter_than_a_chunk(monkeypatch, chunked_calls):
     """Forced chunks longer than every sequence: one pass."""
     monkeypatch.setitem(_kmod.TUNE, "chunk", 64)
-    calls = _count_chunked(monkeypatch)
+    calls = chunked_calls(_kmod)
     run_case(1, 20, 2, 2, "softmax", cu=[0, 7, 20], seed=14)
     assert calls == []
 

@@ -144,15 +144,12 @@ def test_compile_plans_full_size(m, B, T, N, monkeypatch):
 
 
 @pytest.mark.parametrize("m,T", [(4, 8193), (16, 4096)])
-def test_compile_fused_gates_time_chunked(m, T, monkeypatch):
+def test_compile_fused_gates_time_chunked(m, T, chunked_calls):
     """B1 N768 under Inductor: ``fused_gate_scan``'s custom op takes the time-chunked passes
     (``fused_gates.choose_chunk``) as the eager call does, with equal outputs and gradients."""
     from lrnn_scan.kernels.fused_gates import fused_gate_scan
     from lrnn_scan.kernels.fused_gates import function as ff
-    calls = []
-    for name in ("chunked_forward", "chunked_backward"):
-        f = getattr(ff, name)
-        monkeypatch.setattr(ff, name, lambda *a, _f=f, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    calls = chunked_calls(ff)
     g = torch.Generator(device="cuda").manual_seed(m)
     z = torch.randn(1, T, 768 // m, m, m + 1, device="cuda", generator=g)
     v = torch.randn(1, T, 768 // m, m, device="cuda", generator=g)

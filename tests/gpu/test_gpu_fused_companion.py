@@ -126,48 +126,46 @@ def test_fused_long():
     _fused(1, 65536, 2, 4, h0=False, ref_dev=DEV)  # fp64 loop on the GPU: faster than the CPU
 
 
-def _chunk_calls(monkeypatch, chunk=None):
-    """Count the fused scan's time-chunked passes (``chunked.py``); force ``chunk`` steps."""
-    import lrnn_scan.kernels.fused_gates.function as ff
+def _chunk_calls(monkeypatch, record, family="fused_gates", chunk=None):
+    """The names of ``family``'s time-chunked passes as they run (``chunked_calls`` fixture);
+    ``chunk``: force that many steps a chunk."""
+    import importlib
+    mod = importlib.import_module(f"lrnn_scan.kernels.{family}.function")
     if chunk is not None:
-        monkeypatch.setitem(ff.TUNE, "chunk", chunk)
-    calls = []
-    for name in ("chunked_forward", "chunked_backward"):
-        fn = getattr(ff, name)
-        monkeypatch.setattr(ff, name, lambda *a, _f=fn, _n=name, **k: calls.append(_n) or _f(*a, **k))
-    return calls
+        monkeypatch.setitem(mod.TUNE, "chunk", chunk)
+    return record(mod)
 
 
 @pytest.mark.parametrize("m", [2, 3, 4, 8, 16, 32])
-def test_fused_time_chunked(m, monkeypatch):
-    calls = _chunk_calls(monkeypatch, 100)
+def test_fused_time_chunked(m, monkeypatch, chunked_calls):
+    calls = _chunk_calls(monkeypatch, chunked_calls, chunk=100)
     torch.manual_seed(20 + m)
     _fused(2, 1001, 3, m)
     assert calls == ["chunked_forward", "chunked_backward"]
 
 
-def test_fused_time_chunked_bf16_varlen(monkeypatch):
-    calls = _chunk_calls(monkeypatch, 64)
+def test_fused_time_chunked_bf16_varlen(monkeypatch, chunked_calls):
+    calls = _chunk_calls(monkeypatch, chunked_calls, chunk=64)
     torch.manual_seed(27)
     _fused(1, 1000, 8, 4, "sigmoid", dtype=torch.bfloat16, cu=[0, 1, 63, 64, 150, 150, 1000], tol=5e-3)
     assert calls == ["chunked_forward", "chunked_backward"]
 
 
 @pytest.mark.parametrize("m,T", [(4, 65537), (8, 8193), (2, 4097)])
-def test_fused_time_chunked_by_rule_long(m, T, monkeypatch):
+def test_fused_time_chunked_by_rule_long(m, T, monkeypatch, chunked_calls):
     """One long sequence: the default rule (``function.choose_chunk``) chunks it."""
-    calls = _chunk_calls(monkeypatch)
+    calls = _chunk_calls(monkeypatch, chunked_calls)
     torch.manual_seed(28)
     _fused(1, T, 4, m, h0=True, ref_dev=DEV)
     assert calls == ["chunked_forward", "chunked_backward"]
 
 
 @pytest.mark.parametrize("m", [2, 4, 8])
-def test_auto_fused_chunked_with_gradients(m, monkeypatch):
+def test_auto_fused_chunked_with_gradients(m, monkeypatch, chunked_calls):
     """``bdlru_scan(method="auto")`` with gradients at B1 T8193 N768 takes the chunked fused
     passes (not the unfused path), every gradient against fp64."""
     import lrnn_scan as ls
-    calls = _chunk_calls(monkeypatch)
+    calls = _chunk_calls(monkeypatch, chunked_calls)
     H = 768 // m
     torch.manual_seed(29)
     tensors = [torch.randn(1, 8193, H, m, m + 1) * 1.5, torch.randn(1, 8193, H, m), torch.randn(1, H, m)]
@@ -181,35 +179,25 @@ def test_auto_fused_chunked_with_gradients(m, monkeypatch):
     assert calls == ["chunked_forward", "chunked_backward"]
 
 
-def _companion_chunk_calls(monkeypatch, chunk):
-    import lrnn_scan.kernels.companion.function as cf
-    monkeypatch.setitem(cf.TUNE, "chunk", chunk)
-    calls = []
-    for name in ("chunked_forward", "chunked_backward"):
-        fn = getattr(cf, name)
-        monkeypatch.setattr(cf, name, lambda *a, _f=fn, _n=name, **k: calls.append(_n) or _f(*a, **k))
-    return calls
-
-
 @pytest.mark.parametrize("m", [2, 3, 4, 8, 16, 32])
 @pytest.mark.parametrize("variant", ["softmax", "coeffs"])
-def test_companion_time_chunked(m, variant, monkeypatch):
+def test_companion_time_chunked(m, variant, monkeypatch, chunked_calls):
     """The companion's time-chunked passes (``companion/chunked.py``, forced: no rule yet)."""
-    calls = _companion_chunk_calls(monkeypatch, 100)
+    calls = _chunk_calls(monkeypatch, chunked_calls, "companion", 100)
     torch.manual_seed(40 + m)
     _comp(2, 1001, 24, m, variant)
     assert calls == ["chunked_forward", "chunked_backward"]
 
 
-def test_companion_time_chunked_bf16_varlen(monkeypatch):
-    calls = _companion_chunk_calls(monkeypatch, 64)
+def test_companion_time_chunked_bf16_varlen(monkeypatch, chunked_calls):
+    calls = _chunk_calls(monkeypatch, chunked_calls, "companion", 64)
     torch.manual_seed(47)
     _comp(1, 1000, 32, 4, "sigmoid", dtype=torch.bfloat16, cu=[0, 1, 63, 64, 150, 150, 1000], tol=5e-3)
     assert calls == ["chunked_forward", "chunked_backward"]
 
 
-def test_companion_time_chunked_long(monkeypatch):
-    calls = _companion_chunk_calls(monkeypatch, 256)
+def test_companion_time_chunked_long(monkeypatch, chunked_calls):
+    calls = _chunk_calls(monkeypatch, chunked_calls, "companion", 256)
     torch.manual_seed(48)
     _comp(1, 65537, 8, 4, h0=True, ref_dev=DEV)
     assert calls == ["chunked_forward", "chunked_backward"]

@@ -80,10 +80,10 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
             ``cu_seqlens`` take ``unfused`` for a few long sequences at m = 32 (and m = 16 below
             the chunk rule's length) and for long forwards without gradients at m = 3..32, where
             that was measured faster, at the cost of ``A`` (and its gradient) in memory, each
-            about the size of ``logits``: ``lrnn_scan.kernels.fused_gates.unfused_faster``) | ``kernel`` (fused kernel, or an
-            error) | ``unfused`` (``A`` materialised by :func:`lrnn_scan.gates.normalize_gates`,
-            then :func:`lrnn_scan.scan` with ``method="auto"``: the block-diagonal kernels on
-            CUDA) | ``blelloch`` | ``sequential``.
+            about the size of ``logits``: ``lrnn_scan.kernels.fused_gates.unfused_faster``)
+            | ``kernel`` (fused kernel, or an error) | ``unfused`` (``A`` materialised by
+            :func:`lrnn_scan.gates.normalize_gates`, then :func:`lrnn_scan.scan` with
+            ``method="auto"``: the block-diagonal kernels on CUDA) | ``blelloch`` | ``sequential``.
 
     Returns:
         ``h`` ``(B, T, H, m)``, or ``(h, h_final)`` with ``output_final_state``.
@@ -105,8 +105,8 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
                 *logits.shape[:3], m, logits.device,
                 backward=_backward_follows(logits, v, initial_state))):
         # few long sequences at m = 32 (m = 16 short of chunking), long forwards at m >= 3: the
-        # block-diagonal scan's look-backs are faster (measured in fp32; in 16 bits the unfused path would round A,
-        # which the fused kernel never stores)
+        # block-diagonal scan's look-backs are faster (measured in fp32; in 16 bits the unfused
+        # path would round A, which the fused kernel never stores)
         fn = None
     if fn is not None:
         h, hT = fn(logits.contiguous(), v.contiguous(), variant=gate, eps=eps,

@@ -78,7 +78,7 @@ UNFUSED_LINES = {2: (None, None, 1.5), 4: (None, 4096, 1.5), 8: (None, 4096, 1.5
 def unfused_faster(num_seq: int, max_len: int, H: int, m: int, device, backward: bool = True) -> bool:
     """Whether ``bdlru_scan(method="auto")`` should take the unfused path (torch gates, then the
     block-diagonal scan, which splits time into chunks when programs are few) over this kernel,
-    which runs each sequence's chain in one program or, for a few long sequences at m <= 8, in
+    which runs each sequence's chain in one program or, for a few long sequences at m <= 16, in
     time chunks (``choose_chunk``): m = 2..32, at least ``UNFUSED_LINES[MP][0]`` steps (``[1]``
     when no backward will run, ``backward=False``; None: never) and fewer than
     ``UNFUSED_LINES[MP][2]`` fused programs an SM (``_config``), and with a backward only where

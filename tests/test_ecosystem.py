@@ -300,35 +300,6 @@ def test_custom_ops_eager_and_compiled_match_kernels():
 
 
 @needs_kernels
-def test_fused_gate_op_time_chunked_matches_eager(monkeypatch, chunked_calls):
-    """With time chunks (forced by ``TUNE["chunk"]``) the custom op runs the chunked passes
-    (``fused_gates/chunked.py``) as the eager call does: equal outputs and gradients, eagerly and
-    inside ``torch.compile``; opcheck of the op while it chunks (the fake shape of ``PT``)."""
-    from lrnn_scan.kernels.fused_gates import fused_gate_scan
-    from lrnn_scan.kernels.fused_gates import function as ff
-    monkeypatch.setitem(ff.TUNE, "chunk", 3)
-    calls = chunked_calls(ff)
-    g = torch.Generator().manual_seed(3)
-    z, v, h0 = (torch.randn(1, 7, 2, 2, 3, generator=g).to(DEV), torch.randn(1, 7, 2, 2, generator=g).to(DEV),
-                torch.randn(1, 2, 2, generator=g).to(DEV))
-    ours = lambda *a: lc.fused_gate_scan(*a[:2], "softmax", 1e-6, a[2], True)  # noqa: E731
-    h_r, f_r, g_r = _run(lambda *a: fused_gate_scan(*a[:2], "softmax", 1e-6, a[2], True), (z, v, h0))
-    assert calls == ["chunked_forward", "chunked_backward"]
-    torch._dynamo.reset()
-    for fn in (ours, torch.compile(ours, fullgraph=True, backend="aot_eager")):
-        calls.clear()
-        h, f, gr = _run(fn, (z, v, h0))
-        assert calls == ["chunked_forward", "chunked_backward"]
-        torch.testing.assert_close(h, h_r)
-        torch.testing.assert_close(f, f_r)
-        for a, b in zip(gr, g_r):
-            torch.testing.assert_close(a, b)
-    req = [t.detach().clone().requires_grad_(True) for t in (z, v, h0)]
-    torch.library.opcheck(lc.register()["fused_gate_fwd"], (*req, None, 1, 0, 1e-6, torch.float32),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
-
-
-@needs_kernels
 def test_custom_ops_opcheck():
     ops = lc.register()
     cases = {c[0]: c[3] for c in _cases()}

@@ -129,9 +129,10 @@
 #   Forty-sixth (H200, 5 calls): time-chunked fused-gate passes (fused_gates/chunked.py, rule
 #   choose_chunk, m = 2..16; tl.dot summaries from m = 9); their GPU tests passed (62, 21, 7).
 #   OWED: stage chunked: the time-chunked companion passes (companion/chunked.py, no rule yet:
-#   TUNE["chunk"] only; CPU-interpreter-tested) on the GPU, their timing against one pass and the
-#   unfused hlru_scan at B1-B4 T4096-T16384 N768 to set a rule, and the compiled fused-gate op's
-#   chunked path (tests/gpu/test_gpu_compile.py::test_compile_fused_gates_time_chunked).
+#   TUNE["chunk"] only; CPU-interpreter-tested) and the companion's one-pass kernels (edited for
+#   them) on the GPU, their timing against one pass and dense blocks at B1-B4 T4096-T16384 N768
+#   to set a rule (and re-time the one-pass companion rows of fused_companion_throughput.py), and
+#   the compiled fused-gate op's chunks (test_gpu_compile.py::test_compile_fused_gates_time_chunked).
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):
@@ -377,12 +378,13 @@ case "$stage" in
     done
     rm -rf "$OUT/unfused_json" ;;
   chunked)
-    # the chunked passes' GPU tests (fused and companion, the compiled fused op), then the
-    # companion's forced chunks against one pass and the same recurrence as dense blocks
+    # the fused / companion GPU tests (the companion kernels' one-pass code changed with the
+    # chunked passes: every test, not only -k chunked) and the compiled fused op's chunks, then
+    # the companion's forced chunks against one pass and the same recurrence as dense blocks
     # (--baseline), CUDA graphs; logits fwd+bwd then coefficients fwd+bwd
-    LRNN_SCAN_POISON=1 timeout 240 python3 -m pytest -q -rfEs -p no:cacheprovider \
-      tests/gpu/test_gpu_fused_companion.py tests/gpu/test_gpu_compile.py -k "chunked" 2>&1 \
-      | tee "$OUT/chunked.log" | tail -3
+    LRNN_SCAN_POISON=1 timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider \
+      tests/gpu/test_gpu_fused_companion.py tests/gpu/test_gpu_compile.py \
+      -k "fused or companion or chunked or hlru" 2>&1 | tee "$OUT/chunked.log" | tail -3
     for kind in logits coeffs; do for m in 2 4 8; do
       timeout 60 python3 tools/gate_tune_compare.py --kind $kind --m $m --bwd --baseline --rounds 2 \
         --tune c128=chunk:128 c256=chunk:256 --out "$OUT/chunked_json" \

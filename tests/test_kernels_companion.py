@@ -121,6 +121,52 @@ def test_bf16_inputs_fp32_state(upcast16, monkeypatch):
     run_case(1, 17, 8, 4, "softmax", dtype=torch.bfloat16, seed=6, tol=2e-2)
 
 
+@pytest.mark.parametrize("m,T,chunk,variant", [(1, 19, 4, "softmax"), (2, 63, 8, "tanh"),
+                                               (3, 65, 16, "sigmoid"), (4, 37, 5, "coeffs"),
+                                               (8, 25, 2, "softmax"), (5, 12, 7, "relu")])
+def test_time_chunked(m, T, chunk, variant, monkeypatch, chunked_calls):
+    """The time-chunked passes (chunked.py: summaries of m + 1 columns, carries, re-run; the
+    adjoint likewise), forced by TUNE["chunk"]: chunks that do not divide T, chunks shorter than
+    the order m (their history reaches into earlier chunks), logits and coefficients."""
+    monkeypatch.setitem(_kmod.TUNE, "chunk", chunk)
+    calls = chunked_calls(_kmod)
+    run_case(2, T, 3, m, variant, seed=20 + m)
+    run_case(1, T, 2, m, variant, seed=30 + m, h0=False, final=False)
+    assert calls == ["chunked_forward", "chunked_backward"] * 2
+
+
+def test_time_chunked_varlen(monkeypatch, chunked_calls):
+    """Chunked varlen: boundaries inside chunks, an empty sequence, one shorter than a chunk."""
+    monkeypatch.setitem(_kmod.TUNE, "chunk", 6)
+    calls = chunked_calls(_kmod)
+    run_case(1, 41, 2, 3, "sigmoid", cu=[0, 4, 4, 23, 41], seed=21)
+    run_case(1, 41, 2, 2, "coeffs", cu=[0, 4, 4, 23, 41], seed=22)
+    assert calls == ["chunked_forward", "chunked_backward"] * 2
+
+
+def test_time_chunked_varlen_shorter_than_a_chunk(monkeypatch, chunked_calls):
+    monkeypatch.setitem(_kmod.TUNE, "chunk", 64)
+    calls = chunked_calls(_kmod)
+    run_case(1, 20, 2, 3, "softmax", cu=[0, 7, 20], seed=24)
+    assert calls == []
+
+
+def test_time_chunked_bf16(monkeypatch):
+    monkeypatch.setitem(_kmod.TUNE, "chunk", 7)
+    run_case(1, 30, 2, 4, "softmax", dtype=torch.bfloat16, seed=23, tol=2e-2)
+
+
+def test_time_chunked_off_by_default():
+    """No measured rule yet: only ``TUNE["chunk"]`` chunks (and never a single chunk)."""
+    assert _kmod.choose_chunk(None, 1 << 20) is None
+    _kmod.TUNE["chunk"] = 64
+    try:
+        assert _kmod.choose_chunk(None, 65) == 64 and _kmod.choose_chunk(None, 64) is None
+        assert _kmod.choose_chunk(torch.tensor([0, 10]), 10) == 64
+    finally:
+        del _kmod.TUNE["chunk"]
+
+
 def test_no_state_no_final():
     run_case(2, 9, 3, 2, "identity", h0=False, final=False, seed=7)
 

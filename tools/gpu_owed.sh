@@ -128,10 +128,11 @@
 #   --bdlru unfused; it varied 2x between machines); an H100 run of stage unfused.
 #   Forty-sixth (H200, 5 calls): time-chunked fused-gate passes (fused_gates/chunked.py, rule
 #   choose_chunk, m = 2..16; tl.dot summaries from m = 9); their GPU tests passed (62, 21, 7).
-#   OWED: stage chunked: the compiled fused-gate op's chunks on the GPU
-#   (test_gpu_compile.py::test_compile_fused_gates_time_chunked). The time-chunked companion
-#   passes are on branch companion-chunked (interpreter-tested; they edit the one-pass companion
-#   kernels): merge, run every fused / companion GPU test, time them to set a rule.
+#   OWED: stage chunked: the time-chunked companion passes (companion/chunked.py, no rule yet:
+#   TUNE["chunk"] only; CPU-interpreter-tested) and the companion's one-pass kernels (edited for
+#   them) on the GPU, their timing against one pass and dense blocks at B1-B4 T4096-T16384 N768
+#   to set a rule (and re-time the one-pass companion rows of fused_companion_throughput.py), and
+#   the compiled fused-gate op's chunks (test_gpu_compile.py::test_compile_fused_gates_time_chunked).
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):
@@ -377,10 +378,19 @@ case "$stage" in
     done
     rm -rf "$OUT/unfused_json" ;;
   chunked)
-    # the fused-gate GPU tests and the compiled fused op's time chunks (poisoned)
+    # the fused / companion GPU tests (the companion kernels' one-pass code changed with the
+    # chunked passes: every test, not only -k chunked) and the compiled fused op's chunks, then
+    # the companion's forced chunks against one pass and the same recurrence as dense blocks
+    # (--baseline), CUDA graphs; logits fwd+bwd then coefficients fwd+bwd
     LRNN_SCAN_POISON=1 timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider \
       tests/gpu/test_gpu_fused_companion.py tests/gpu/test_gpu_compile.py \
-      -k "fused or chunked" 2>&1 | tee "$OUT/chunked.log" | tail -3 ;;
+      -k "fused or companion or chunked or hlru" 2>&1 | tee "$OUT/chunked.log" | tail -3
+    for kind in logits coeffs; do for m in 2 4 8; do
+      timeout 60 python3 tools/gate_tune_compare.py --kind $kind --m $m --bwd --baseline --rounds 2 \
+        --tune c128=chunk:128 c256=chunk:256 --out "$OUT/chunked_json" \
+        --shapes 1x4096x768 1x16384x768 4x8192x768 2>&1 | tee -a "$OUT/chunked.log" | grep "fp32,"
+    done; done
+    rm -rf "$OUT/chunked_json" ;;
   scan)
     # --skip-variants: the forward-variant and m = 1 tile rows (36 extra compilations; with them the
     # 2026-11-25 run did not finish in 390 s) are in RESULTS.md (2026-11-24, 2026-11-25)

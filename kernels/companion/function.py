@@ -4,10 +4,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._host import cdiv
+from .._host import cdiv, max_seq_len
 from ..fused_gates._common import (as_loaded, check_cu_seqlens, check_eps, check_float_tensor, check_state,
                                    empty, next_pow2, num_sms, tune_knob, use_triton)
 from ..fused_gates.gate_math import variant_code
+from ..fused_gates.function import _launch_fwd as fg_launch_fwd
+from .chunked import chunked_backward, chunked_forward
 from .kernels import companion_bwd_kernel, companion_fwd_kernel
 from .ref import companion_scan_coeffs_ref, companion_scan_ref
 
@@ -18,7 +20,8 @@ MAX_M = 64
 
 # Benchmark/test knobs (not public API): override "bn", "num_warps", "num_stages" (both passes;
 # "bwd_bn", "bwd_num_warps", "bwd_num_stages" the backward's alone), "upcast16" (16-bit inputs
-# read as fp32 copies, default on: see fused_gates._common.as_loaded).
+# read as fp32 copies, default on: see fused_gates._common.as_loaded), "chunk" (time-chunk length,
+# choose_chunk), "sum_bn", "sum_warps" (chunked.summary_config).
 TUNE: dict = {}
 
 
@@ -55,52 +58,77 @@ def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
     return bn, mp, warps, tune_knob(TUNE, "num_stages", bwd, stages)
 
 
+def choose_chunk(cu_seqlens, T: int) -> int | None:
+    """Time-chunk length of the chunked passes (``chunked.py``) or None: ``TUNE["chunk"]`` only
+    (a forced length, 0 = never). Not on by default: these passes have been checked against the
+    fp64 reference (CPU interpreter) but not yet timed on a GPU, so there is no measured rule."""
+    c = int(TUNE.get("chunk", 0))
+    return c if 0 < c < max(T, 1) or (c > 0 and cu_seqlens is not None) else None
+
+
 class _CompanionFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, z, v, h0, cu, col0, code, eps, output_final_state, out_dtype):
+    def forward(ctx, z, v, h0, cu, col0, code, eps, output_final_state, out_dtype, chunk=None):
         B, T, N = v.shape
         m = z.shape[-1] - col0
         z, v = z.contiguous(), v.contiguous()
         h0c = h0.float().contiguous() if h0 is not None else None
         num_seq = cu.numel() - 1 if cu is not None else B
-        h = empty(v.shape, out_dtype, v.device)
-        hf = (empty((num_seq, N, m), torch.float32, v.device)
-              if output_final_state else None)
-        bn, mp, warps, stages = _config(num_seq, N, m, v.device)
         up = TUNE.get("upcast16", True)
-        companion_fwd_kernel[(num_seq, cdiv(N, bn))](
-            as_loaded(z, up), as_loaded(v, up), h0c if h0c is not None else h, h, hf if hf is not None else h,
-            cu if cu is not None else h, T, N, eps, M=m, MP=mp, BN=bn, COL0=col0, VARIANT=code,
-            NS=stages, HAS_H0=h0c is not None, STORE_HF=hf is not None, IS_VARLEN=cu is not None,
-            num_warps=warps, num_stages=stages)
-        ctx.save_for_backward(z, v, h0c, h, cu)
+        PT = None
+        nc = cdiv(max_seq_len(T, cu), chunk) if chunk is not None else 1
+        if nc <= 1:  # (forced chunks) every sequence fits one chunk
+            chunk = None
+        else:
+            h, hf, PT = chunked_forward(fg_launch_fwd, companion_fwd_kernel, as_loaded(z, up),
+                                        as_loaded(v, up), h0c, cu, T, N, m, col0, code, eps, chunk,
+                                        nc, _config(num_seq * nc, N, m, v.device), output_final_state,
+                                        out_dtype, TUNE, empty)
+        if chunk is None:
+            h = empty(v.shape, out_dtype, v.device)
+            hf = (empty((num_seq, N, m), torch.float32, v.device)
+                  if output_final_state else None)
+            bn, mp, warps, stages = _config(num_seq, N, m, v.device)
+            companion_fwd_kernel[(num_seq, cdiv(N, bn))](
+                as_loaded(z, up), as_loaded(v, up), h0c if h0c is not None else h, h,
+                hf if hf is not None else h, cu if cu is not None else h, h, T, N, 0, eps, M=m, MP=mp,
+                BN=bn, COL0=col0, VARIANT=code, NS=stages, HAS_H0=h0c is not None,
+                STORE_HF=hf is not None, IS_VARLEN=cu is not None, num_warps=warps, num_stages=stages)
+        ctx.save_for_backward(z, v, h0c, h, cu, PT)
         ctx.cfg = (col0, code, eps, h0 is not None and h0.requires_grad,
-                   h0.dtype if h0 is not None else None)
+                   h0.dtype if h0 is not None else None, chunk)
         return h, hf
 
     @staticmethod
     def backward(ctx, dh, dhf):
-        z, v, h0, h, cu = ctx.saved_tensors
-        col0, code, eps, need_dh0, h0_dtype = ctx.cfg
+        z, v, h0, h, cu, *pt = ctx.saved_tensors   # lrnn_scan.compile passes five
+        col0, code, eps, need_dh0, h0_dtype, *chunk = ctx.cfg
+        chunk = chunk[0] if chunk else None
         B, T, N = v.shape
         m = z.shape[-1] - col0
         num_seq = cu.numel() - 1 if cu is not None else B
         dh = dh.contiguous() if dh is not None else torch.zeros_like(h)
         dhf = dhf.float().contiguous() if dhf is not None else None
         dz, dv = empty(z.shape, z.dtype, z.device), empty(v.shape, v.dtype, v.device)
-        dh0 = empty((num_seq, N, m), torch.float32, v.device) if need_dh0 else None
-        bn, mp, warps, stages = _config(num_seq, N, m, v.device, bwd=True, logits=col0 == 1)
         up = TUNE.get("upcast16", True)
-        companion_bwd_kernel[(num_seq, cdiv(N, bn))](
-            as_loaded(z, up), as_loaded(v, up), h0 if h0 is not None else h, as_loaded(h, up),
-            as_loaded(dh, up), dhf if dhf is not None else dh, dz, dv,
-            dh0 if dh0 is not None else dv, cu if cu is not None else h, T, N, eps,
-            M=m, MP=mp, BN=bn, COL0=col0, VARIANT=code, NS=stages, HAS_H0=h0 is not None,
-            HAS_DHF=dhf is not None, STORE_DH0=dh0 is not None, IS_VARLEN=cu is not None,
-            num_warps=warps, num_stages=stages)
+        zl, vl, hl, dhl = as_loaded(z, up), as_loaded(v, up), as_loaded(h, up), as_loaded(dh, up)
+        if chunk is not None:
+            cfg = _config(num_seq * pt[0].shape[1], N, m, v.device, bwd=True, logits=col0 == 1)
+            dh0 = chunked_backward(fg_launch_fwd, companion_bwd_kernel, zl, vl, h0, hl, dhl, dhf,
+                                   pt[0], cu, T, N, m, col0, code, eps, chunk, cfg, need_dh0, dz, dv,
+                                   empty)
+        else:
+            dh0 = empty((num_seq, N, m), torch.float32, v.device) if need_dh0 else None
+            bn, mp, warps, stages = _config(num_seq, N, m, v.device, bwd=True, logits=col0 == 1)
+            companion_bwd_kernel[(num_seq, cdiv(N, bn))](
+                zl, vl, h0 if h0 is not None else h, hl, dhl, dhf if dhf is not None else dh, dz, dv,
+                dh0 if dh0 is not None else dv, cu if cu is not None else h, h, T, N, 0, eps,
+                M=m, MP=mp, BN=bn, COL0=col0, VARIANT=code, NS=stages, HAS_H0=h0 is not None,
+                HAS_DHF=dhf is not None, STORE_DH0=dh0 is not None, IS_VARLEN=cu is not None,
+                num_warps=warps, num_stages=stages)
         if dh0 is not None:
             dh0 = dh0.to(h0_dtype)
-        return dz, dv, dh0, None, None, None, None, None, None
+        return dz, dv, dh0, None, None, None, None, None, None, None
 
 
 def _check(z_name, z, v_name, v, col0, initial_state, cu_seqlens):
@@ -143,7 +171,7 @@ def companion_scan(logits: Tensor, v: Tensor, variant: str = "softmax", eps: flo
         return companion_scan_ref(logits, v, variant, eps, initial_state, output_final_state,
                                   cu_seqlens, dtype=torch.float32)
     h, hf = _CompanionFn.apply(logits, v, initial_state, cu_seqlens, 1, code, eps,
-                               bool(output_final_state), out_dtype)
+                               bool(output_final_state), out_dtype, choose_chunk(cu_seqlens, v.shape[1]))
     return h, (hf if output_final_state else None)
 
 
@@ -160,5 +188,5 @@ def companion_scan_coeffs(a: Tensor, b: Tensor, initial_state: Tensor | None = N
         return companion_scan_coeffs_ref(a, b, initial_state, output_final_state, cu_seqlens,
                                          dtype=torch.float32)
     h, hf = _CompanionFn.apply(a, b, initial_state, cu_seqlens, 0, 5, 1.0,
-                               bool(output_final_state), out_dtype)
+                               bool(output_final_state), out_dtype, choose_chunk(cu_seqlens, b.shape[1]))
     return h, (hf if output_final_state else None)

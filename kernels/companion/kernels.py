@@ -60,14 +60,36 @@ def _fwd_step(Z, V, HOUT, bos, t, ring, o_n, o_c, m_n, mask, N, eps,
     return tl.where((o_c == t % M)[None, :], y[:, None], ring)
 
 
+@triton.jit
+def _chunk_steps(L, CHUNK, CHUNKED: tl.constexpr):
+    """``(i_c, chunks, s0, e0)``: the steps ``[s0, e0)`` of a sequence of ``L`` steps this program
+    runs: all of them, or with ``CHUNKED`` chunk ``program_id(2)`` of ``CHUNK`` steps (``s0 = e0
+    = L`` past the end: a varlen chunk grid is sized by the longest sequence)."""
+    i_c = 0
+    nch = 1
+    s0 = 0
+    e0 = L
+    if CHUNKED:
+        i_c = tl.program_id(2)
+        nch = tl.num_programs(2)
+        s0 = tl.minimum(i_c * CHUNK, L)
+        e0 = tl.minimum(s0 + CHUNK, L)
+    return i_c, nch, s0, e0
+
+
 @triton.jit(do_not_specialize=["T"])
-def companion_fwd_kernel(Z, V, H0, HOUT, HF, CU, T, N, eps,
+def companion_fwd_kernel(Z, V, H0, HOUT, HF, CU, XIN, T, N, CHUNK, eps,
                          M: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
                          COL0: tl.constexpr, VARIANT: tl.constexpr, NS: tl.constexpr,
-                         HAS_H0: tl.constexpr, STORE_HF: tl.constexpr, IS_VARLEN: tl.constexpr):
+                         HAS_H0: tl.constexpr, STORE_HF: tl.constexpr, IS_VARLEN: tl.constexpr,
+                         CHUNKED: tl.constexpr = False):
+    """Grid ``(num_seqs, channel groups)``, or with ``CHUNKED`` ``(num_seqs, channel groups,
+    chunks)``: chunk ``c > 0`` starts from the state ``XIN (num_seqs, chunks, N, m)`` entry
+    ``c - 1`` (newest first; ``chunked.py``). Time ``t`` is the step within the sequence."""
     i_n = tl.program_id(0)
     i_b = tl.program_id(1)
     bos, L = _seq_bounds(CU, i_n, T, IS_VARLEN)
+    i_c, nch, s0, e0 = _chunk_steps(L, CHUNK, CHUNKED)
     o_n = i_b * BN + tl.arange(0, BN)
     o_c = tl.arange(0, MP)
     m_n = o_n < N
@@ -77,12 +99,18 @@ def companion_fwd_kernel(Z, V, H0, HOUT, HF, CU, T, N, eps,
     if HAS_H0:  # slot c holds h_{c-m} = initial_state[m-1-c]
         ring = tl.load(H0 + (n64 * N + o_n[:, None]) * M + (M - 1 - o_c)[None, :], mask=mask,
                        other=0.0).to(tl.float32)
-    for p in tl.range(0, L // 2, num_stages=NS):
-        ring = _fwd_step(Z, V, HOUT, bos, 2 * p, ring, o_n, o_c, m_n, mask, N, eps, M, COL0, VARIANT)
-        ring = _fwd_step(Z, V, HOUT, bos, 2 * p + 1, ring, o_n, o_c, m_n, mask, N, eps, M, COL0,
+    if CHUNKED:
+        if i_c > 0:  # slot c holds h_τ, τ ≡ c (mod m), τ in [s0-m, s0-1]: state[(s0-1-c) mod m]
+            ring = tl.load(XIN + ((n64 * nch + i_c - 1) * N + o_n[:, None]) * M
+                           + ((s0 - 1 - o_c + M) % M)[None, :], mask=mask, other=0.0)
+    Lc = e0 - s0
+    for p in tl.range(0, Lc // 2, num_stages=NS):
+        ring = _fwd_step(Z, V, HOUT, bos, s0 + 2 * p, ring, o_n, o_c, m_n, mask, N, eps, M, COL0,
                          VARIANT)
-    if L % 2 == 1:
-        ring = _fwd_step(Z, V, HOUT, bos, L - 1, ring, o_n, o_c, m_n, mask, N, eps, M, COL0, VARIANT)
+        ring = _fwd_step(Z, V, HOUT, bos, s0 + 2 * p + 1, ring, o_n, o_c, m_n, mask, N, eps, M,
+                         COL0, VARIANT)
+    if Lc % 2 == 1:
+        ring = _fwd_step(Z, V, HOUT, bos, e0 - 1, ring, o_n, o_c, m_n, mask, N, eps, M, COL0, VARIANT)
     if STORE_HF:  # final[k] = h_{L-1-k}, in slot (L-1-k+m) mod m  <=>  k = (L-1-c+m) mod m
         tl.store(HF + (n64 * N + o_n[:, None]) * M + ((L - 1 - o_c + M) % M)[None, :], ring,
                  mask=mask)
@@ -90,17 +118,25 @@ def companion_fwd_kernel(Z, V, H0, HOUT, HF, CU, T, N, eps,
 
 @triton.jit
 def _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, t, ring, pend, o_n, o_c, m_n, mask, n64, N, eps,
-              M: tl.constexpr, COL0: tl.constexpr, VARIANT: tl.constexpr, HAS_H0: tl.constexpr):
+              M: tl.constexpr, COL0: tl.constexpr, VARIANT: tl.constexpr, HAS_H0: tl.constexpr,
+              STORE: tl.constexpr = True):
+    """One adjoint step; ``STORE=False``: the pending sums alone (a chunk's carry, chunked.py)."""
     K1: tl.constexpr = M + COL0
     tok = bos + t
     slot = (o_c == t % M)[None, :]
-    hold = _load_hist(HOUT, H0, bos, t - M, o_n, m_n, n64, N, M, HAS_H0)  # h_{t-m}
-    ring = tl.where(slot, hold[:, None], ring)
     cols = _coef_cols(t, o_c, M, COL0)[None, :]
     zp = Z + (tok * N + o_n[:, None]) * K1
     z = tl.load(zp + cols, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(DH + tok * N + o_n, mask=m_n, other=0.0).to(tl.float32)
     lam = g + tl.sum(tl.where(slot, pend, 0.0), axis=1)
+    if not STORE:
+        w = z
+        if COL0 == 1:
+            z0 = tl.load(Z + (tok * N + o_n) * K1, mask=m_n, other=0.0).to(tl.float32)
+            w, _w0, _g, _g0, _s, _s0 = gate_normalize(z, z0, mask, eps, 1, VARIANT)
+        return ring, tl.where(slot, 0.0, pend) + w * lam[:, None]
+    hold = _load_hist(HOUT, H0, bos, t - M, o_n, m_n, n64, N, M, HAS_H0)  # h_{t-m}
+    ring = tl.where(slot, hold[:, None], ring)
     if COL0 == 1:  # v enters the gradient only through the input gate (coefficients: db = λ)
         v = tl.load(V + tok * N + o_n, mask=m_n, other=0.0).to(tl.float32)
         z0 = tl.load(Z + (tok * N + o_n) * K1, mask=m_n, other=0.0).to(tl.float32)
@@ -121,41 +157,57 @@ def _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, t, ring, pend, o_n, o_c, m_n, mas
 
 
 @triton.jit(do_not_specialize=["T"])
-def companion_bwd_kernel(Z, V, H0, HOUT, DH, DHF, DZ, DV, DH0, CU, T, N, eps,
+def companion_bwd_kernel(Z, V, H0, HOUT, DH, DHF, DZ, DV, DH0, CU, XIN, T, N, CHUNK, eps,
                          M: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
                          COL0: tl.constexpr, VARIANT: tl.constexpr, NS: tl.constexpr,
                          HAS_H0: tl.constexpr, HAS_DHF: tl.constexpr, STORE_DH0: tl.constexpr,
-                         IS_VARLEN: tl.constexpr):
+                         IS_VARLEN: tl.constexpr, CHUNKED: tl.constexpr = False,
+                         HAS_XIN: tl.constexpr = False, STORE_GRADS: tl.constexpr = True):
     """Adjoint λ_t = g_t + Σ_i a_{i,t+i} λ_{t+i}, run backwards with a ring of pending sums.
 
     ``pend`` slot ``(τ + m) mod m`` accumulates ``Σ a_{i,τ+i} λ_{τ+i}`` for the not yet visited
     ``τ``; after step 0 the slots of ``τ = -1 … -m`` hold the gradient of the initial state.
     The ring of past outputs ``h_{t-1} … h_{t-m}`` is refilled one value per step from ``h``.
+    ``CHUNKED`` (grid ``(num_seqs, channel groups, chunks)``): steps ``[s0, e0)`` of chunk ``c``,
+    the adjoint of its end state from ``DHF`` (last chunk) or, with ``HAS_XIN``, entry
+    ``chunks - 2 - c`` of ``XIN`` (zero without); ``DH0`` entry ``(n, chunks - 1 - c)`` gets the
+    adjoint of its start state. ``STORE_GRADS=False``: that carry only.
     """
     i_n = tl.program_id(0)
     i_b = tl.program_id(1)
     bos, L = _seq_bounds(CU, i_n, T, IS_VARLEN)
+    i_c, nch, s0, e0 = _chunk_steps(L, CHUNK, CHUNKED)
     o_n = i_b * BN + tl.arange(0, BN)
     o_c = tl.arange(0, MP)
     m_n = o_n < N
     mask = m_n[:, None] & (o_c < M)[None, :]
     n64 = i_n.to(tl.int64)
     pend = tl.zeros([BN, MP], dtype=tl.float32)
-    if HAS_DHF:  # dL/dh_{L-1-k} = dhf[k]
-        pend = tl.load(DHF + (n64 * N + o_n[:, None]) * M + ((L - 1 - o_c + M) % M)[None, :],
-                       mask=mask, other=0.0).to(tl.float32)
-    # ring slot c: h_τ with τ in [L-1-m, L-2], τ ≡ c (mod m)
-    base = (L - 1 + M) % M
-    tau0 = L - 1 - M + (o_c - base + M) % M
-    ring = _load_hist(HOUT, H0, bos, tau0[None, :], o_n[:, None], mask, n64, N, M, HAS_H0)
-    if L % 2 == 1:
-        ring, pend = _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, L - 1, ring, pend, o_n, o_c, m_n,
-                               mask, n64, N, eps, M, COL0, VARIANT, HAS_H0)
-    top = L - L % 2 - 1
-    for p in tl.range(0, L // 2, num_stages=NS):
+    k_end = ((e0 - 1 - o_c + M) % M)[None, :]  # dL/dh_{e0-1-k} in slot (e0-1-k) mod m
+    if HAS_DHF:
+        pend = tl.load(DHF + (n64 * N + o_n[:, None]) * M + k_end, mask=mask, other=0.0).to(tl.float32)
+    if CHUNKED:
+        if i_c < nch - 1:
+            pend = tl.zeros([BN, MP], dtype=tl.float32)
+            if HAS_XIN:
+                pend = tl.load(XIN + ((n64 * nch + nch - 2 - i_c) * N + o_n[:, None]) * M + k_end,
+                               mask=mask, other=0.0)
+    # ring slot c: h_τ with τ in [e0-1-m, e0-2], τ ≡ c (mod m)
+    base = (e0 - 1 + M) % M
+    tau0 = e0 - 1 - M + (o_c - base + M) % M
+    ring = pend * 0.0
+    if STORE_GRADS:
+        ring = _load_hist(HOUT, H0, bos, tau0[None, :], o_n[:, None], mask, n64, N, M, HAS_H0)
+    Lc = e0 - s0
+    if Lc % 2 == 1:
+        ring, pend = _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, e0 - 1, ring, pend, o_n, o_c, m_n,
+                               mask, n64, N, eps, M, COL0, VARIANT, HAS_H0, STORE_GRADS)
+    top = e0 - Lc % 2 - 1
+    for p in tl.range(0, Lc // 2, num_stages=NS):
         ring, pend = _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, top - 2 * p, ring, pend, o_n, o_c,
-                               m_n, mask, n64, N, eps, M, COL0, VARIANT, HAS_H0)
+                               m_n, mask, n64, N, eps, M, COL0, VARIANT, HAS_H0, STORE_GRADS)
         ring, pend = _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, top - 2 * p - 1, ring, pend, o_n,
-                               o_c, m_n, mask, n64, N, eps, M, COL0, VARIANT, HAS_H0)
-    if STORE_DH0:  # dh0[k] = pending of τ = -1-k, in slot m-1-k
-        tl.store(DH0 + (n64 * N + o_n[:, None]) * M + (M - 1 - o_c)[None, :], pend, mask=mask)
+                               o_c, m_n, mask, n64, N, eps, M, COL0, VARIANT, HAS_H0, STORE_GRADS)
+    if STORE_DH0:  # dL/dh_{s0-1-k} = pending of τ = s0-1-k, in slot (s0-1-k) mod m
+        tl.store(DH0 + ((n64 * nch + nch - 1 - i_c) * N + o_n[:, None]) * M
+                 + ((s0 - 1 - o_c + M) % M)[None, :], pend, mask=mask)

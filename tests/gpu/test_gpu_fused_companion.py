@@ -126,10 +126,11 @@ def test_fused_long():
     _fused(1, 65536, 2, 4, h0=False, ref_dev=DEV)  # fp64 loop on the GPU: faster than the CPU
 
 
-def _chunk_calls(monkeypatch, record, chunk=None):
-    """The names of the fused scan's time-chunked passes as they run (``chunked_calls``
-    fixture); ``chunk``: force that many steps a chunk."""
-    import lrnn_scan.kernels.fused_gates.function as mod
+def _chunk_calls(monkeypatch, record, family="fused_gates", chunk=None):
+    """The names of ``family``'s time-chunked passes as they run (``chunked_calls`` fixture);
+    ``chunk``: force that many steps a chunk."""
+    import importlib
+    mod = importlib.import_module(f"lrnn_scan.kernels.{family}.function")
     if chunk is not None:
         monkeypatch.setitem(mod.TUNE, "chunk", chunk)
     return record(mod)
@@ -175,6 +176,30 @@ def test_auto_fused_chunked_with_gradients(m, monkeypatch, chunked_calls):
     def ref(z, v, s, **kw):
         return fused_gate_scan_ref(z, v, "softmax", initial_state=s, **kw)
     _check(fn, ref, tensors, 1e-5, ref_dev=DEV)
+    assert calls == ["chunked_forward", "chunked_backward"]
+
+
+@pytest.mark.parametrize("m", [2, 3, 4, 8, 16, 32])
+@pytest.mark.parametrize("variant", ["softmax", "coeffs"])
+def test_companion_time_chunked(m, variant, monkeypatch, chunked_calls):
+    """The companion's time-chunked passes (``companion/chunked.py``, forced: no rule yet)."""
+    calls = _chunk_calls(monkeypatch, chunked_calls, "companion", 100)
+    torch.manual_seed(40 + m)
+    _comp(2, 1001, 24, m, variant)
+    assert calls == ["chunked_forward", "chunked_backward"]
+
+
+def test_companion_time_chunked_bf16_varlen(monkeypatch, chunked_calls):
+    calls = _chunk_calls(monkeypatch, chunked_calls, "companion", 64)
+    torch.manual_seed(47)
+    _comp(1, 1000, 32, 4, "sigmoid", dtype=torch.bfloat16, cu=[0, 1, 63, 64, 150, 150, 1000], tol=5e-3)
+    assert calls == ["chunked_forward", "chunked_backward"]
+
+
+def test_companion_time_chunked_long(monkeypatch, chunked_calls):
+    calls = _chunk_calls(monkeypatch, chunked_calls, "companion", 256)
+    torch.manual_seed(48)
+    _comp(1, 65537, 8, 4, h0=True, ref_dev=DEV)
     assert calls == ["chunked_forward", "chunked_backward"]
 
 

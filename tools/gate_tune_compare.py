@@ -55,13 +55,11 @@ def tuned(module, tune):
 
 
 def companion_dense(a):
-    """``(B, T, N, m)`` coefficients -> ``(B, T, N, m, m)`` blocks ``[[a_1 … a_m], [I 0]]``."""
+    """``(B, T, N, m)`` coefficients -> ``(B, T, N, m, m)`` blocks ``[[a_1 … a_m], [I 0]]``; no
+    host-to-device copy (an indexed scalar write is one), so it may run inside a CUDA graph."""
     m = a.shape[-1]
-    C = torch.zeros(*a.shape, m, device=a.device, dtype=a.dtype)
-    C[..., 0, :] = a
-    idx = torch.arange(m - 1, device=a.device)
-    C[..., idx + 1, idx] = 1.0
-    return C
+    shift = torch.diag(torch.ones(m - 1, device=a.device, dtype=a.dtype), -1)
+    return torch.nn.functional.pad(a[..., None, :], (0, 0, 0, m - 1)) + shift
 
 
 def problem(kind, m, B, T, N, g, route=False):

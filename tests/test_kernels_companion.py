@@ -156,17 +156,6 @@ def test_time_chunked_bf16(monkeypatch):
     run_case(1, 30, 2, 4, "softmax", dtype=torch.bfloat16, seed=23, tol=2e-2)
 
 
-def test_time_chunked_off_by_default():
-    """No measured rule yet: only ``TUNE["chunk"]`` chunks (and never a single chunk)."""
-    assert _kmod.choose_chunk(None, 1 << 20) is None
-    _kmod.TUNE["chunk"] = 64
-    try:
-        assert _kmod.choose_chunk(None, 65) == 64 and _kmod.choose_chunk(None, 64) is None
-        assert _kmod.choose_chunk(torch.tensor([0, 10]), 10) == 64
-    finally:
-        del _kmod.TUNE["chunk"]
-
-
 def test_no_state_no_final():
     run_case(2, 9, 3, 2, "identity", h0=False, final=False, seed=7)
 

@@ -3,6 +3,7 @@
 Run with ``pytest tests/gpu``; skipped without CUDA. Every output is NaN-poisoned before the
 kernels write it (``LRNN_SCAN_POISON=1``). References run in float64 on the CPU.
 """
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -129,7 +130,6 @@ def test_fused_long():
 def _chunk_calls(monkeypatch, record, family="fused_gates", chunk=None):
     """The names of ``family``'s time-chunked passes as they run (``chunked_calls`` fixture);
     ``chunk``: force that many steps a chunk."""
-    import importlib
     mod = importlib.import_module(f"lrnn_scan.kernels.{family}.function")
     if chunk is not None:
         monkeypatch.setitem(mod.TUNE, "chunk", chunk)
@@ -225,9 +225,25 @@ def test_companion_varlen():
     _comp(1, 200, 33, 3, "tanh", cu=[0, 1, 2, 63, 64, 150, 150, 200])
 
 
-def test_companion_long():
+def test_companion_long(monkeypatch):
+    """One pass (no time chunks: ``TUNE["chunk"] = 0``) over 65536 steps."""
+    monkeypatch.setitem(importlib.import_module("lrnn_scan.kernels.companion.function").TUNE, "chunk", 0)
     torch.manual_seed(3)
     _comp(1, 65536, 3, 4, h0=False, ref_dev=DEV)
+
+
+@pytest.mark.parametrize("m,variant,B,T", [(2, "coeffs", 1, 2049), (4, "softmax", 2, 4097),
+                                           (8, "coeffs", 1, 8193), (8, "sigmoid", 2, 2048)])
+def test_companion_time_chunked_by_rule(m, variant, B, T, monkeypatch, chunked_calls):
+    """A few long sequences at N768: the default rule (``companion.function.choose_chunk``)
+    chunks them (128 / 256 steps), every gradient against fp64."""
+    cf = importlib.import_module("lrnn_scan.kernels.companion.function")
+    if cf.choose_chunk(None, B, T, 768, m, torch.device(DEV)) is None:
+        pytest.skip("this GPU has too few SMs for the shape to fall below the line")
+    calls = _chunk_calls(monkeypatch, chunked_calls, "companion")
+    torch.manual_seed(49 + m)
+    _comp(B, T, 768, m, variant, ref_dev=DEV)
+    assert calls == ["chunked_forward", "chunked_backward"]
 
 
 @pytest.mark.parametrize("kind,m,N", [("fused", 2, 768), ("fused", 4, 768), ("fused", 8, 768),

@@ -58,30 +58,36 @@ def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
     return bn, mp, warps, tune_knob(TUNE, "num_stages", bwd, stages)
 
 
-def choose_chunk(cu_seqlens, num_seq: int, T: int, N: int, m: int, device) -> int | None:
+def choose_chunk(cu_seqlens, num_seq: int, T: int, N: int, m: int, device,
+                 logits: bool = True) -> int | None:
     """Chunk length of the time-chunked passes (``chunked.py``), or None for the one-pass
     kernels. Chunked: fixed-length batches (no ``cu_seqlens``: the chunk grid of a varlen batch
     needs its longest sequence, a device sync) at m = 2..``chunk_max_m`` (8) with at least
-    ``chunk_min_len`` steps (2048) and fewer sequence-channels ``num_seq * N`` an SM than
-    ``chunk_below`` (32 at m <= 4, 16 at m = 5..8); chunks of 128 steps at m = 2 or below
-    ``chunk_steps`` (8192) sequence-steps ``num_seq * T``, else ``chunk_len`` (256).
-    ``TUNE["chunk"]`` forces a length (0: never), at any m and with ``cu_seqlens`` too.
+    ``chunk_min_len`` steps (4096; 8192 for m = 2 coefficients, ``logits=False``) and fewer
+    sequence-channels ``num_seq * N`` an SM than ``chunk_below`` (32 at m <= 4, 16 at m = 5..8);
+    chunks of 128 steps at m = 2 or below ``chunk_steps`` (8192) sequence-steps ``num_seq * T``,
+    else ``chunk_len`` (256). ``TUNE["chunk"]`` forces a length (0: never), at any m and with
+    ``cu_seqlens`` too.
 
     One program runs its channels' chains step by step, so a few long sequences leave the GPU
-    waiting on that chain. H200 (132 SMs), fp32, N768, CUDA graphs, fwd+bwd ms, one pass against
-    chunked (128 / 256 steps), benchmarks/RESULTS.md "forty-seventh": coefficients m = 2 B1
+    waiting on that chain. H200 (132 SMs), fp32, N768, fwd+bwd ms, one pass against chunked (128
+    / 256 steps), benchmarks/RESULTS.md "forty-seventh". CUDA graphs: coefficients m = 2 B1
     T16384 2.41 / 0.30 / 0.30, B4 T4096 (23 sequence-channels an SM) 0.61 / 0.29 / 0.30, B8
     T2048 (47) 0.305 / 0.287 / 0.296; m = 4 B1 T2048 0.335 / 0.104 / 0.137, B2 T4096 0.68 /
     0.31 / 0.30, B4 T4096 0.70 / 0.60 / 0.59, B8 T2048 0.44 / 0.60 / 0.59; m = 8 B2 T4096 (12)
-    1.26 / 0.78 / 0.67, B4 T4096 1.44 / 1.59 / 1.50; logits m = 4 B1 T16384 5.34 / 0.92 / 0.94,
-    B4 T4096 1.34 / 0.90 / 0.94, B8 T2048 0.81 / 0.90 / 0.94. Dense ``m x m`` blocks of the same
-    recurrence (``block_diagonal_scan``): m = 4 B1 T16384 1.40, m = 8 4.26."""
+    1.26 / 0.78 / 0.67, B4 T4096 1.44 / 1.59 / 1.50; m = 16 B1 T4096 1.51 / 1.64 / 1.49, B2
+    3.1 chunked against 1.55; logits m = 4 B1 T16384 5.34 / 0.92 / 0.94, B4 T4096 1.34 / 0.90 /
+    0.94, B8 T2048 0.81 / 0.90 / 0.94. Eager calls pay the passes' launches (about 0.6 ms of
+    host time a fwd+bwd), hence the step lines: B1 eager, one pass / chunked, logits m = 4
+    T2048 0.67 / 0.77, T4096 1.34 / 0.76; coefficients m = 8 T2048 0.63 / 0.80, T4096 1.26 /
+    0.70; m = 2 T4096 0.61 / 0.81. Dense ``m x m`` blocks of the same recurrence
+    (``block_diagonal_scan``): m = 4 B1 T16384 1.40, m = 8 4.26."""
     if "chunk" in TUNE:
         c = int(TUNE["chunk"])
         return c if 0 < c < max(T, 1) or (c > 0 and cu_seqlens is not None) else None
     if cu_seqlens is not None or not 2 <= m <= TUNE.get("chunk_max_m", 8):
         return None
-    if T < TUNE.get("chunk_min_len", 2048):
+    if T < TUNE.get("chunk_min_len", 8192 if m == 2 and not logits else 4096):
         return None
     if num_seq * N >= TUNE.get("chunk_below", 32 if m <= 4 else 16) * num_sms(device):
         return None
@@ -212,7 +218,7 @@ def companion_scan_coeffs(a: Tensor, b: Tensor, initial_state: Tensor | None = N
     if not use_triton(b, companion_fwd_kernel):
         return companion_scan_coeffs_ref(a, b, initial_state, output_final_state, cu_seqlens,
                                          dtype=torch.float32)
-    chunk = choose_chunk(cu_seqlens, num_seq, b.shape[1], b.shape[2], a.shape[-1], b.device)
+    chunk = choose_chunk(cu_seqlens, num_seq, b.shape[1], b.shape[2], a.shape[-1], b.device, logits=False)
     h, hf = _CompanionFn.apply(a, b, initial_state, cu_seqlens, 0, 5, 1.0,
                                bool(output_final_state), out_dtype, chunk)
     return h, (hf if output_final_state else None)

@@ -17,8 +17,8 @@ op (namespace ``lrnn_scan``)                          wraps
 ``fused_gate_fwd`` / ``fused_gate_bwd``                ``kernels.fused_gates.function._launch_fwd`` /
                                                        ``_launch_bwd`` (time-chunked as eager)
 ``companion_fwd`` / ``companion_bwd``                  ``kernels.companion.function._CompanionFn``
-                                                       ``.forward`` / ``.backward`` (launches are inline
-                                                       in the Function: called with a stand-in ctx)
+                                                       ``.forward`` / ``.backward`` (a stand-in ctx;
+                                                       :mod:`lrnn_scan._compile_companion`)
 ``delta_product_fwd`` / ``delta_product_bwd``          ``kernels.delta_product.function``
                                                        ``.ChunkDeltaProductFunction`` (same way)
 ``l2norm_fwd`` / ``l2norm_bwd``                        ``kernels.l2norm.function._launch_fwd`` /
@@ -46,7 +46,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor
 
-from . import _compile_time_major
+from . import _compile_companion, _compile_time_major
 from ._kernel_modules import kernel_module
 
 __all__ = ["register", "enable", "disable", "is_enabled", "compile_model", "block_diagonal_scan",
@@ -63,8 +63,8 @@ _SAVED_DYNAMO: dict = {}
 
 def _register_logits_autograd(fwd_op, bwd_op) -> None:
     """Autograd of the from-logits ops (fused gates, companion): both save ``(z, v, h0, h, cu)``
-    and call their backward op with the same arguments; the fused gates' also pass their third
-    output on (the chunk products ``PT``)."""
+    and call their backward op with the same arguments and their third output (the time chunks'
+    products ``PT``, no chunks: ``(nseq, 0, ...)``)."""
     def setup_context(ctx, inputs, output):
         z, v, h0, cu, col0, code, eps, _ = inputs
         ctx.save_for_backward(z, v, h0, output[0], cu, *output[2:])
@@ -106,6 +106,13 @@ def _empty0(ref: Tensor) -> Tensor:
 
 def _dyn():
     return torch.library.get_ctx().new_dynamic_size()
+
+
+def _check_chunks(chunk, T: int, PT, family: str) -> None:
+    """The backward op re-chooses the forward's time chunks by the same rule: they must agree with
+    the forward's chunk products ``PT`` ``(nseq, chunks or 0, ...)``."""
+    if PT is not None and PT.shape[1] > 0 and (chunk is None or -(-T // chunk) != PT.shape[1]):
+        raise RuntimeError(f"{family}.TUNE's chunk keys changed since the forward")
 
 
 # ============================================================================ block diagonal
@@ -258,11 +265,8 @@ def _register_fused_gates():
                        eps: float, PT: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         B, T, H, m = v.shape
         h0c = h0.float().contiguous() if h0 is not None else None
-        chunk = None
-        if PT is not None and PT.shape[1] > 0:  # the forward's chunks, by the same rule
-            chunk = fn.choose_chunk(None, B, T, H, m, v.device)
-            if chunk is None or -(-T // chunk) != PT.shape[1]:
-                raise RuntimeError("fused_gates.TUNE's chunk keys changed since the forward")
+        chunk = fn.choose_chunk(None, B, T, H, m, v.device) if PT is not None and PT.shape[1] > 0 else None
+        _check_chunks(chunk, T, PT, "fused_gates")
         dz, dv, dh0 = fn._launch_bwd(z.contiguous(), v.contiguous(), h0c, h, dh, dhf, cu, T, H, m,
                                      col0, code, eps, h0 is not None, chunk, PT)
         return dz, dv, (dh0 if dh0 is not None else _empty0(v))
@@ -302,44 +306,6 @@ def fused_gate_scan(logits, v, variant="softmax", eps=1e-6, initial_state=None,
 
 
 # ============================================================================ companion
-def _register_companion():
-    fn = _kernels("companion.function")
-    Fn = fn._CompanionFn
-
-    @torch.library.custom_op("lrnn_scan::companion_fwd", mutates_args=())
-    def companion_fwd(z: Tensor, v: Tensor, h0: Tensor | None, cu: Tensor | None, col0: int,
-                      code: int, eps: float, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        return Fn.forward(_Ctx(), z, v, h0, cu, col0, code, eps, True, out_dtype)
-
-    @companion_fwd.register_fake
-    def _(z, v, h0, cu, col0, code, eps, out_dtype):
-        nseq = v.shape[0] if cu is None else cu.shape[0] - 1
-        m = z.shape[-1] - col0
-        return (v.new_empty(v.shape, dtype=out_dtype),
-                v.new_empty((nseq, v.shape[2], m), dtype=torch.float32))
-
-    @torch.library.custom_op("lrnn_scan::companion_bwd", mutates_args=())
-    def companion_bwd(z: Tensor, v: Tensor, h0: Tensor | None, h: Tensor, dh: Tensor,
-                      dhf: Tensor | None, cu: Tensor | None, col0: int, code: int,
-                      eps: float) -> tuple[Tensor, Tensor, Tensor]:
-        ctx = _Ctx(saved_tensors=(z.contiguous(), v.contiguous(),
-                                  None if h0 is None else h0.float().contiguous(), h, cu),
-                   cfg=(col0, code, eps, h0 is not None, torch.float32))
-        dz, dv, dh0 = Fn.backward(ctx, dh, dhf)[:3]
-        return dz, dv, (dh0 if dh0 is not None else _empty0(v))
-
-    @companion_bwd.register_fake
-    def _(z, v, h0, h, dh, dhf, cu, col0, code, eps):
-        nseq = v.shape[0] if cu is None else cu.shape[0] - 1
-        m = z.shape[-1] - col0
-        dh0 = (v.new_empty((nseq, v.shape[2], m), dtype=torch.float32) if h0 is not None
-               else v.new_empty((0,), dtype=torch.float32))
-        return z.new_empty(z.shape), v.new_empty(v.shape), dh0
-
-    _register_logits_autograd(companion_fwd, companion_bwd)
-    _OPS.update(companion_fwd=companion_fwd, companion_bwd=companion_bwd, comp_module=fn)
-
-
 def _companion(z_name, z, v_name, v, col0, variant, eps, initial_state, output_final_state,
                cu_seqlens):
     fn = _OPS["comp_module"]
@@ -350,7 +316,7 @@ def _companion(z_name, z, v_name, v, col0, variant, eps, initial_state, output_f
     else:
         eps, code = 1.0, 5
     out_dtype = torch.promote_types(z.dtype, v.dtype)
-    h, hf = _OPS["companion_fwd"](z, v, initial_state, cu_seqlens, col0, code, eps, out_dtype)
+    h, hf, _ = _OPS["companion_fwd"](z, v, initial_state, cu_seqlens, col0, code, eps, out_dtype)
     return h, (hf if output_final_state else None)
 
 
@@ -539,7 +505,7 @@ def register() -> dict:
         _register_block_diagonal()
         _compile_time_major.register(_OPS, _OPS["bd_module"], _kernels("block_diagonal.time_major"))
         _register_fused_gates()
-        _register_companion()
+        _compile_companion.register(_OPS, _kernels("companion.function"))
         _register_delta()
         _register_l2norm()
     for pkg in ("block_diagonal", "fused_gates", "companion", "delta_product", "l2norm"):

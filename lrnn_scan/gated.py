@@ -21,9 +21,11 @@ __all__ = ["bdlru_scan", "hlru_scan", "GATED_METHODS"]
 
 # ``unfused``: normalise with torch, then ``scan(..., method="auto")`` (the block-diagonal or
 # companion-coefficient kernels on CUDA): ``A`` is materialised, but those scans split time into
-# chunks when there are few sequences, which the fused kernels do not. ``bdlru_scan``'s ``auto``
-# takes it there (``fused_gates.unfused_faster``). ``hlru_scan``'s unfused path runs the
-# companion-coefficient kernel, which does not chunk time either, so its ``auto`` stays fused.
+# chunks when there are few sequences. The fused kernels chunk time too (``chunked.py`` of
+# ``fused_gates`` and ``companion``, m = 2..16 / 2..8), so ``bdlru_scan``'s ``auto`` takes the
+# unfused path only where it still wins (``fused_gates.unfused_faster``: m = 16 / 32, long
+# forwards at m = 4 / 8); ``hlru_scan``'s ``auto`` stays fused (its unfused path runs the same
+# chunked companion kernels after materialising the coefficients).
 GATED_METHODS = ("auto", "kernel", "unfused", "blelloch", "sequential")
 
 

@@ -38,3 +38,29 @@ def chunked_calls(monkeypatch):
                                 lambda *a, _f=fn, _n=name, **k: calls.append(_n) or _f(*a, **k))
         return calls
     return record
+
+
+@pytest.fixture
+def compiled_chunks_match_eager():
+    """``check(eager, ours, xs, calls)``: ``ours`` (a ``lrnn_scan.compile`` wrapper) called directly
+    and inside ``torch.compile(fullgraph=True, backend="aot_eager")`` runs the time-chunked passes
+    (``calls``: the ``chunked_calls`` list) as ``eager`` does, with equal outputs, final states
+    and gradients of every input in ``xs``; ``fn(*xs) -> (h, h_final)``."""
+    def check(eager, ours, xs, calls):
+        def run(fn):
+            calls.clear()
+            ins = [t.detach().clone().requires_grad_(True) for t in xs]
+            h, hf = fn(*ins)
+            (h.square().sum() + hf.square().sum()).backward()
+            assert calls == ["chunked_forward", "chunked_backward"], calls
+            return [h.detach(), hf.detach()] + [t.grad for t in ins]
+        want = run(eager)
+        torch._dynamo.reset()
+        try:
+            for fn in (ours, torch.compile(ours, fullgraph=True, backend="aot_eager")):
+                for a, b in zip(run(fn), want):
+                    torch.testing.assert_close(a, b)
+        finally:
+            torch._dynamo.reset()
+    return check
+

@@ -170,7 +170,7 @@ def test_fused_gates_choose_chunk(monkeypatch):
 
 def test_companion_choose_chunk(monkeypatch):
     """``companion.choose_chunk`` on the H200's measured shapes (N768): chunked from 4096 steps
-    (8192 for m = 2 coefficients: eager host time) below 32 sequence-channels an SM at m <= 4
+    (8192 for coefficients at m <= 4: eager host time) below 32 sequence-channels an SM at m <= 4
     (B4 chunked, B8 not) and 16 at m = 5..8 (B2 chunked, B4 not); 128-step chunks at m = 2 or
     below 8192 sequence-steps, else 256."""
     from lrnn_scan.kernels.companion import function as cf
@@ -184,7 +184,8 @@ def test_companion_choose_chunk(monkeypatch):
     assert chunk(1, 8191, 2, logits=False) is None and chunk(1, 8192, 2, logits=False) == 128
     assert chunk(8, 4096, 2) is None and chunk(8, 4096, 4) is None      # 47 an SM
     assert chunk(1, 4096, 4) == 128 and chunk(2, 4096, 4) == 256 and chunk(4, 4096, 4) == 256
-    assert chunk(1, 4096, 4, logits=False) == 128 and chunk(1, 4096, 3) == 128
+    assert chunk(1, 8191, 4, logits=False) is None and chunk(1, 8192, 3, logits=False) == 256
+    assert chunk(1, 4096, 3) == 128 and chunk(1, 4096, 8, logits=False) == 128
     assert chunk(2, 4096, 8) == 256 and chunk(1, 4096, 8) == 128
     assert chunk(4, 4096, 8) is None and chunk(3, 4096, 8) is None     # 23 / 17 an SM at m = 8
     assert chunk(1, 4095, 4) is None and chunk(1, 4095, 8) is None      # short (eager host)

@@ -156,6 +156,33 @@ def test_time_chunked_bf16(monkeypatch):
     run_case(1, 30, 2, 4, "softmax", dtype=torch.bfloat16, seed=23, tol=2e-2)
 
 
+@pytest.mark.parametrize("coeffs", [False, True])
+def test_compiled_op_time_chunked_matches_eager(coeffs, monkeypatch, chunked_calls,
+                                                compiled_chunks_match_eager):
+    """The ``lrnn_scan.compile`` companion op (``lrnn_scan/_compile_companion.py``) with time
+    chunks (forced, ``TUNE["chunk"]``) runs the chunked passes as eager does: equal outputs, final
+    states and gradients, directly and under ``torch.compile(fullgraph=True)``; opcheck while it
+    chunks (its third output ``PT``, a dynamic chunk count in the fake)."""
+    import lrnn_scan.compile as lc
+    monkeypatch.setitem(_kmod.TUNE, "chunk", 3)
+    calls = chunked_calls(_kmod)
+    g = torch.Generator().manual_seed(4)
+    m = 3
+    z = torch.rand(1, 8, 2, m, generator=g) / m if coeffs else torch.randn(1, 8, 2, m + 1, generator=g)
+    xs = [z.to(DEV), torch.randn(1, 8, 2, generator=g).to(DEV), torch.randn(1, 2, m, generator=g).to(DEV)]
+    if coeffs:
+        eager = lambda a, b, s: companion_scan_coeffs(a, b, s, True)  # noqa: E731
+        ours = lambda a, b, s: lc.companion_scan_coeffs(a, b, s, True)  # noqa: E731
+    else:
+        eager = lambda z, v, s: companion_scan(z, v, "softmax", 1e-6, s, True)  # noqa: E731
+        ours = lambda z, v, s: lc.companion_scan(z, v, "softmax", 1e-6, s, True)  # noqa: E731
+    compiled_chunks_match_eager(eager, ours, xs, calls)
+    req = [t.detach().clone().requires_grad_(True) for t in xs]
+    col0, code, eps = (0, 5, 1.0) if coeffs else (1, 0, 1e-6)
+    torch.library.opcheck(lc.register()["companion_fwd"], (*req, None, col0, code, eps, torch.float32),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
 def test_no_state_no_final():
     run_case(2, 9, 3, 2, "identity", h0=False, final=False, seed=7)
 

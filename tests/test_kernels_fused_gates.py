@@ -213,7 +213,7 @@ def test_bad_arguments(bad, exc, word):
         fused_gate_scan(**args)
 
 
-def test_compiled_op_time_chunked_matches_eager(monkeypatch, chunked_calls):
+def test_compiled_op_time_chunked_matches_eager(monkeypatch, chunked_calls, compiled_chunks_match_eager):
     """With time chunks (forced by ``TUNE["chunk"]``) the ``lrnn_scan.compile`` custom op runs
     the chunked passes as the eager call does: equal outputs, final states and gradients,
     called directly and inside ``torch.compile(fullgraph=True)``; opcheck of the op while it
@@ -224,23 +224,9 @@ def test_compiled_op_time_chunked_matches_eager(monkeypatch, chunked_calls):
     g = torch.Generator().manual_seed(3)
     xs = [torch.randn(1, 7, 2, 2, 3, generator=g).to(DEV), torch.randn(1, 7, 2, 2, generator=g).to(DEV),
           torch.randn(1, 2, 2, generator=g).to(DEV)]
-
-    def run(fn):
-        ins = [t.detach().clone().requires_grad_(True) for t in xs]
-        h, hf = fn(*ins)
-        (h.square().sum() + hf.square().sum()).backward()
-        return [h.detach(), hf.detach()] + [t.grad for t in ins]
-    want = run(lambda z, v, s: fused_gate_scan(z, v, "softmax", 1e-6, s, True))
-    assert calls == ["chunked_forward", "chunked_backward"]
-    ours = lambda z, v, s: lc.fused_gate_scan(z, v, "softmax", 1e-6, s, True)  # noqa: E731
-    torch._dynamo.reset()
-    for fn in (ours, torch.compile(ours, fullgraph=True, backend="aot_eager")):
-        calls.clear()
-        got = run(fn)
-        assert calls == ["chunked_forward", "chunked_backward"]
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b)
-    torch._dynamo.reset()
+    compiled_chunks_match_eager(lambda z, v, s: fused_gate_scan(z, v, "softmax", 1e-6, s, True),
+                                lambda z, v, s: lc.fused_gate_scan(z, v, "softmax", 1e-6, s, True),
+                                xs, calls)
     req = [t.detach().clone().requires_grad_(True) for t in xs]
     torch.library.opcheck(lc.register()["fused_gate_fwd"], (*req, None, 1, 0, 1e-6, torch.float32),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))

@@ -63,7 +63,7 @@ def choose_chunk(cu_seqlens, num_seq: int, T: int, N: int, m: int, device,
     """Chunk length of the time-chunked passes (``chunked.py``), or None for the one-pass
     kernels. Chunked: fixed-length batches (no ``cu_seqlens``: the chunk grid of a varlen batch
     needs its longest sequence, a device sync) at m = 2..``chunk_max_m`` (8) with at least
-    ``chunk_min_len`` steps (4096; 8192 for m = 2 coefficients, ``logits=False``) and fewer
+    ``chunk_min_len`` steps (4096; 8192 for coefficients, ``logits=False``, at m <= 4) and fewer
     sequence-channels ``num_seq * N`` an SM than ``chunk_below`` (32 at m <= 4, 16 at m = 5..8);
     chunks of 128 steps at m = 2 or below ``chunk_steps`` (8192) sequence-steps ``num_seq * T``,
     else ``chunk_len`` (256). ``TUNE["chunk"]`` forces a length (0: never), at any m and with
@@ -79,15 +79,16 @@ def choose_chunk(cu_seqlens, num_seq: int, T: int, N: int, m: int, device,
     3.1 chunked against 1.55; logits m = 4 B1 T16384 5.34 / 0.92 / 0.94, B4 T4096 1.34 / 0.90 /
     0.94, B8 T2048 0.81 / 0.90 / 0.94. Eager calls pay the passes' launches (about 0.6 ms of
     host time a fwd+bwd), hence the step lines: B1 eager, one pass / chunked, logits m = 4
-    T2048 0.67 / 0.77, T4096 1.34 / 0.76; coefficients m = 8 T2048 0.63 / 0.80, T4096 1.26 /
-    0.70; m = 2 T4096 0.61 / 0.81. Dense ``m x m`` blocks of the same recurrence
+    T2048 0.67 / 0.77, T4096 1.34 / 0.76; m = 2 T4096 1.24 / 0.76; coefficients m = 8 T2048
+    0.63 / 0.80, T4096 1.26 / 0.70; m = 4 T4096 0.67 / 0.82 (B2 0.68 / 0.80), m = 3 0.77 / 0.80,
+    m = 2 T4096 0.61 / 0.81, T8192 1.21 / 0.74. Dense ``m x m`` blocks of the same recurrence
     (``block_diagonal_scan``): m = 4 B1 T16384 1.40, m = 8 4.26."""
     if "chunk" in TUNE:
         c = int(TUNE["chunk"])
         return c if 0 < c < max(T, 1) or (c > 0 and cu_seqlens is not None) else None
     if cu_seqlens is not None or not 2 <= m <= TUNE.get("chunk_max_m", 8):
         return None
-    if T < TUNE.get("chunk_min_len", 8192 if m == 2 and not logits else 4096):
+    if T < TUNE.get("chunk_min_len", 8192 if m <= 4 and not logits else 4096):
         return None
     if num_seq * N >= TUNE.get("chunk_below", 32 if m <= 4 else 16) * num_sms(device):
         return None

@@ -167,3 +167,35 @@ def test_compile_fused_gates_time_chunked(m, T, chunked_calls):
     torch._dynamo.reset()
     for x, y in zip(res["eager"], res["compiled"]):
         assert torch.isfinite(x).all() and _rel(y, x) < 1e-5, _rel(y, x)
+
+
+@pytest.mark.parametrize("m,T,coeffs", [(4, 4097, False), (8, 4097, True)])
+def test_compile_companion_time_chunked(m, T, coeffs, chunked_calls):
+    """B1 N768 under Inductor: the companion op (``lrnn_scan/_compile_companion.py``) takes the
+    time-chunked passes (``companion.choose_chunk``) as the eager call does, with equal outputs
+    and gradients."""
+    from lrnn_scan.kernels.companion import companion_scan, companion_scan_coeffs
+    from lrnn_scan.kernels.companion import function as cf
+    calls = chunked_calls(cf)
+    g = torch.Generator(device="cuda").manual_seed(m)
+    z = (torch.rand(1, T, 768, m, device="cuda", generator=g) / m if coeffs
+         else torch.randn(1, T, 768, m + 1, device="cuda", generator=g))
+    v = torch.randn(1, T, 768, device="cuda", generator=g)
+    if coeffs:
+        eager, ours = companion_scan_coeffs, lc.companion_scan_coeffs
+    else:
+        eager = lambda z, v, s, f: companion_scan(z, v, "softmax", 1e-6, s, f)  # noqa: E731
+        ours = lambda z, v, s, f: lc.companion_scan(z, v, "softmax", 1e-6, s, f)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *x: ours(*x, None, True), fullgraph=True)
+    res = {}
+    for key, fn in (("eager", lambda *x: eager(*x, None, True)), ("compiled", compiled)):
+        calls.clear()
+        ins = [z.clone().requires_grad_(True), v.clone().requires_grad_(True)]
+        h, hf = fn(*ins)
+        (h.square().mean() + hf.square().mean()).backward()
+        assert calls == ["chunked_forward", "chunked_backward"], (key, calls)
+        res[key] = [h.detach(), hf.detach()] + [t.grad for t in ins]
+    torch._dynamo.reset()
+    for x, y in zip(res["eager"], res["compiled"]):
+        assert torch.isfinite(x).all() and _rel(y, x) < 1e-5, _rel(y, x)

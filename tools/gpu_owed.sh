@@ -128,11 +128,12 @@
 #   --bdlru unfused; it varied 2x between machines); an H100 run of stage unfused.
 #   Forty-sixth (H200, 5 calls): time-chunked fused-gate passes (fused_gates/chunked.py, rule
 #   choose_chunk, m = 2..16; tl.dot summaries from m = 9); their GPU tests passed (62, 21, 7).
-#   OWED: stage chunked: the time-chunked companion passes (companion/chunked.py, no rule yet:
-#   TUNE["chunk"] only; CPU-interpreter-tested) and the companion's one-pass kernels (edited for
-#   them) on the GPU, their timing against one pass and dense blocks at B1-B4 T4096-T16384 N768
-#   to set a rule (and re-time the one-pass companion rows of fused_companion_throughput.py), and
-#   the compiled fused-gate op's chunks (test_gpu_compile.py::test_compile_fused_gates_time_chunked).
+#   Forty-seventh (H200, 5 calls): everything the forty-sixth owed ran: stage chunked's tests
+#   (84 + 16 passed over calls 2-3), the companion chunks timed (rule companion.choose_chunk,
+#   RESULTS.md "forty-seventh"), test_gpu_compile.py 22 passed (fused and companion compiled
+#   chunks). Nothing owed. Leads: m = 16 companion summaries (B1 T4096 chunks tie the one
+#   pass), the chunked passes' eager launches (about 0.6 ms a fwd+bwd), companion m = 8 at
+#   batch 1 (2.8x dense, target 4x).
 #   The compiled timings again, e.g.
 #     TUNE_ARGS="--m 4 --bwd --compiled --shapes 8x2048x768 --tune ring=bd4_tma:false+bd4_lookback:false+bd4_bwd_lookback:false" tune
 #   Any TUNE setting against the default, one m (stage tune, tools/tune_compare.py):

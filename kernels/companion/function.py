@@ -131,7 +131,7 @@ class _CompanionFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dh, dhf):
-        z, v, h0, h, cu, *pt = ctx.saved_tensors   # lrnn_scan.compile passes five
+        z, v, h0, h, cu, *pt = ctx.saved_tensors   # pt: [P^T of the chunks] (None: one pass)
         col0, code, eps, need_dh0, h0_dtype, *chunk = ctx.cfg
         chunk = chunk[0] if chunk else None
         B, T, N = v.shape

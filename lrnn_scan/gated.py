@@ -78,11 +78,12 @@ def bdlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float =
         gate: gate variant of :mod:`lrnn_scan.gates` (``softmax`` default).
         initial_state: ``(B, H, m)`` (``(num_seqs, H, m)`` with ``cu_seqlens``).
         method: ``auto`` (fused kernel on CUDA, time-chunked for a few long sequences at
-            m = 2..16: ``lrnn_scan.kernels.fused_gates.choose_chunk``; eager fp32 calls without
-            ``cu_seqlens`` take ``unfused`` for a few long sequences at m = 32 (and m = 16 below
-            the chunk rule's length) and for long forwards without gradients at m = 3..32, where
-            that was measured faster, at the cost of ``A`` (and its gradient) in memory, each
-            about the size of ``logits``: ``lrnn_scan.kernels.fused_gates.unfused_faster``)
+            m = 2..16: ``lrnn_scan.kernels.fused_gates.function.choose_chunk``; eager fp32
+            calls without ``cu_seqlens`` take ``unfused`` for a few long sequences at m = 32
+            (and m = 16 below the chunk rule's length) and for long forwards without gradients
+            at m = 3..32, where that was measured faster, at the cost of ``A`` (and its
+            gradient) in memory, each about the size of ``logits``:
+            ``lrnn_scan.kernels.fused_gates.unfused_faster``)
             | ``kernel`` (fused kernel, or an error) | ``unfused`` (``A`` materialised by
             :func:`lrnn_scan.gates.normalize_gates`, then :func:`lrnn_scan.scan` with
             ``method="auto"``: the block-diagonal kernels on CUDA) | ``blelloch`` | ``sequential``.
@@ -130,9 +131,11 @@ def hlru_scan(logits: Tensor, v: Tensor, gate: str = "softmax", *, eps: float = 
             ``h_{t-1} … h_{t-m}``; normalised row-wise by ``gate``.
         v: ``(B, T, N)`` values.
         initial_state: ``(B, N, m)`` shift registers ``(h_0, h_{-1}, …)``, newest first.
-        method: ``auto`` (fused kernel on CUDA) | ``kernel`` (fused kernel, or an error) |
-            ``unfused`` (the coefficients materialised by :func:`lrnn_scan.gates.normalize_gates`,
-            then :func:`lrnn_scan.scan` with ``method="auto"``) | ``blelloch`` | ``sequential``.
+        method: ``auto`` (fused kernel on CUDA; a few long fixed-length sequences at m = 2..8
+            split time into chunks: ``lrnn_scan.kernels.companion.function.choose_chunk``) |
+            ``kernel`` (fused kernel, or an error) | ``unfused`` (the coefficients materialised
+            by :func:`lrnn_scan.gates.normalize_gates`, then :func:`lrnn_scan.scan` with
+            ``method="auto"``) | ``blelloch`` | ``sequential``.
 
     Returns:
         ``h`` ``(B, T, N)`` (the newest component), or ``(h, h_final)`` with ``h_final``

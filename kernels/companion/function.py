@@ -64,7 +64,8 @@ def choose_chunk(cu_seqlens, num_seq: int, T: int, N: int, m: int, device,
     kernels. Chunked: fixed-length batches (no ``cu_seqlens``: the chunk grid of a varlen batch
     needs its longest sequence, a device sync) at m = 2..``chunk_max_m`` (8) with at least
     ``chunk_min_len`` steps (4096; 8192 for coefficients, ``logits=False``, at m <= 4) and fewer
-    sequence-channels ``num_seq * N`` an SM than ``chunk_below`` (32 at m <= 4, 16 at m = 5..8);
+    sequence-channels ``num_seq * N`` an SM than ``chunk_below`` (24 at m <= 4, 12 at m = 5..8,
+    just above the largest measured wins: N4096 and other batch sizes were not timed);
     chunks of 128 steps at m = 2 or below ``chunk_steps`` (8192) sequence-steps ``num_seq * T``,
     else ``chunk_len`` (256). ``TUNE["chunk"]`` forces a length (0: never), at any m and with
     ``cu_seqlens`` too.
@@ -90,7 +91,7 @@ def choose_chunk(cu_seqlens, num_seq: int, T: int, N: int, m: int, device,
         return None
     if T < TUNE.get("chunk_min_len", 8192 if m <= 4 and not logits else 4096):
         return None
-    if num_seq * N >= TUNE.get("chunk_below", 32 if m <= 4 else 16) * num_sms(device):
+    if num_seq * N >= TUNE.get("chunk_below", 24 if m <= 4 else 12) * num_sms(device):
         return None
     chunk = 128 if m <= 2 or num_seq * T < TUNE.get("chunk_steps", 8192) else TUNE.get("chunk_len", 256)
     return chunk if chunk < T else None

@@ -182,7 +182,7 @@ def test_auto_fused_chunked_with_gradients(m, monkeypatch, chunked_calls):
 @pytest.mark.parametrize("m", [2, 3, 4, 8, 16, 32])
 @pytest.mark.parametrize("variant", ["softmax", "coeffs"])
 def test_companion_time_chunked(m, variant, monkeypatch, chunked_calls):
-    """The companion's time-chunked passes (``companion/chunked.py``, forced: no rule yet)."""
+    """The companion's time-chunked passes (``companion/chunked.py``), forced 100-step chunks."""
     calls = _chunk_calls(monkeypatch, chunked_calls, "companion", 100)
     torch.manual_seed(40 + m)
     _comp(2, 1001, 24, m, variant)

@@ -143,6 +143,25 @@ def test_compile_plans_full_size(m, B, T, N, monkeypatch):
         assert torch.isfinite(x).all() and _rel(y, x) < 1e-5, _rel(y, x)
 
 
+def _inductor_chunks_match_eager(eager, ours, z, v, calls):
+    """``ours`` (a ``lrnn_scan.compile`` wrapper, ``(z, v) -> (h, h_final)``) under
+    ``torch.compile(fullgraph=True)`` runs the time-chunked passes (``calls``: the
+    ``chunked_calls`` list) as ``eager`` does, with equal outputs, final states and gradients."""
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, fullgraph=True)
+    res = {}
+    for key, fn in (("eager", eager), ("compiled", compiled)):
+        calls.clear()
+        ins = [z.clone().requires_grad_(True), v.clone().requires_grad_(True)]
+        h, hf = fn(*ins)
+        (h.square().mean() + hf.square().mean()).backward()
+        assert calls == ["chunked_forward", "chunked_backward"], (key, calls)
+        res[key] = [h.detach(), hf.detach()] + [t.grad for t in ins]
+    torch._dynamo.reset()
+    for x, y in zip(res["eager"], res["compiled"]):
+        assert torch.isfinite(x).all() and _rel(y, x) < 1e-5, _rel(y, x)
+
+
 @pytest.mark.parametrize("m,T", [(4, 8193), (16, 4096)])
 def test_compile_fused_gates_time_chunked(m, T, chunked_calls):
     """B1 N768 under Inductor: ``fused_gate_scan``'s custom op takes the time-chunked passes
@@ -153,20 +172,9 @@ def test_compile_fused_gates_time_chunked(m, T, chunked_calls):
     g = torch.Generator(device="cuda").manual_seed(m)
     z = torch.randn(1, T, 768 // m, m, m + 1, device="cuda", generator=g)
     v = torch.randn(1, T, 768 // m, m, device="cuda", generator=g)
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda *x: lc.fused_gate_scan(*x, "softmax", 1e-6, None, True), fullgraph=True)
-    res = {}
-    for key, fn in (("eager", lambda *x: fused_gate_scan(*x, "softmax", 1e-6, None, True)),
-                    ("compiled", compiled)):
-        calls.clear()
-        ins = [z.clone().requires_grad_(True), v.clone().requires_grad_(True)]
-        h, hf = fn(*ins)
-        (h.square().mean() + hf.square().mean()).backward()
-        assert calls == ["chunked_forward", "chunked_backward"], (key, calls)
-        res[key] = [h.detach(), hf.detach()] + [t.grad for t in ins]
-    torch._dynamo.reset()
-    for x, y in zip(res["eager"], res["compiled"]):
-        assert torch.isfinite(x).all() and _rel(y, x) < 1e-5, _rel(y, x)
+    _inductor_chunks_match_eager(lambda z, v: fused_gate_scan(z, v, "softmax", 1e-6, None, True),
+                                 lambda z, v: lc.fused_gate_scan(z, v, "softmax", 1e-6, None, True),
+                                 z, v, calls)
 
 
 @pytest.mark.parametrize("m,T,coeffs", [(4, 4097, False), (8, 4097, True)])
@@ -186,16 +194,5 @@ def test_compile_companion_time_chunked(m, T, coeffs, chunked_calls):
     else:
         eager = lambda z, v, s, f: companion_scan(z, v, "softmax", 1e-6, s, f)  # noqa: E731
         ours = lambda z, v, s, f: lc.companion_scan(z, v, "softmax", 1e-6, s, f)  # noqa: E731
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda *x: ours(*x, None, True), fullgraph=True)
-    res = {}
-    for key, fn in (("eager", lambda *x: eager(*x, None, True)), ("compiled", compiled)):
-        calls.clear()
-        ins = [z.clone().requires_grad_(True), v.clone().requires_grad_(True)]
-        h, hf = fn(*ins)
-        (h.square().mean() + hf.square().mean()).backward()
-        assert calls == ["chunked_forward", "chunked_backward"], (key, calls)
-        res[key] = [h.detach(), hf.detach()] + [t.grad for t in ins]
-    torch._dynamo.reset()
-    for x, y in zip(res["eager"], res["compiled"]):
-        assert torch.isfinite(x).all() and _rel(y, x) < 1e-5, _rel(y, x)
+    _inductor_chunks_match_eager(lambda z, v: eager(z, v, None, True), lambda z, v: ours(z, v, None, True),
+                                 z, v, calls)

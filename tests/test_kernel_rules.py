@@ -170,9 +170,8 @@ def test_fused_gates_choose_chunk(monkeypatch):
 
 def test_companion_choose_chunk(monkeypatch):
     """``companion.choose_chunk`` on the H200's measured shapes (N768): chunked from 4096 steps
-    (8192 for coefficients at m <= 4: eager host time) below 24 sequence-channels an SM at m <= 4
-    (B4 chunked, B5 and B8 not) and 12 at m = 5..8 (B2 chunked, B3 and B4 not); 128-step chunks
-    at m = 2 or below 8192 sequence-steps, else 256."""
+    (8192 for coefficients at m <= 4: eager host time) below 24 sequence-channels an SM (B4
+    chunked, B5 and B8 not); 128-step chunks at m = 2 or below 8192 sequence-steps, else 256."""
     from lrnn_scan.kernels.companion import function as cf
     monkeypatch.setattr(cf, "num_sms", lambda device: 132)
     monkeypatch.setattr(cf, "TUNE", {})
@@ -187,7 +186,8 @@ def test_companion_choose_chunk(monkeypatch):
     assert chunk(1, 8191, 4, logits=False) is None and chunk(1, 8192, 3, logits=False) == 256
     assert chunk(1, 4096, 3) == 128 and chunk(1, 4096, 8, logits=False) == 128
     assert chunk(2, 4096, 8) == 256 and chunk(1, 4096, 8) == 128
-    assert chunk(4, 4096, 8) is None and chunk(3, 4096, 8) is None     # 23 / 17 an SM at m = 8
+    assert chunk(4, 4096, 8) == 256 and chunk(5, 4096, 8) is None     # 23 / 29 an SM at m = 8
+    assert chunk(8, 2048, 8) is None
     assert chunk(1, 4095, 4) is None and chunk(1, 4095, 8) is None      # short (eager host)
     assert chunk(1, 16384, 1) is None and chunk(1, 16384, 16) is None
     assert chunk(1, 16384, 4, N=3168) is None and chunk(5, 4096, 4) is None  # 24 / 29 an SM

@@ -135,6 +135,16 @@ def test_time_chunked(m, T, chunk, variant, monkeypatch, chunked_calls):
     assert calls == ["chunked_forward", "chunked_backward"] * 2
 
 
+@pytest.mark.parametrize("m,chunk,unroll", [(3, 10, False), (4, 16, True), (16, 40, True)])
+def test_time_chunked_summary_loops(m, chunk, unroll, monkeypatch):
+    """The summary pass's two loops (chunked.summary_config): ``m`` steps a trip with constant
+    slots (several trips, and a tail where ``m`` does not divide the chunk) and one step a trip
+    with the slot a runtime value."""
+    monkeypatch.setitem(_kmod.TUNE, "chunk", chunk)
+    monkeypatch.setitem(_kmod.TUNE, "sum_unroll", unroll)
+    run_case(1, 97, 3, m, "coeffs" if m == 4 else "softmax", seed=40 + m)
+
+
 def test_time_chunked_varlen(monkeypatch, chunked_calls):
     """Chunked varlen: boundaries inside chunks, an empty sequence, one shorter than a chunk."""
     monkeypatch.setitem(_kmod.TUNE, "chunk", 6)

@@ -18,7 +18,8 @@ training step sees).
 ``bn``, ``num_warps``, ``num_stages``; fused: ``bh``, ``num_warps``, ``num_stages``, each for
 both passes, or with a ``bwd_`` prefix for the backward alone; fused also ``chunk``, the
 time-chunk length, 0 = never, and the other keys of ``choose_chunk``), e.g.
-``--tune nochunk=chunk:0 c128=chunk:128``.
+``--tune nochunk=chunk:0 c128=chunk:128``. ``--kernels`` also prints each column's GPU kernels
+(``torch.profiler``: us and launches a call), to see which pass takes the time.
 """
 import argparse
 import contextlib
@@ -106,7 +107,30 @@ def problem(kind, m, B, T, N, g, route=False):
     return ours, base, (z, v) + extra, dh, per, CF
 
 
-def rows_for(kind, m, shape, tunes, bwd, rounds, baseline, eager=False, route=False):
+def kernel_breakdown(fns, reps=10):
+    """Prints each column's GPU kernels (``torch.profiler``): microseconds per call and launches
+    per call, largest first, to see which pass of a multi-pass call takes the time."""
+    from torch.profiler import ProfilerActivity, profile
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+        rows = []
+        for e in prof.key_averages():
+            us = getattr(e, "self_device_time_total", None)
+            us = e.self_cuda_time_total if us is None else us
+            if us > 0:
+                rows.append((us / reps, e.count / reps, e.key))
+        total = sum(r[0] for r in rows)
+        print(f"kernels of {name}: {total:.1f} us a call")
+        for us, n, key in sorted(rows, reverse=True):
+            print(f"  {us:9.1f} us  {n:4.1f}x  {key[:110]}")
+
+
+def rows_for(kind, m, shape, tunes, bwd, rounds, baseline, eager=False, route=False, kernels=False):
     B, T, N = shape
     g = torch.Generator(device="cuda").manual_seed(0)
     ours, base, inputs, dh, (nf, nfb), module = problem(kind, m, B, T, N, g, route)
@@ -136,6 +160,8 @@ def rows_for(kind, m, shape, tunes, bwd, rounds, baseline, eager=False, route=Fa
     worst = max([0.0] + [_rel(x, y) for k, fn in fns.items() if k != "default" for x, y in zip(fn(), ref)])
     if baseline:
         fns["baseline"] = run_base
+    if kernels:
+        kernel_breakdown(fns)
     timer = None
     if eager:
         from triton.testing import do_bench
@@ -153,6 +179,8 @@ def main(argv=None):
     ap.add_argument("--baseline", action="store_true", help="time the target's baseline too")
     ap.add_argument("--route", action="store_true", help="--kind fused: time bdlru_scan's methods")
     ap.add_argument("--eager", action="store_true", help="eager do_bench medians, not CUDA graphs")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also print each column's GPU kernels (torch.profiler, us a call)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
@@ -161,7 +189,7 @@ def main(argv=None):
         raise SystemExit("--route times bdlru_scan: it needs --kind fused")
     fails, rows = shape_rows(args.shapes, f"{args.kind} m={args.m}", args.bwd, lambda shape:
                              rows_for(args.kind, args.m, shape, tunes, args.bwd, args.rounds,
-                                      args.baseline, args.eager, args.route))
+                                      args.baseline, args.eager, args.route, args.kernels))
     print("tunes:", json.dumps(tunes))
     tool = f"gate_tune_compare --kind {args.kind}" + " --route" * args.route + " --eager" * args.eager
     return _finish(args, fails, rows, m=args.m, tool=tool, stem=f"gate_tune_{args.kind}_m{args.m}")

@@ -36,26 +36,30 @@ __all__ = ["companion_summary_kernel", "chunked_forward", "chunked_backward"]
 
 
 @triton.jit
-def _summary_step(Z, V, bos, t, R, re, o_n, o_c, m_n, mask, N, eps,
+def _summary_step(Z, V, tok, j, R, re, o_n, o_c, m_n, mask, N, eps,
                   M: tl.constexpr, COL0: tl.constexpr, VARIANT: tl.constexpr):
-    """One step on the rings ``R`` ``(BN, slot, column)`` (``P``) and ``re`` ``(BN, slot)`` (``E``)."""
+    """Step ``j`` of the chunk (token ``tok``) on the rings ``R`` ``(slot, BN, column)`` (``P``)
+    and ``re`` ``(slot, BN)`` (``E``). Slots count from the chunk's start (``h`` at chunk step
+    ``j`` goes to slot ``j mod m``), so where ``j`` is a constexpr (the unrolled loop) the
+    coefficient columns and the slot written are constants: no per-step index arithmetic, and the
+    ring update is a register move, not ``MP x BN x MP`` selects. The slot axis comes first:
+    Triton spreads threads over the last axes, so the sum over slots stays in each thread."""
     K1: tl.constexpr = M + COL0
-    tok = bos + t
-    z = tl.load(Z + (tok * N + o_n[:, None]) * K1 + _coef_cols(t, o_c, M, COL0)[None, :], mask=mask,
+    z = tl.load(Z + (tok * N + o_n[None, :]) * K1 + _coef_cols(j, o_c, M, COL0)[:, None], mask=mask,
                 other=0.0).to(tl.float32)
     v = tl.load(V + tok * N + o_n, mask=m_n, other=0.0).to(tl.float32)
     if COL0 == 1:
         z0 = tl.load(Z + (tok * N + o_n) * K1, mask=m_n, other=0.0).to(tl.float32)
-        w, w0, _g, _g0, _s, _s0 = gate_normalize(z, z0, mask, eps, 1, VARIANT)
+        w, w0, _g, _g0, _s, _s0 = gate_normalize(z, z0, mask, eps, 0, VARIANT)
         b = w0 * v
     else:
         w = z
         b = v
-    slot = o_c == t % M
-    y = tl.sum(w[:, :, None] * R, axis=1)
-    R = tl.where(slot[None, :, None], y[:, None, :], R)
-    ye = tl.sum(w * re, axis=1) + b
-    re = tl.where(slot[None, :], ye[:, None], re)
+    slot = o_c == j % M
+    y = tl.sum(w[:, :, None] * R, axis=0)
+    R = tl.where(slot[:, None, None], y[None, :, :], R)
+    ye = tl.sum(w * re, axis=0) + b
+    re = tl.where(slot[:, None], ye[None, :], re)
     return R, re
 
 
@@ -63,9 +67,10 @@ def _summary_step(Z, V, bos, t, R, re, o_n, o_c, m_n, mask, N, eps,
 def companion_summary_kernel(Z, V, P, PT, E, CU, T, N, CHUNK, eps,
                              M: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
                              COL0: tl.constexpr, VARIANT: tl.constexpr, NS: tl.constexpr,
-                             IS_VARLEN: tl.constexpr):
+                             IS_VARLEN: tl.constexpr, UNROLL: tl.constexpr):
     """Grid ``(num_seqs, channel groups, chunks)``: ``P``, ``PT`` ``(num_seqs, chunks, N, m, m)``
-    (``PT``: ``P^T``, chunks reversed) and ``E`` ``(num_seqs, chunks, N, m)``, newest first."""
+    (``PT``: ``P^T``, chunks reversed) and ``E`` ``(num_seqs, chunks, N, m)``, newest first.
+    ``UNROLL``: ``m`` steps a loop trip (constant slots; the last ``Lc mod m`` steps one by one)."""
     i_n = tl.program_id(0)
     i_b = tl.program_id(1)
     bos, L = _seq_bounds(CU, i_n, T, IS_VARLEN)
@@ -73,38 +78,52 @@ def companion_summary_kernel(Z, V, P, PT, E, CU, T, N, CHUNK, eps,
     o_n = i_b * BN + tl.arange(0, BN)
     o_c = tl.arange(0, MP)
     m_n = o_n < N
-    mask = m_n[:, None] & (o_c < M)[None, :]
-    # column j starts from s = e_j, i.e. h_{s0-1-j} = 1, held in slot (s0-1-j) mod m
-    start = (o_c[:, None] == ((s0 - 1 - o_c + M) % M)[None, :]) & (o_c < M)[None, :]
-    R = tl.zeros([BN, MP, MP], dtype=tl.float32) + start.to(tl.float32)[None, :, :]
-    re = tl.zeros([BN, MP], dtype=tl.float32)
+    mask = (o_c < M)[:, None] & m_n[None, :]
+    # column j starts from s = e_j, i.e. the history entry j + 1 steps before the chunk = 1
+    # (chunk step -1-j, slot (-1-j) mod m)
+    start = (o_c[:, None] == ((M - 1 - o_c) % M)[None, :]) & (o_c < M)[None, :]
+    R = tl.zeros([MP, BN, MP], dtype=tl.float32) + start.to(tl.float32)[:, None, :]
+    re = tl.zeros([MP, BN], dtype=tl.float32)
     Lc = e0 - s0
-    for p in tl.range(0, Lc // 2, num_stages=NS):
-        R, re = _summary_step(Z, V, bos, s0 + 2 * p, R, re, o_n, o_c, m_n, mask, N, eps, M, COL0,
-                              VARIANT)
-        R, re = _summary_step(Z, V, bos, s0 + 2 * p + 1, R, re, o_n, o_c, m_n, mask, N, eps, M,
-                              COL0, VARIANT)
-    if Lc % 2 == 1:
-        R, re = _summary_step(Z, V, bos, e0 - 1, R, re, o_n, o_c, m_n, mask, N, eps, M, COL0, VARIANT)
-    # row i of the end state (h_{e0-1-i}) sits in slot (e0-1-i) mod m: slot s holds row i(s)
-    row = ((e0 - 1 - o_c + M) % M)[None, :, None]
+    tok0 = bos + s0
+    if UNROLL:
+        for p in tl.range(0, Lc // M, num_stages=NS):
+            for u in tl.static_range(M):
+                R, re = _summary_step(Z, V, tok0 + p * M + u, u, R, re, o_n, o_c, m_n, mask, N, eps,
+                                      M, COL0, VARIANT)
+        for j in range(Lc // M * M, Lc):
+            R, re = _summary_step(Z, V, tok0 + j, j, R, re, o_n, o_c, m_n, mask, N, eps, M, COL0,
+                                  VARIANT)
+    else:
+        for j in tl.range(0, Lc, num_stages=NS):
+            R, re = _summary_step(Z, V, tok0 + j, j, R, re, o_n, o_c, m_n, mask, N, eps, M, COL0,
+                                  VARIANT)
+    # row i of the end state (h_{e0-1-i}, chunk step Lc-1-i) sits in slot (Lc-1-i) mod m
+    row = ((Lc - 1 - o_c + M) % M)[:, None, None]
     col = o_c[None, None, :]
     k = i_n.to(tl.int64) * nch + i_c
     k_rev = k + nch - 1 - 2 * i_c
-    ch = o_n[:, None, None].to(tl.int64)
+    ch = o_n[None, :, None].to(tl.int64)
     mask3 = mask[:, :, None] & (col < M)
     tl.store(P + (k * N + ch) * (M * M) + row * M + col, R, mask=mask3)
     tl.store(PT + (k_rev * N + ch) * (M * M) + col * M + row, R, mask=mask3)
-    tl.store(E + (k * N + o_n[:, None]) * M + ((e0 - 1 - o_c + M) % M)[None, :], re, mask=mask)
+    tl.store(E + (k * N + o_n[None, :]) * M + ((Lc - 1 - o_c + M) % M)[:, None], re, mask=mask)
 
 
-def summary_config(N: int, m: int, tune: dict) -> tuple[int, int]:
-    """(BN channels a program, num_warps) of the summary: about 512 ring entries ``BN x MP x MP``
-    a program; ``tune`` keys ``sum_bn``, ``sum_warps`` override."""
+def summary_config(N: int, m: int, tune: dict) -> tuple[int, int, bool, int]:
+    """(BN channels a program, num_warps, unrolled, pipeline stages) of the summary: about 512
+    ring entries ``MP x BN x MP`` a program; the loop unrolled by ``m`` steps up to m = 16 with
+    about 12 steps' loads in flight. ``tune`` keys ``sum_bn``, ``sum_warps``, ``sum_unroll``
+    (0 / 1), ``sum_stages`` override. Unrolled, sm_90 SASS (Triton 3.6) has 38 instructions a
+    step at m = 8 (coefficients; 120 with the step's slot a runtime value: the ring's selects
+    and a second copy of the ring in another layout), 47 at m = 4 (123), 80 from logits at
+    m = 8 (182)."""
     mp = max(2, next_pow2(m))
     bn = tune.get("sum_bn", max(1, min(next_pow2(N), 512 // (mp * mp))))
     elems = bn * mp * mp
-    return bn, tune.get("sum_warps", 1 if elems <= 256 else 2 if elems <= 1024 else 4 if elems <= 4096 else 8)
+    warps = tune.get("sum_warps", 1 if elems <= 256 else 2 if elems <= 1024 else 4 if elems <= 4096 else 8)
+    unroll = bool(tune.get("sum_unroll", m <= 16))
+    return bn, warps, unroll, tune.get("sum_stages", max(2, -(-12 // m)) if unroll else 12)
 
 
 def chunked_forward(fg_launch_fwd, fwd_kernel, z, v, h0, cu, T, N, m, col0, code, eps, chunk, nc,
@@ -118,11 +137,11 @@ def chunked_forward(fg_launch_fwd, fwd_kernel, z, v, h0, cu, T, N, m, col0, code
     P = empty((nseq, nc, N, m, m), torch.float32, dev)
     PT = empty((nseq, nc, N, m, m), torch.float32, dev)
     E = empty((nseq, nc, N, m), torch.float32, dev)
-    sbn, swarps = summary_config(N, m, tune)
+    sbn, swarps, unroll, sstages = summary_config(N, m, tune)
     cu_arg = cu if cu is not None else v
     companion_summary_kernel[(nseq, cdiv(N, sbn), nc)](
         z, v, P, PT, E, cu_arg, T, N, chunk, eps, M=m, MP=mp, BN=sbn, COL0=col0, VARIANT=code,
-        NS=cfg[3], IS_VARLEN=cu is not None, num_warps=swarps, num_stages=cfg[3])
+        NS=sstages, IS_VARLEN=cu is not None, UNROLL=unroll, num_warps=swarps, num_stages=sstages)
     X, hf = fg_launch_fwd(P, E, h0, None, nc, N, m, 0, 5, 1.0, out_fp32_final, torch.float32)
     h = empty(v.shape, out_dtype, dev)
     bn, _, warps, stages = cfg

@@ -21,7 +21,7 @@ MAX_M = 64
 # Benchmark/test knobs (not public API): override "bn", "num_warps", "num_stages" (both passes;
 # "bwd_bn", "bwd_num_warps", "bwd_num_stages" the backward's alone), "upcast16" (16-bit inputs
 # read as fp32 copies, default on: see fused_gates._common.as_loaded), "chunk" (time-chunk length,
-# choose_chunk), "sum_bn", "sum_warps" (chunked.summary_config).
+# choose_chunk), "sum_bn", "sum_warps", "sum_unroll", "sum_stages" (chunked.summary_config).
 TUNE: dict = {}
 
 
@@ -64,8 +64,8 @@ def choose_chunk(cu_seqlens, num_seq: int, T: int, N: int, m: int, device,
     kernels. Chunked: fixed-length batches (no ``cu_seqlens``: the chunk grid of a varlen batch
     needs its longest sequence, a device sync) at m = 2..``chunk_max_m`` (8) with at least
     ``chunk_min_len`` steps (4096; 8192 for coefficients, ``logits=False``, at m <= 4) and fewer
-    sequence-channels ``num_seq * N`` an SM than ``chunk_below`` (24 at m <= 4, 12 at m = 5..8,
-    just above the largest measured wins: N4096 and other batch sizes were not timed);
+    sequence-channels ``num_seq * N`` an SM than ``chunk_below`` (24, just above the largest
+    measured wins: N4096 and other batch sizes were not timed);
     chunks of 128 steps at m = 2 or below ``chunk_steps`` (8192) sequence-steps ``num_seq * T``,
     else ``chunk_len`` (256). ``TUNE["chunk"]`` forces a length (0: never), at any m and with
     ``cu_seqlens`` too.
@@ -83,7 +83,11 @@ def choose_chunk(cu_seqlens, num_seq: int, T: int, N: int, m: int, device,
     T2048 0.67 / 0.77, T4096 1.34 / 0.76; m = 2 T4096 1.24 / 0.76; coefficients m = 8 T2048
     0.63 / 0.80, T4096 1.26 / 0.70; m = 4 T4096 0.67 / 0.82 (B2 0.68 / 0.80), m = 3 0.77 / 0.80,
     m = 2 T4096 0.61 / 0.81, T8192 1.21 / 0.74. Dense ``m x m`` blocks of the same recurrence
-    (``block_diagonal_scan``): m = 4 B1 T16384 1.40, m = 8 4.26."""
+    (``block_diagonal_scan``): m = 4 B1 T16384 1.40, m = 8 4.26. Forty-eighth, with the summary
+    pass unrolled (``chunked.summary_config``), one pass / 256-step chunks: coefficients m = 8
+    B1 T16384 1.18 chunked, B2 T4096 1.26 / 0.51, B4 T4096 1.44 / 1.18 (now chunked), B8 T2048
+    0.77 / 1.18; m = 4 B1 T16384 0.53, B4 T4096 0.70 / 0.52, B8 T2048 0.43 / 0.53; m = 16 B1
+    T4096 1.51 / 2.03; logits m = 4 B1 T16384 0.80, m = 8 B2 T4096 2.50 / 0.80."""
     if "chunk" in TUNE:
         c = int(TUNE["chunk"])
         return c if 0 < c < max(T, 1) or (c > 0 and cu_seqlens is not None) else None
@@ -91,7 +95,7 @@ def choose_chunk(cu_seqlens, num_seq: int, T: int, N: int, m: int, device,
         return None
     if T < TUNE.get("chunk_min_len", 8192 if m <= 4 and not logits else 4096):
         return None
-    if num_seq * N >= TUNE.get("chunk_below", 24 if m <= 4 else 12) * num_sms(device):
+    if num_seq * N >= TUNE.get("chunk_below", 24) * num_sms(device):
         return None
     chunk = 128 if m <= 2 or num_seq * T < TUNE.get("chunk_steps", 8192) else TUNE.get("chunk_len", 256)
     return chunk if chunk < T else None

@@ -43,6 +43,13 @@ def _rel(a, b):
     return ((a - b).square().mean().sqrt() / (b.square().mean().sqrt() + 1e-30)).item()
 
 
+@pytest.fixture(autouse=True)
+def ops_registered():
+    """The custom ops exist before any test traces a wrapper: Dynamo cannot trace their
+    registration, and a test run alone (``-k``, pytest-xdist) has no earlier test to do it."""
+    lc.register()
+
+
 @pytest.fixture
 def no_tf32():
     """cuDNN runs the eager LSTM with TF32 by default (allow_tf32 = True), the compiled LSTM is
@@ -85,7 +92,6 @@ def test_compile_time_major_diagonal_scan_inductor(dtype):
     ops, with an elementwise neighbour for Inductor to fuse around the op, against the eager
     kernel: outputs, final state, and the gradients of ``a``, ``b`` and ``h0``."""
     from lrnn_scan.kernels.block_diagonal import diagonal_scan
-    lc.register()  # in a fresh process (pytest-xdist) no earlier test has
     torch.manual_seed(0)
     a = torch.rand(2, 96, 1001, device="cuda").to(dtype)
     b = torch.randn(2, 96, 1001, device="cuda").to(dtype)

@@ -69,20 +69,23 @@ def test_gate_kernel_configs(monkeypatch):
     monkeypatch.setattr(cf, "TUNE", {})
     monkeypatch.setattr(ff, "TUNE", {})
     dev = torch.device("cpu")
-    # (BN, MP, warps, stages) at B8 N768
+    # (BN, MP, warps, stages) at B8 N768; stages count loop trips of m steps up to m = 16 (about
+    # 40 steps in flight forward, 32 backward, 16 in time chunks; m <= 2 as timed on 2-step trips)
     fwd = {m: cf._config(8, 768, m, dev) for m in (1, 2, 4, 8, 16, 32)}
-    assert fwd == {1: (32, 2, 1, 12), 2: (32, 2, 1, 12), 4: (16, 4, 1, 12), 8: (16, 8, 1, 12),
-                   16: (8, 16, 1, 12), 32: (8, 32, 1, 12)}
+    assert fwd == {1: (32, 2, 1, 24), 2: (32, 2, 1, 12), 4: (16, 4, 1, 10), 8: (16, 8, 1, 5),
+                   16: (8, 16, 1, 3), 32: (8, 32, 1, 12)}
     bwd = {m: cf._config(8, 768, m, dev, bwd=True) for m in (2, 3, 4, 8, 16)}
-    assert bwd == {2: (16, 2, 1, 6), 3: (8, 4, 1, 5), 4: (8, 4, 1, 5), 8: (16, 8, 1, 4),
-                   16: (8, 16, 1, 4)}
-    assert cf._config(8, 768, 16, dev, bwd=True, logits=True) == (16, 16, 1, 4)
+    assert bwd == {2: (16, 2, 1, 6), 3: (8, 4, 1, 11), 4: (8, 4, 1, 8), 8: (16, 8, 1, 4),
+                   16: (8, 16, 1, 2)}
+    assert {m: cf._config(64, 768, m, dev, chunked=True)[3] for m in (2, 3, 4, 8, 16)} == {
+        2: 12, 3: 6, 4: 4, 8: 2, 16: 2}
+    assert cf._config(8, 768, 16, dev, bwd=True, logits=True) == (16, 16, 1, 2)
     assert cf._config(8, 768, 8, dev, bwd=True, logits=True) == (16, 8, 1, 4)
-    assert cf._config(8, 4096, 4, dev, bwd=True) == (16, 4, 1, 5)   # > 16 programs an SM: doubled
-    assert cf._config(8, 1536, 4, dev, bwd=True) == (8, 4, 1, 5)
-    assert cf._config(8, 4096, 4, dev) == (16, 4, 1, 12)            # the forward keeps its tile
-    assert cf._config(1, 64, 4, dev) == (8, 4, 1, 12)      # 4 programs: halved to a full warp
-    assert cf._config(1, 64, 16, dev) == (8, 16, 1, 12)    # never below 8 channels
+    assert cf._config(8, 4096, 4, dev, bwd=True) == (16, 4, 1, 8)   # > 16 programs an SM: doubled
+    assert cf._config(8, 1536, 4, dev, bwd=True) == (8, 4, 1, 8)
+    assert cf._config(8, 4096, 4, dev) == (16, 4, 1, 10)            # the forward keeps its tile
+    assert cf._config(1, 64, 4, dev) == (8, 4, 1, 10)      # 4 programs: halved to a full warp
+    assert cf._config(1, 64, 16, dev) == (8, 16, 1, 3)     # never below 8 channels
     cf.TUNE.update(bwd_bn=32, num_stages=3)
     assert cf._config(8, 768, 4, dev) == (16, 4, 1, 3)
     assert cf._config(8, 768, 4, dev, bwd=True) == (32, 4, 1, 3)

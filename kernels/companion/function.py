@@ -10,7 +10,7 @@ from ..fused_gates._common import (as_loaded, check_cu_seqlens, check_eps, check
 from ..fused_gates.gate_math import variant_code
 from ..fused_gates.function import _launch_fwd as fg_launch_fwd
 from .chunked import chunked_backward, chunked_forward
-from .kernels import companion_bwd_kernel, companion_fwd_kernel
+from .kernels import UNROLL_MAX_M, companion_bwd_kernel, companion_fwd_kernel
 from .ref import companion_scan_coeffs_ref, companion_scan_ref
 
 __all__ = ["companion_scan", "companion_scan_coeffs"]
@@ -26,8 +26,9 @@ TUNE: dict = {}
 
 
 def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
-            logits: bool = False) -> tuple[int, int, int, int]:
-    """(BN channels per program, MP, num_warps, pipeline stages) of the forward or the backward.
+            logits: bool = False, chunked: bool = False) -> tuple[int, int, int, int]:
+    """(BN channels per program, MP, num_warps, pipeline stages) of the forward or the backward;
+    ``num_seq`` counts programs along time (sequences, or sequences x chunks with ``chunked``).
 
     Each program runs its channels' chains one step at a time, so the time is set by how many
     steps' loads are in flight: small tiles (many programs an SM) and deep pipelines. Measured
@@ -38,7 +39,9 @@ def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
     or 4 stages (m = 4 fwd+bwd 0.641 -> 0.437 ms with the forward's change), twice the elements
     above 16 programs an SM. Fewer than 32 elements (half a warp) lost 1.5-2.5x. The backward
     from logits (``logits``: the gate normalisation and its gradient each step) keeps 256
-    elements at m >= 16 (m = 16 fwd+bwd 2.150 ms; 2.584 with 128 elements).
+    elements at m >= 16 (m = 16 fwd+bwd 2.150 ms; 2.584 with 128 elements). Since the loops run
+    m steps a trip (forty-eighth session, up to ``UNROLL_MAX_M``) the stages count trips, set from
+    the steps in flight at m >= 3: about 40 forward, 32 backward, 16 in time chunks.
     """
     mp = max(2, next_pow2(m))
     if bwd:
@@ -55,6 +58,12 @@ def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
         bn *= 2  # many programs: B8 N4096 m = 4 fwd+bwd 1.772 -> 1.571 ms (N1536: 8 kept, 0.690)
     bn = tune_knob(TUNE, "bn", bwd, bn)
     warps = tune_knob(TUNE, "num_warps", bwd, 1 if bn * mp <= 256 else 2 if bn * mp <= 1024 else 4)
+    if m <= UNROLL_MAX_M.value:  # the loops run m steps a trip: stages count trips
+        # steps in flight; H200 fp32 N768 fwd+bwd ms (forty-eighth): one pass B8 T2048 m = 8
+        # 0.711 (16 steps: 1.02), m = 4 0.392 (12: 0.489); 256-step chunks, B1 T16384 (many
+        # short programs, shallower is better): m = 8 1.187 at 16 steps, 1.22 at 32-40
+        steps = 2 * stages if m <= 2 else 16 if chunked else 32 if bwd else 40
+        stages = max(2, -(-steps // m))
     return bn, mp, warps, tune_knob(TUNE, "num_stages", bwd, stages)
 
 
@@ -115,10 +124,10 @@ class _CompanionFn(torch.autograd.Function):
         if nc <= 1:  # (forced chunks) every sequence fits one chunk
             chunk = None
         else:
+            cfg = _config(num_seq * nc, N, m, v.device, chunked=True)
             h, hf, PT = chunked_forward(fg_launch_fwd, companion_fwd_kernel, as_loaded(z, up),
                                         as_loaded(v, up), h0c, cu, T, N, m, col0, code, eps, chunk,
-                                        nc, _config(num_seq * nc, N, m, v.device), output_final_state,
-                                        out_dtype, TUNE, empty)
+                                        nc, cfg, output_final_state, out_dtype, TUNE, empty)
         if chunk is None:
             h = empty(v.shape, out_dtype, v.device)
             hf = (empty((num_seq, N, m), torch.float32, v.device)
@@ -148,7 +157,8 @@ class _CompanionFn(torch.autograd.Function):
         up = TUNE.get("upcast16", True)
         zl, vl, hl, dhl = as_loaded(z, up), as_loaded(v, up), as_loaded(h, up), as_loaded(dh, up)
         if chunk is not None:
-            cfg = _config(num_seq * pt[0].shape[1], N, m, v.device, bwd=True, logits=col0 == 1)
+            cfg = _config(num_seq * pt[0].shape[1], N, m, v.device, bwd=True, logits=col0 == 1,
+                          chunked=True)
             dh0 = chunked_backward(fg_launch_fwd, companion_bwd_kernel, zl, vl, h0, hl, dhl, dhf,
                                    pt[0], cu, T, N, m, col0, code, eps, chunk, cfg, need_dh0, dz, dv,
                                    empty)

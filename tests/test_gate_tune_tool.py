@@ -93,3 +93,26 @@ def test_route_needs_fused():
     for kind in ("coeffs", "logits"):
         with pytest.raises(SystemExit, match="--route times bdlru_scan: it needs --kind fused"):
             mod.main(["--kind", kind, "--m", "4", "--route"])
+
+
+def test_aot_check_largest_loop():
+    """``tools/aot_check.py``'s SASS loop count: the longest backward branch wins, forward
+    branches and an inner loop do not, barriers and selects are counted inside it only."""
+    mod = _tool("aot_check")
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   FSEL R2, R3, R4, P0 ;
+.L_x_1:
+        /*0020*/                   FFMA R2, R3, R4, R2 ;
+        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0040*/               @P1 BRA `(.L_x_1) ;
+        /*0050*/                   SEL R5, R6, R7, P2 ;
+        /*0060*/               @P0 BRA `(.L_x_0) ;
+        /*0070*/               @P2 BRA `(.L_x_2) ;
+        /*0080*/                   FSEL R8, R8, R9, P3 ;
+.L_x_2:
+        /*0090*/                   EXIT ;
+"""
+    assert mod.largest_loop(sass) == {"n": 6, "bar": 1, "sel": 2}
+    assert mod.largest_loop("        /*0000*/                   EXIT ;\n") is None

@@ -22,6 +22,12 @@ to the kernel's signature and reduces each one as the GPU JIT would (``native_sp
 None -> constexpr, ``do_not_specialize`` respected), so two launches that differ only in runtime
 int values share one entry, exactly like the GPU kernel cache.
 
+``compile`` also disassembles each cubin (the wheel's ``nvdisasm``) and reports the largest loop
+(the longest backward branch): its instruction count, barriers (``BAR.SYNC``) and selects
+(``SEL``/``FSEL``). For a loop that runs one time step a trip (or m of them, unrolled) that is the
+issue cost of a step, what set the companion kernels' speed (forty-eighth session: 120 -> 38
+instructions a summary step at m = 8 once the ring slots were constants).
+
 Caveat: the recorded constexprs are those the host code picks under the interpreter. Where the host
 code picks differently on a GPU (delta_product's ``RAW``: 16-bit inputs go to ``tl.dot`` unconverted,
 except under the interpreter) ``compile`` adds the GPU variant too (``--no-gpu-variants`` to skip).
@@ -197,6 +203,11 @@ def _compile_one(job: dict) -> dict:
                 f.write(c.asm["ptx"])
             r = subprocess.run([ptxas, "-arch=sm_90a", "-v", p, "-o", os.path.join(d, "k.cubin")],
                                capture_output=True, text=True, timeout=300)
+            if not r.returncode:
+                dis = subprocess.run([os.path.join(os.path.dirname(ptxas), "nvdisasm"), "-c",
+                                      os.path.join(d, "k.cubin")], capture_output=True, text=True,
+                                     timeout=120)
+                res["loop"] = largest_loop(dis.stdout) if not dis.returncode else None
         log = r.stdout + r.stderr
         m = re.search(r"Used (\d+) registers", log)
         s = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
@@ -217,6 +228,40 @@ def _compile_one(job: dict) -> dict:
         res["error_full"] = str(ex)[-4000:]
     res["secs"] = round(time.time() - t0, 1)
     return res
+
+
+_SASS_INS = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+
+
+def largest_loop(sass: str) -> dict | None:
+    """Instructions of the largest loop in ``nvdisasm -c`` output: the backward branch (``BRA`` to
+    a label at or before it) spanning the most instructions. ``{"n", "bar", "sel"}`` or None."""
+    lines = sass.splitlines()
+    label_at, ins, pending = {}, [], []
+    for ln in lines:
+        lab = re.match(r"^(\.L_x_\d+):", ln)
+        if lab:
+            pending.append(lab.group(1))
+            continue
+        m = _SASS_INS.match(ln)
+        if m:
+            addr = int(m.group(1), 16)
+            for p in pending:
+                label_at[p] = addr
+            pending = []
+            ins.append((addr, m.group(2)))
+    best = None
+    for addr, txt in ins:
+        tgt = re.search(r"BRA\s+`\((\.L_x_\d+)\)", txt)
+        if tgt and tgt.group(1) in label_at and label_at[tgt.group(1)] <= addr:
+            span = (label_at[tgt.group(1)], addr)
+            if best is None or span[1] - span[0] > best[1] - best[0]:
+                best = span
+    if best is None:
+        return None
+    body = [t for a, t in ins if best[0] <= a <= best[1]]
+    return {"n": len(body), "bar": sum("BAR.SYNC" in t for t in body),
+            "sel": sum(bool(re.search(r"\bF?SEL\b", t)) for t in body)}
 
 
 def _worker(conn):
@@ -341,9 +386,12 @@ def compile_all(launches_path: str, nproc: int, timeout: float, results_path: st
         wsx = f"{e['options'].get('num_warps', 4)}/{e['options'].get('num_stages', 3)}"
         spill = "" if r.get("spill_st") is None else f"{r['spill_st']}/{r['spill_ld']}"
         num = lambda k: "" if r.get(k) is None else str(r[k])
+        lp = r.get("loop")
+        loop = f"{lp['n']}/{lp['bar']}/{lp['sel']}" if lp else ""
         rows.append([e["module"].replace("lrnn_scan.kernels.", "") + ":" + e["name"], ",".join(dts), cst, wsx,
-                     r["status"], num("regs"), spill, num("stack"), num("smem"), r.get("error", "")])
-    hdr = ["kernel", "dtypes", "constexprs", "w/s", "status", "regs", "spill st/ld", "stack", "smem", "error"]
+                     r["status"], num("regs"), spill, num("stack"), num("smem"), loop, r.get("error", "")])
+    hdr = ["kernel", "dtypes", "constexprs", "w/s", "status", "regs", "spill st/ld", "stack", "smem",
+           "loop ins/bar/sel", "error"]
     rows.sort(key=lambda r: (r[4] == "OK" and r[6] in ("", "0/0"), r[0], r[2]))  # problems first
     width = [max(len(x[i]) for x in rows + [hdr]) for i in range(len(hdr) - 1)]
     for r in [hdr] + rows:

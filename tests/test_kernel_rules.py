@@ -75,12 +75,17 @@ def test_gate_kernel_configs(monkeypatch):
     assert fwd == {1: (32, 2, 1, 24), 2: (32, 2, 1, 12), 4: (16, 4, 1, 10), 8: (16, 8, 1, 5),
                    16: (8, 16, 1, 3), 32: (8, 32, 1, 12)}
     bwd = {m: cf._config(8, 768, m, dev, bwd=True) for m in (2, 3, 4, 8, 16)}
-    assert bwd == {2: (16, 2, 1, 6), 3: (8, 4, 1, 11), 4: (8, 4, 1, 8), 8: (16, 8, 1, 4),
+    assert bwd == {2: (16, 2, 1, 6), 3: (8, 4, 1, 11), 4: (8, 4, 1, 8), 8: (8, 8, 1, 3),
                    16: (8, 16, 1, 2)}
     assert {m: cf._config(64, 768, m, dev, chunked=True)[3] for m in (2, 3, 4, 8, 16)} == {
         2: 12, 3: 6, 4: 4, 8: 2, 16: 2}
     assert cf._config(8, 768, 16, dev, bwd=True, logits=True) == (16, 16, 1, 2)
-    assert cf._config(8, 768, 8, dev, bwd=True, logits=True) == (16, 8, 1, 4)
+    assert cf._config(8, 768, 8, dev, bwd=True, logits=True) == (8, 8, 1, 3)
+    # m = 5..8 backward: 8 channels, 24 steps in flight, never doubled (one pass or chunks)
+    assert [cf._config(64, 768, m, dev, bwd=True, chunked=True) for m in (5, 6, 8)] == [
+        (8, 8, 1, 5), (8, 8, 1, 4), (8, 8, 1, 3)]
+    assert cf._config(8, 4096, 8, dev, bwd=True) == (8, 8, 1, 3)
+    assert cf._config(64, 768, 4, dev, bwd=True, chunked=True) == (16, 4, 1, 4)  # m = 4 doubled
     assert cf._config(8, 4096, 4, dev, bwd=True) == (16, 4, 1, 8)   # > 16 programs an SM: doubled
     assert cf._config(8, 1536, 4, dev, bwd=True) == (8, 4, 1, 8)
     assert cf._config(8, 4096, 4, dev) == (16, 4, 1, 10)            # the forward keeps its tile

@@ -30,7 +30,7 @@ import triton.language as tl
 from .._host import cdiv, next_pow2
 from ..fused_gates.gate_math import gate_normalize
 from ..fused_gates.kernels import _seq_bounds
-from .kernels import _chunk_steps, _coef_cols
+from .kernels import UNROLL_MAX_M, _chunk_steps, _coef_cols
 
 __all__ = ["companion_summary_kernel", "chunked_forward", "chunked_backward"]
 
@@ -112,17 +112,17 @@ def companion_summary_kernel(Z, V, P, PT, E, CU, T, N, CHUNK, eps,
 
 def summary_config(N: int, m: int, tune: dict) -> tuple[int, int, bool, int]:
     """(BN channels a program, num_warps, unrolled, pipeline stages) of the summary: about 512
-    ring entries ``MP x BN x MP`` a program; the loop unrolled by ``m`` steps up to m = 16 with
-    about 12 steps' loads in flight. ``tune`` keys ``sum_bn``, ``sum_warps``, ``sum_unroll``
-    (0 / 1), ``sum_stages`` override. Unrolled, sm_90 SASS (Triton 3.6) has 38 instructions a
-    step at m = 8 (coefficients; 120 with the step's slot a runtime value: the ring's selects
-    and a second copy of the ring in another layout), 47 at m = 4 (123), 80 from logits at
-    m = 8 (182)."""
+    ring entries ``MP x BN x MP`` a program; the loop unrolled by ``m`` steps up to
+    ``UNROLL_MAX_M`` (16, the one-pass kernels' limit) with about 12 steps' loads in flight.
+    ``tune`` keys ``sum_bn``, ``sum_warps``, ``sum_unroll`` (0 / 1), ``sum_stages`` override.
+    Unrolled, sm_90 SASS (Triton 3.6) has 38 instructions a step at m = 8 (coefficients; 120
+    with the step's slot a runtime value: the ring's selects and a second copy of the ring in
+    another layout), 47 at m = 4 (123), 80 from logits at m = 8 (182)."""
     mp = max(2, next_pow2(m))
     bn = tune.get("sum_bn", max(1, min(next_pow2(N), 512 // (mp * mp))))
     elems = bn * mp * mp
     warps = tune.get("sum_warps", 1 if elems <= 256 else 2 if elems <= 1024 else 4 if elems <= 4096 else 8)
-    unroll = bool(tune.get("sum_unroll", m <= 16))
+    unroll = bool(tune.get("sum_unroll", m <= UNROLL_MAX_M.value))
     return bn, warps, unroll, tune.get("sum_stages", max(2, -(-12 // m)) if unroll else 12)
 
 

@@ -41,12 +41,19 @@ def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
     from logits (``logits``: the gate normalisation and its gradient each step) keeps 256
     elements at m >= 16 (m = 16 fwd+bwd 2.150 ms; 2.584 with 128 elements). Since the loops run
     m steps a trip (forty-eighth session, up to ``UNROLL_MAX_M``) the stages count trips, set from
-    the steps in flight at m >= 3: about 40 forward, 32 backward, 16 in time chunks.
+    the steps in flight at m >= 3: about 40 forward, 32 backward, 16 in time chunks. The
+    backward at m = 5..8 (forty-ninth, H200 fp32 N768 fwd+bwd ms): 64 elements (8 channels) and
+    24 steps in flight, one pass and chunks, never doubled: coefficients B8 T2048 m = 8 0.710 ->
+    0.648 (32 steps 0.679, 16 steps 0.773), m = 6 0.746 -> 0.659, N4096 m = 8 2.874 -> 2.712,
+    logits m = 8 1.789 -> 1.417; 256-step chunks B1 T16384 m = 8 1.181 -> 0.975 (the doubled 32
+    channels a program had cost 20 %), B2 T4096 0.504 -> 0.525.
     """
     mp = max(2, next_pow2(m))
     if bwd:
         if mp <= 4:
             elems, stages = 32, (6 if mp == 2 else 5)
+        elif mp == 8:
+            elems, stages = 64, 4
         else:
             elems, stages = (256 if logits and mp >= 16 else 128), 4
     else:
@@ -54,7 +61,7 @@ def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
     bn = max(8, elems // mp)
     while bn > 8 and bn * mp > 32 and num_seq * -(-N // bn) < num_sms(device):
         bn //= 2  # fill the GPU first (B1 T16384 N768 m = 4 logits fwd+bwd: 5.60 ms, old 8.65)
-    if bwd and num_seq * -(-N // bn) > 16 * num_sms(device):
+    if bwd and mp != 8 and num_seq * -(-N // bn) > 16 * num_sms(device):
         bn *= 2  # many programs: B8 N4096 m = 4 fwd+bwd 1.772 -> 1.571 ms (N1536: 8 kept, 0.690)
     bn = tune_knob(TUNE, "bn", bwd, bn)
     warps = tune_knob(TUNE, "num_warps", bwd, 1 if bn * mp <= 256 else 2 if bn * mp <= 1024 else 4)
@@ -62,7 +69,8 @@ def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
         # steps in flight; H200 fp32 N768 fwd+bwd ms (forty-eighth): one pass B8 T2048 m = 8
         # 0.711 (16 steps: 1.02), m = 4 0.392 (12: 0.489); 256-step chunks, B1 T16384 (many
         # short programs, shallower is better): m = 8 1.187 at 16 steps, 1.22 at 32-40
-        steps = 2 * stages if m <= 2 else 16 if chunked else 32 if bwd else 40
+        steps = (2 * stages if m <= 2 else 24 if bwd and mp == 8 else 16 if chunked
+                 else 32 if bwd else 40)
         stages = max(2, -(-steps // m))
     return bn, mp, warps, tune_knob(TUNE, "num_stages", bwd, stages)
 

@@ -79,7 +79,16 @@ def test_gate_kernel_configs(monkeypatch):
                    16: (8, 16, 1, 2)}
     assert {m: cf._config(64, 768, m, dev, chunked=True)[3] for m in (2, 3, 4, 8, 16)} == {
         2: 12, 3: 6, 4: 4, 8: 2, 16: 2}
+    # the backward from logits keeps one step a trip above m = 8 (its 16-step body spilled):
+    # stages count steps there, as above UNROLL_MAX_M
+    assert cf._config(8, 768, 16, dev, bwd=True, logits=True) == (16, 16, 1, 4)
+    assert [cf._unrolled(m, bwd, logits) for m, bwd, logits in [
+        (16, True, True), (8, True, True), (16, True, False), (16, False, False), (17, False, False)]
+            ] == [False, True, True, True, False]
+    cf.TUNE.update(bwd_unroll=1)
+    assert cf._unrolled(16, True, True) and not cf._unrolled(32, True, True)  # <= UNROLL_MAX_M
     assert cf._config(8, 768, 16, dev, bwd=True, logits=True) == (16, 16, 1, 2)
+    cf.TUNE.clear()
     assert cf._config(8, 768, 8, dev, bwd=True, logits=True) == (8, 8, 1, 3)
     # m = 5..8 backward: 8 channels, 24 steps in flight, never doubled (one pass or chunks)
     assert [cf._config(64, 768, m, dev, bwd=True, chunked=True) for m in (5, 6, 8)] == [

@@ -145,6 +145,21 @@ def test_time_chunked_summary_loops(m, chunk, unroll, monkeypatch):
     run_case(1, 97, 3, m, "coeffs" if m == 4 else "softmax", seed=40 + m)
 
 
+@pytest.mark.parametrize("m,unroll,chunk", [(12, None, None), (5, 0, None), (5, 1, None),
+                                            (6, 0, 9), (3, 1, 8)])
+def test_one_pass_loops_unrolled_or_not(m, unroll, chunk, monkeypatch):
+    """The forward and backward loops with ``m`` steps a trip (constant slots; a prologue before
+    the first step that is 0 mod m, a tail) and with one step a trip: ``function._unrolled``
+    keeps one step a trip for the backward from logits above m = 8 (m = 12 here, its forward
+    unrolled); ``TUNE["unroll"]`` forces either, also in time chunks that start off the m grid."""
+    if unroll is not None:
+        monkeypatch.setitem(_kmod.TUNE, "unroll", unroll)
+    if chunk is not None:
+        monkeypatch.setitem(_kmod.TUNE, "chunk", chunk)
+    run_case(2, 41, 3, m, "softmax", seed=50 + m)
+    run_case(1, 30, 2, m, "coeffs", seed=60 + m, h0=False)
+
+
 def test_time_chunked_varlen(monkeypatch, chunked_calls):
     """Chunked varlen: boundaries inside chunks, an empty sequence, one shorter than a chunk."""
     monkeypatch.setitem(_kmod.TUNE, "chunk", 6)

@@ -127,10 +127,11 @@ def summary_config(N: int, m: int, tune: dict) -> tuple[int, int, bool, int]:
 
 
 def chunked_forward(fg_launch_fwd, fwd_kernel, z, v, h0, cu, T, N, m, col0, code, eps, chunk, nc,
-                    cfg, out_fp32_final, out_dtype, tune, empty):
+                    cfg, unroll, out_fp32_final, out_dtype, tune, empty):
     """``(h, h_final | None, PT)``. ``fg_launch_fwd``: ``fused_gates.function._launch_fwd`` (the
     carries' scan); ``cfg``: the one-pass forward's ``(BN, MP, num_warps, stages)`` for
-    ``num_seqs x chunks`` programs; ``z``, ``v`` as the kernels read them."""
+    ``num_seqs x chunks`` programs, ``unroll`` its ``UNROLL``; ``z``, ``v`` as the kernels read
+    them."""
     nseq = cu.numel() - 1 if cu is not None else v.shape[0]
     mp = max(2, next_pow2(m))
     dev = v.device
@@ -148,20 +149,22 @@ def chunked_forward(fg_launch_fwd, fwd_kernel, z, v, h0, cu, T, N, m, col0, code
     fwd_kernel[(nseq, cdiv(N, bn), nc)](
         z, v, h0 if h0 is not None else X, h, X, cu_arg, X, T, N, chunk, eps, M=m, MP=mp, BN=bn,
         COL0=col0, VARIANT=code, NS=stages, HAS_H0=h0 is not None, STORE_HF=False,
-        IS_VARLEN=cu is not None, CHUNKED=True, num_warps=warps, num_stages=stages)
+        IS_VARLEN=cu is not None, CHUNKED=True, UNROLL=unroll, num_warps=warps, num_stages=stages)
     return h, hf, PT
 
 
 def chunked_backward(fg_launch_fwd, bwd_kernel, z, v, h0, h, dh, dhf, PT, cu, T, N, m, col0,
-                     code, eps, chunk, cfg, need_dh0, dz, dv, empty):
+                     code, eps, chunk, cfg, unroll, need_dh0, dz, dv, empty):
     """``dh0 | None``, writing ``dz``, ``dv``; ``cfg``: the one-pass backward's configuration
-    for ``num_seqs x chunks`` programs, ``PT`` from ``chunked_forward``."""
+    for ``num_seqs x chunks`` programs (``unroll`` its ``UNROLL``), ``PT`` from
+    ``chunked_forward``."""
     nseq, nc = PT.shape[0], PT.shape[1]
     bn, mp, warps, stages = cfg
     grid = (nseq, cdiv(N, bn), nc)
     cu_arg = cu if cu is not None else dh
     kw = dict(M=m, MP=mp, BN=bn, COL0=col0, VARIANT=code, NS=stages, HAS_H0=h0 is not None,
-              IS_VARLEN=cu is not None, CHUNKED=True, num_warps=warps, num_stages=stages)
+              IS_VARLEN=cu is not None, CHUNKED=True, UNROLL=unroll, num_warps=warps,
+              num_stages=stages)
     F = empty((nseq, nc, N, m), torch.float32, v.device)  # chunks reversed, as PT
     bwd_kernel[grid](z, v, h0 if h0 is not None else h, h, dh, dh, dz, dv, F, cu_arg, F, T, N,
                      chunk, eps, HAS_DHF=False, STORE_DH0=True, HAS_XIN=False, STORE_GRADS=False, **kw)

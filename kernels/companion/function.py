@@ -21,8 +21,20 @@ MAX_M = 64
 # Benchmark/test knobs (not public API): override "bn", "num_warps", "num_stages" (both passes;
 # "bwd_bn", "bwd_num_warps", "bwd_num_stages" the backward's alone), "upcast16" (16-bit inputs
 # read as fp32 copies, default on: see fused_gates._common.as_loaded), "chunk" (time-chunk length,
-# choose_chunk), "sum_bn", "sum_warps", "sum_unroll", "sum_stages" (chunked.summary_config).
+# choose_chunk), "sum_bn", "sum_warps", "sum_unroll", "sum_stages" (chunked.summary_config),
+# "unroll" / "bwd_unroll" (0 / 1: the one-pass loops' m steps a trip, _unrolled).
 TUNE: dict = {}
+
+
+def _unrolled(m: int, bwd: bool = False, logits: bool = False) -> bool:
+    """Whether the one-pass loops run ``m`` steps a trip (``kernels.py``'s ``UNROLL``): up to
+    ``UNROLL_MAX_M``, but the backward from logits only up to m = 8. Its 16-step body at
+    m = 16 needs more than 255 registers (Triton 3.6, sm_90a: 320 bytes spilled at 16 channels a
+    program): H200 B8 T2048 N768 fwd+bwd 4.10 ms unrolled, 1.93 one step a trip (forty-ninth
+    session; m = 8 from logits keeps the unrolled loop: 1.41 against 3.02). ``TUNE["unroll"]``
+    (``bwd_unroll`` the backward's) overrides up to ``UNROLL_MAX_M``."""
+    default = m <= UNROLL_MAX_M.value and not (bwd and logits and m > 8)
+    return bool(tune_knob(TUNE, "unroll", bwd, default)) and m <= UNROLL_MAX_M.value
 
 
 def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
@@ -65,7 +77,7 @@ def _config(num_seq: int, N: int, m: int, device, bwd: bool = False,
         bn *= 2  # many programs: B8 N4096 m = 4 fwd+bwd 1.772 -> 1.571 ms (N1536: 8 kept, 0.690)
     bn = tune_knob(TUNE, "bn", bwd, bn)
     warps = tune_knob(TUNE, "num_warps", bwd, 1 if bn * mp <= 256 else 2 if bn * mp <= 1024 else 4)
-    if m <= UNROLL_MAX_M.value:  # the loops run m steps a trip: stages count trips
+    if _unrolled(m, bwd, logits):  # the loops run m steps a trip: stages count trips
         # steps in flight; H200 fp32 N768 fwd+bwd ms (forty-eighth): one pass B8 T2048 m = 8
         # 0.711 (16 steps: 1.02), m = 4 0.392 (12: 0.489); 256-step chunks, B1 T16384 (many
         # short programs, shallower is better): m = 8 1.187 at 16 steps, 1.22 at 32-40
@@ -135,7 +147,8 @@ class _CompanionFn(torch.autograd.Function):
             cfg = _config(num_seq * nc, N, m, v.device, chunked=True)
             h, hf, PT = chunked_forward(fg_launch_fwd, companion_fwd_kernel, as_loaded(z, up),
                                         as_loaded(v, up), h0c, cu, T, N, m, col0, code, eps, chunk,
-                                        nc, cfg, output_final_state, out_dtype, TUNE, empty)
+                                        nc, cfg, _unrolled(m), output_final_state, out_dtype, TUNE,
+                                        empty)
         if chunk is None:
             h = empty(v.shape, out_dtype, v.device)
             hf = (empty((num_seq, N, m), torch.float32, v.device)
@@ -145,7 +158,8 @@ class _CompanionFn(torch.autograd.Function):
                 as_loaded(z, up), as_loaded(v, up), h0c if h0c is not None else h, h,
                 hf if hf is not None else h, cu if cu is not None else h, h, T, N, 0, eps, M=m, MP=mp,
                 BN=bn, COL0=col0, VARIANT=code, NS=stages, HAS_H0=h0c is not None,
-                STORE_HF=hf is not None, IS_VARLEN=cu is not None, num_warps=warps, num_stages=stages)
+                STORE_HF=hf is not None, IS_VARLEN=cu is not None, UNROLL=_unrolled(m),
+                num_warps=warps, num_stages=stages)
         ctx.save_for_backward(z, v, h0c, h, cu, PT)
         ctx.cfg = (col0, code, eps, h0 is not None and h0.requires_grad,
                    h0.dtype if h0 is not None else None, chunk)
@@ -168,8 +182,8 @@ class _CompanionFn(torch.autograd.Function):
             cfg = _config(num_seq * pt[0].shape[1], N, m, v.device, bwd=True, logits=col0 == 1,
                           chunked=True)
             dh0 = chunked_backward(fg_launch_fwd, companion_bwd_kernel, zl, vl, h0, hl, dhl, dhf,
-                                   pt[0], cu, T, N, m, col0, code, eps, chunk, cfg, need_dh0, dz, dv,
-                                   empty)
+                                   pt[0], cu, T, N, m, col0, code, eps, chunk, cfg,
+                                   _unrolled(m, True, col0 == 1), need_dh0, dz, dv, empty)
         else:
             dh0 = empty((num_seq, N, m), torch.float32, v.device) if need_dh0 else None
             bn, mp, warps, stages = _config(num_seq, N, m, v.device, bwd=True, logits=col0 == 1)
@@ -178,7 +192,7 @@ class _CompanionFn(torch.autograd.Function):
                 dh0 if dh0 is not None else dv, cu if cu is not None else h, h, T, N, 0, eps,
                 M=m, MP=mp, BN=bn, COL0=col0, VARIANT=code, NS=stages, HAS_H0=h0 is not None,
                 HAS_DHF=dhf is not None, STORE_DH0=dh0 is not None, IS_VARLEN=cu is not None,
-                num_warps=warps, num_stages=stages)
+                UNROLL=_unrolled(m, True, col0 == 1), num_warps=warps, num_stages=stages)
         if dh0 is not None:
             dh0 = dh0.to(h0_dtype)
         return dz, dv, dh0, None, None, None, None, None, None, None

@@ -5,8 +5,9 @@ Each program owns ``BN`` channels of one sequence. The last ``m`` outputs live i
 ``h_{t-1} … h_{t-m}``, and slot ``c`` holds ``h_{t-i}`` for ``i = ((t − c − 1) mod m) + 1``: we
 load the logits with that column permutation, so ``h_t = Σ_c a[c]·ring[c] + a0·v_t`` is one
 elementwise product and one row reduction, and the new value overwrites slot ``t mod m``. No
-register shuffles, no ``m x m`` matrix. The loops run m steps per iteration from a step that is
-0 mod m (the few steps before and after it one by one), so each unrolled step's slot and column
+register shuffles, no ``m x m`` matrix. With ``UNROLL`` (m <= 16; the backward from logits only
+to m = 8) the loops run m steps per iteration from a step that is 0 mod m (the few steps before
+and after it one by one), so each unrolled step's slot and column
 permutation are constants: no index arithmetic, and the ring update is a register move rather
 than a select per slot (sm_90 SASS, Triton 3.6: 45 instead of 92 instructions a step at m = 8,
 39 instead of 66 at m = 4); the state-independent gate normalisation of one step overlaps the
@@ -25,8 +26,9 @@ from ..fused_gates.gate_math import gate_normalize
 from ..fused_gates.kernels import _seq_bounds
 
 
-# the one-pass loops run m steps a trip (constant ring slots) up to this order; one step a trip
-# above it (a 32-step unrolled body compiles slowly and gains little)
+# the one-pass loops may run m steps a trip (constant ring slots, ``UNROLL``) up to this order;
+# one step a trip above it (a 32-step unrolled body compiles slowly and gains little). The host
+# picks ``UNROLL`` (``function._unrolled``)
 UNROLL_MAX_M = tl.constexpr(16)
 
 
@@ -93,10 +95,12 @@ def companion_fwd_kernel(Z, V, H0, HOUT, HF, CU, XIN, T, N, CHUNK, eps,
                          M: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
                          COL0: tl.constexpr, VARIANT: tl.constexpr, NS: tl.constexpr,
                          HAS_H0: tl.constexpr, STORE_HF: tl.constexpr, IS_VARLEN: tl.constexpr,
-                         CHUNKED: tl.constexpr = False):
+                         CHUNKED: tl.constexpr = False, UNROLL: tl.constexpr = False):
     """Grid ``(num_seqs, channel groups)``, or with ``CHUNKED`` ``(num_seqs, channel groups,
     chunks)``: chunk ``c > 0`` starts from the state ``XIN (num_seqs, chunks, N, m)`` entry
-    ``c - 1`` (newest first; ``chunked.py``). Time ``t`` is the step within the sequence."""
+    ``c - 1`` (newest first; ``chunked.py``). Time ``t`` is the step within the sequence.
+    ``UNROLL`` (set by the host only where ``m <= UNROLL_MAX_M``): ``m`` steps a loop trip, else
+    one."""
     i_n = tl.program_id(0)
     i_b = tl.program_id(1)
     bos, L = _seq_bounds(CU, i_n, T, IS_VARLEN)
@@ -117,8 +121,8 @@ def companion_fwd_kernel(Z, V, H0, HOUT, HF, CU, XIN, T, N, CHUNK, eps,
     # m steps a loop trip from a step t1 = 0 (mod m), so each unrolled step's slot and coefficient
     # columns are constants; the steps before t1 (a chunk start not a multiple of m) and the last
     # (e0 - t1) mod m run one by one
-    # (above UNROLL_MAX_M one step a trip)
-    if M <= UNROLL_MAX_M:
+    # (without UNROLL one step a trip)
+    if UNROLL:
         t1 = tl.minimum(s0 + (M - s0 % M) % M, e0)
         for t in range(s0, t1):
             ring = _fwd_step(Z, V, HOUT, bos, t, t, ring, o_n, o_c, m_n, mask, N, eps, M, COL0,
@@ -186,7 +190,8 @@ def companion_bwd_kernel(Z, V, H0, HOUT, DH, DHF, DZ, DV, DH0, CU, XIN, T, N, CH
                          COL0: tl.constexpr, VARIANT: tl.constexpr, NS: tl.constexpr,
                          HAS_H0: tl.constexpr, HAS_DHF: tl.constexpr, STORE_DH0: tl.constexpr,
                          IS_VARLEN: tl.constexpr, CHUNKED: tl.constexpr = False,
-                         HAS_XIN: tl.constexpr = False, STORE_GRADS: tl.constexpr = True):
+                         HAS_XIN: tl.constexpr = False, STORE_GRADS: tl.constexpr = True,
+                         UNROLL: tl.constexpr = False):
     """Adjoint λ_t = g_t + Σ_i a_{i,t+i} λ_{t+i}, run backwards with a ring of pending sums.
 
     ``pend`` slot ``(τ + m) mod m`` accumulates ``Σ a_{i,τ+i} λ_{τ+i}`` for the not yet visited
@@ -195,7 +200,8 @@ def companion_bwd_kernel(Z, V, H0, HOUT, DH, DHF, DZ, DV, DH0, CU, XIN, T, N, CH
     ``CHUNKED`` (grid ``(num_seqs, channel groups, chunks)``): steps ``[s0, e0)`` of chunk ``c``,
     the adjoint of its end state from ``DHF`` (last chunk) or, with ``HAS_XIN``, entry
     ``chunks - 2 - c`` of ``XIN`` (zero without); ``DH0`` entry ``(n, chunks - 1 - c)`` gets the
-    adjoint of its start state. ``STORE_GRADS=False``: that carry only.
+    adjoint of its start state. ``STORE_GRADS=False``: that carry only. ``UNROLL`` as in the
+    forward.
     """
     i_n = tl.program_id(0)
     i_b = tl.program_id(1)
@@ -222,16 +228,14 @@ def companion_bwd_kernel(Z, V, H0, HOUT, DH, DHF, DZ, DV, DH0, CU, XIN, T, N, CH
     ring = pend * 0.0
     if STORE_GRADS:
         ring = _load_hist(HOUT, H0, bos, tau0[None, :], o_n[:, None], mask, n64, N, M, HAS_H0)
-    # backwards, m steps a loop trip below a step t2 = 0 (mod m) (constant slots and columns, as
-    # in the forward); the steps from t2 up and the last ones above s0 run one by one
-    t2 = tl.maximum(e0 - e0 % M, s0)
-    if M > UNROLL_MAX_M:
-        t2 = s0
-    for i in range(0, e0 - t2):
-        t = e0 - 1 - i
-        ring, pend = _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, t, t, ring, pend, o_n, o_c, m_n,
-                               mask, n64, N, eps, M, COL0, VARIANT, HAS_H0, STORE_GRADS)
-    if M <= UNROLL_MAX_M:
+    if UNROLL:
+        # backwards, m steps a loop trip below a step t2 = 0 (mod m) (constant slots and columns,
+        # as in the forward); the steps from t2 up and the last ones above s0 run one by one
+        t2 = tl.maximum(e0 - e0 % M, s0)
+        for i in range(0, e0 - t2):
+            t = e0 - 1 - i
+            ring, pend = _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, t, t, ring, pend, o_n, o_c,
+                                   m_n, mask, n64, N, eps, M, COL0, VARIANT, HAS_H0, STORE_GRADS)
         for p in tl.range(0, (t2 - s0) // M, num_stages=NS):
             for u in tl.static_range(M):
                 ring, pend = _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, t2 - 1 - p * M - u,
@@ -239,6 +243,13 @@ def companion_bwd_kernel(Z, V, H0, HOUT, DH, DHF, DZ, DV, DH0, CU, XIN, T, N, CH
                                        COL0, VARIANT, HAS_H0, STORE_GRADS)
         for i in range(0, (t2 - s0) % M):
             t = s0 + (t2 - s0) % M - 1 - i
+            ring, pend = _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, t, t, ring, pend, o_n, o_c,
+                                   m_n, mask, n64, N, eps, M, COL0, VARIANT, HAS_H0, STORE_GRADS)
+    else:  # one step a trip, pipelined (the forty-eighth session's code ran these steps in its
+        # plain prologue loop, without cp.async buffers: H200 B8 T2048 logits m = 16 fwd+bwd
+        # 3.64 ms, pipelined 1.93)
+        for i in tl.range(0, e0 - s0, num_stages=NS):
+            t = e0 - 1 - i
             ring, pend = _bwd_step(Z, V, H0, HOUT, DH, DZ, DV, bos, t, t, ring, pend, o_n, o_c,
                                    m_n, mask, n64, N, eps, M, COL0, VARIANT, HAS_H0, STORE_GRADS)
     if STORE_DH0:  # dL/dh_{s0-1-k} = pending of τ = s0-1-k, in slot (s0-1-k) mod m

@@ -7,11 +7,10 @@ load the logits with that column permutation, so ``h_t = Σ_c a[c]·ring[c] + a0
 elementwise product and one row reduction, and the new value overwrites slot ``t mod m``. No
 register shuffles, no ``m x m`` matrix. With ``UNROLL`` (m <= 16; the backward from logits only
 to m = 8) the loops run m steps per iteration from a step that is 0 mod m (the few steps before
-and after it one by one), so each unrolled step's slot and column
-permutation are constants: no index arithmetic, and the ring update is a register move rather
-than a select per slot (sm_90 SASS, Triton 3.6: 45 instead of 92 instructions a step at m = 8,
-39 instead of 66 at m = 4); the state-independent gate normalisation of one step overlaps the
-others' chain.
+and after it one by one), so each unrolled step's slot and column permutation are constants: no
+index arithmetic, and the ring update is a register move rather than a select per slot (sm_90
+SASS, Triton 3.6: 45 instead of 92 instructions a step at m = 8, 39 instead of 66 at m = 4); the
+state-independent gate normalisation of one step overlaps the others' chain.
 
 Layouts (contiguous): coefficients ``(tokens, N, K1)``, ``K1 = m + COL0`` (``COL0 = 1``: logits
 with the input gate in column 0; ``COL0 = 0``: materialised ``a``, no gate, ``b`` in place of

@@ -345,8 +345,8 @@ def test_bwd_v1_stages(monkeypatch):
 @pytest.mark.parametrize("sms, want", [(1, 10), (2, 16)])
 def test_bwd_v1_stages_m16(monkeypatch, sms, want):
     """m = 9..16 with at least 2.75 programs per SM: 10 stages, else 16 (``_bwd_deep_stages``);
-    ``TUNE['bwd_ns']`` overrides."""
-    seen = spy_launches(monkeypatch, "_bd_bwd_kernel", lambda grid, kw: kw["NS"])
+    ``TUNE['bwd_ns']`` overrides. (m = 16 below 4 programs an SM: the kernel by shuffles.)"""
+    seen = spy_launches(monkeypatch, "_bd_bwd_gather", lambda grid, kw: kw["NS"])
     monkeypatch.setattr(scanmod, "_num_sms", lambda dev: sms)
     A, b = make(3, 5, 1, 16, seed=4)                         # 3 programs (one 16 x 16 block each)
     run_check(A, b, torch.randn(3, 1, 16).to(DEV), None, 1e-5)
@@ -542,44 +542,3 @@ def test_summary_dot_bad_tune():
         with pytest.raises(ValueError, match=key):
             bd.block_diagonal_scan(A, b)
 
-
-_NO_LB = dict(bd2_lookback=False, bd2_bwd_lookback=False, bd4_lookback=False, bd4_bwd_lookback=False)
-
-
-@pytest.mark.parametrize("m", [2, 4, 8, 16])
-@pytest.mark.parametrize("variant", ["ring2", "ring4", "ring8"])
-@pytest.mark.parametrize("T", [1, 17, 40])
-def test_ring_gather(m, variant, T):
-    """The ring forward with the state passed back to the lanes by ``tl.gather`` (``fwd._ring_step``
-    ``GATHER``; the default at m = 8), every ring, T shorter and longer than the ring, h0 or not."""
-    scanmod.TUNE.update(ring_gather=True, variant=variant, **_NO_LB)
-    A, b = make(2, T, 5, m, seed=m + T)
-    run_check(A, b, torch.randn(2, 5, m).to(DEV) if T % 2 else None, None, 1e-5)
-
-
-def test_ring_gather_varlen_chunked():
-    """m = 8 by default through the gather ring: chunked re-runs from carries, varlen with an
-    empty sequence and boundaries inside chunks."""
-    scanmod.TUNE.update(chunk=12)
-    A, b = make(1, 74, 3, 8, seed=3)
-    cu = torch.tensor([0, 5, 30, 30, 61, 74], dtype=torch.int64, device=DEV)
-    run_check(A, b, torch.randn(5, 3, 8).to(DEV), cu, 1e-5)
-
-
-def test_ring_gather_rule(monkeypatch):
-    """``TUNE['ring_gather']``: "auto" (default) m = 8 only; True any m that is a power of two;
-    False never; anything else a clear error. The default m = 8 forward launches with it."""
-    assert scanmod._ring_gather(8, 8) and not scanmod._ring_gather(4, 4) and not scanmod._ring_gather(16, 16)
-    scanmod.TUNE.update(ring_gather=True)
-    assert scanmod._ring_gather(4, 4) and not scanmod._ring_gather(3, 4)
-    scanmod.TUNE.update(ring_gather=False)
-    assert not scanmod._ring_gather(8, 8)
-    scanmod.TUNE.update(ring_gather="yes")
-    with pytest.raises(ValueError, match="ring_gather"):
-        scanmod._ring_gather(8, 8)
-    scanmod.TUNE.clear()
-    seen = spy_launches(monkeypatch, "_bd_fwd_ring", lambda grid, kw: kw["GATHER"])
-    A, b = make(1, 9, 2, 8, seed=5)
-    with torch.no_grad():
-        bd.block_diagonal_scan(A, b)
-    assert seen == [True], seen

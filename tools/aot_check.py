@@ -46,7 +46,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_TESTS = ["tests/test_kernels_block_diagonal.py", "tests/test_kernels_lookback.py",
+DEFAULT_TESTS = ["tests/test_kernels_block_diagonal.py", "tests/test_kernels_bd_shuffles.py",
+                 "tests/test_kernels_lookback.py",
                  "tests/test_kernels_fused_gates.py", "tests/test_kernels_companion.py",
                  "tests/test_delta_triton.py", "tests/test_l2norm.py"]
 SMEM_MAX = 232448  # H100 (sm_90): 227 KiB of shared memory per block at most (opt-in maximum)

@@ -5,7 +5,8 @@ With ``lam_t = dL/dh_t`` (total) and ``mu_t = A_t^T lam_t``:
 A chunk takes ``mu_in = mu_{t1}`` (the next chunk's ``mu_out``, or ``dh_final`` at the end of a
 sequence) and returns ``mu_out = mu_{t0}``.
 
-Kernels: ``_bd_bwd_kernel`` (one step per iteration), ``_bd_bwd_kernel_g4`` (4-step groups),
+Kernels: ``_bd_bwd_kernel`` (one step per iteration), ``_bd_bwd_gather`` (the same, ``lam`` by
+shuffles; ``scan._bwd_gather``), ``_bd_bwd_kernel_g4`` (4-step groups),
 ``_bd_bwd_ring`` (a ring of in-flight steps like ``fwd._bd_fwd_ring``; the default for most
 ``m`` and grid sizes, ``scan._bwd_variant``),
 ``_diag_bwd_kernel`` (m = 1 tiles).
@@ -21,6 +22,8 @@ def _bd_bwd_kernel(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
                    M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, NS: tl.constexpr,
                    HAS_H0: tl.constexpr, HAS_MUIN: tl.constexpr, STORE_GRADS: tl.constexpr,
                    STORE_MUOUT: tl.constexpr, VARLEN: tl.constexpr):
+    """One step per iteration, ``tl.range(..., num_stages=NS)``; ``_bd_bwd_gather`` is its twin
+    for ``M == MP`` without the layout change through shared memory."""
     pid_h = tl.program_id(0)
     s = tl.program_id(1)
     c = tl.program_id(2)
@@ -49,6 +52,64 @@ def _bd_bwd_kernel(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
             tl.store(DA + t * HMM + offs_a, (lam[:, :, None] * hp[:, None, :]).to(DA.dtype.element_ty),
                      mask=mask_a)
         mu = tl.sum(a * lam[:, :, None], axis=1)
+    if STORE_MUOUT:
+        tl.store(MuOut + sc + offs_s, mu, mask=mask_s)
+
+
+@triton.jit
+def _gather_offsets(pid_h, H, M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr):
+    """Offsets for the backward by shuffles (``M == MP``): state element ``r = (block, k)`` a row,
+    ``offs_s``/``mask_s`` ``(BH*M,)``; ``A^T`` offsets/mask ``(BH*M, M)`` (row ``r`` holds column
+    ``k`` of its block); ``idx[r, i] = M * block(r) + i`` for ``tl.gather``."""
+    tl.static_assert(M == MP, "the backward by shuffles needs M == MP")
+    r = tl.arange(0, BH * M)
+    j = tl.arange(0, M)
+    mask_s = pid_h * BH + r // M < H
+    offs_s = pid_h * (BH * M) + r
+    offs_a = ((pid_h * BH + r // M) * (M * M) + r % M)[:, None] + (j * M)[None, :]
+    mask_a = mask_s[:, None] & (j < M)[None, :]
+    idx = ((r // M) * M)[:, None] + j[None, :]
+    return offs_s, mask_s, offs_a, mask_a, idx
+
+
+@triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
+def _bd_bwd_gather(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
+                   M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, NS: tl.constexpr,
+                   HAS_H0: tl.constexpr, HAS_MUIN: tl.constexpr, STORE_GRADS: tl.constexpr,
+                   STORE_MUOUT: tl.constexpr, VARLEN: tl.constexpr):
+    """``_bd_bwd_kernel`` for ``M == MP``, the backward twin of ``fwd._ring_step``'s: row
+    ``r = (block, k)`` holds column ``k`` of the block's ``A`` (``aT[r, i] = A[i, k]``, so
+    ``mu[r] = sum_i aT[r, i] lam[i]`` stays in the warp) and ``lamx[r, i] = lam[block(r), i]``,
+    rebuilt from the row vector ``lam`` by ``tl.gather`` (shuffles where a block's rows share a
+    warp) instead of a layout change through shared memory. ``dA^T = lamx * h_{t-1}[r]`` goes
+    out at ``A``'s transposed offsets."""
+    pid_h = tl.program_id(0)
+    s = tl.program_id(1)
+    c = tl.program_id(2)
+    bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
+    offs_s, mask_s, offs_a, mask_a, idx = _gather_offsets(pid_h, H, M, MP, BH)
+    HM = H * M
+    HMM = HM * M
+    sc = (s.to(tl.int64) * NC + c) * HM
+    if HAS_MUIN:
+        mu = tl.load(MuIn + sc + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+    else:
+        mu = tl.zeros([BH * MP], dtype=tl.float32)
+    if HAS_H0:
+        h0 = tl.load(H0 + s.to(tl.int64) * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+    for k in tl.range(t0, t1, num_stages=NS):
+        t = t1 - 1 - (k - t0)
+        lam = tl.load(G + t * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32) + mu
+        lamx = tl.gather(tl.broadcast_to(lam[:, None], (BH * M, M)), idx, 0)
+        a = tl.load(A + t * HMM + offs_a, mask=mask_a, other=0.0).to(tl.float32)
+        if STORE_GRADS:
+            tl.store(DB + t * HM + offs_s, lam.to(DB.dtype.element_ty), mask=mask_s)
+            hp = tl.load(Hs + (t - 1) * HM + offs_s, mask=tl.where(t > bos, mask_s, False),
+                         other=0.0).to(tl.float32)
+            if HAS_H0:
+                hp = tl.where(t == bos, h0, hp)
+            tl.store(DA + t * HMM + offs_a, (lamx * hp[:, None]).to(DA.dtype.element_ty), mask=mask_a)
+        mu = tl.sum(a * lamx, axis=1)
     if STORE_MUOUT:
         tl.store(MuOut + sc + offs_s, mu, mask=mask_s)
 
@@ -233,7 +294,8 @@ def _bd_bwd_ring(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
                  HAS_H0: tl.constexpr, HAS_MUIN: tl.constexpr, STORE_GRADS: tl.constexpr,
                  STORE_MUOUT: tl.constexpr, VARLEN: tl.constexpr):
     """``_bd_bwd_kernel`` as a ring of ``4R`` slots like ``fwd._bd_fwd_ring``: scalar time masks,
-    ``A``/``dA`` as ``(BH, MP*MP)`` rows (16-byte accesses), newest step first."""
+    ``A``/``dA`` as ``(BH, MP*MP)`` rows (16-byte accesses), newest step first. (``lam`` by
+    shuffles as in ``_bd_bwd_gather`` was slower here: README.md "Backward by shuffles".)"""
     pid_h = tl.program_id(0)
     s = tl.program_id(1)
     c = tl.program_id(2)

@@ -22,7 +22,7 @@ import os
 import torch
 from .._host import (cdiv, device_band, device_name, diag_vec, max_seq_len, next_pow2, num_sms,
                      row_by_name, row_divisor)
-from .bwd import _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
+from .bwd import _bd_bwd_gather, _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
 from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kernel
 from .lookback2 import bd2_lookback_forward
 from .lookback2_bwd import bd2_lookback_backward
@@ -31,6 +31,7 @@ from .lookback4_bwd import bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward
 from . import tma
 from . import tma_blocks, tma_blocks_bwd
+from .shuffles import bwd_gather, ring_gather
 from .summary import launch_summary
 from .checks import _check_common, _check_float, _check_time_dim  # noqa: F401  (compile.py's too)
 from .time_major import TimeMajorScanFn
@@ -191,7 +192,8 @@ def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
     else:  # few programs: a deep pipeline (_bwd_variant); TUNE['num_stages'] overrides
         deep = nprog < _BWD_FEW and "num_stages" not in TUNE
         ns = _bwd_deep_stages(MP, nprog, _num_sms(args[0].device)) if deep else NS
-        _bd_bwd_kernel[grid](*args, M=M, MP=MP, BH=BH, NS=ns, **kw)
+        gather = bwd_gather(TUNE, M, MP, nprog, _num_sms(args[0].device))
+        (_bd_bwd_gather if gather else _bd_bwd_kernel)[grid](*args, M=M, MP=MP, BH=BH, NS=ns, **kw)
 
 
 def _bwd_deep_stages(mp, nprog, nsm):
@@ -206,21 +208,11 @@ def _bwd_deep_stages(mp, nprog, nsm):
     return 10 if mp == 16 and nprog >= 2.75 * nsm else 16
 
 
-def _ring_gather(m, mp):
-    """Whether the ring forward passes the state by shuffles (``fwd._ring_step``'s ``GATHER``):
-    ``TUNE['ring_gather']`` ``"auto"`` (default) for ``m = 8``, True for any ``m == mp``, False
-    never."""
-    mode = TUNE.get("ring_gather", "auto")
-    if mode not in (False, True, "auto"):
-        raise ValueError(f"TUNE['ring_gather'] must be 'auto', False or True, got {mode!r}")
-    return m == mp and (m == 8 if mode == "auto" else mode)
-
-
 def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, NS, few=False, **kw):
     var = _fwd_variant(few and M <= 16, M, grid[0] * grid[1] * grid[2], A.device)
     if var.startswith("ring"):
         _bd_fwd_ring[grid](A, b, h, init, final, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH,
-                           R=int(var[4:]), SUMMARY=False, GATHER=_ring_gather(M, MP), **kw)
+                           R=int(var[4:]), SUMMARY=False, GATHER=ring_gather(TUNE, M, MP), **kw)
     elif var == "g4":
         _bd_fwd_kernel_g4[grid](A, b, h, init, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH, **kw)
     else:

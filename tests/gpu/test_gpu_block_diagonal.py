@@ -234,6 +234,23 @@ def test_backward_ring(m, bwd):
         tune.clear()
 
 
+@pytest.mark.parametrize("m", [2, 4, 8, 16, 32])
+def test_backward_gather(m):
+    """The one-step backward with ``lam`` passed by shuffles (``bwd._bd_bwd_gather``, forced by
+    ``TUNE['bwd_gather']``), one pass and chunked varlen, fp32 and bf16."""
+    tune = bd.scan.TUNE
+    try:
+        tune.update(bwd_variant="v1", bwd_gather=True, chunk=0)
+        A, b = make(2, 3001, 384 // m, m, torch.float32, seed=600 + m)
+        check(A, b, torch.randn(2, 384 // m, m, device=DEV), None, 1e-4)
+        tune["chunk"] = 256
+        cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
+        A, b = make(1, 6002, 384 // m, m, torch.bfloat16, seed=700 + m)
+        check(A, b, torch.randn(5, 384 // m, m, device=DEV), cu, 5e-3)
+    finally:
+        tune.clear()
+
+
 @pytest.mark.parametrize("cfg", [(64, 32, 2), (256, 8, 2), (128, 16, 2), (32, 64, 2),
                                  (32, 64, 4), (16, 64, 2), (16, 64, 4), (16, 128, 4)])
 # 16 x 64: the H100's tiles, 32 x 64 the H200's (scan._DIAG_BY_DEVICE; with 4 warps its backward,

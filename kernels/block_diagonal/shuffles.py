@@ -1,0 +1,29 @@
+"""When the block kernels pass a block's state between lanes by warp shuffles (``tl.gather``)
+instead of through shared memory: the forward ring's ``GATHER`` (``fwd._ring_step``) and the
+one-step backward's twin ``bwd._bd_bwd_gather``. Both need ``m`` a power of two (``M == MP``).
+The rules take ``scan.TUNE`` as an argument; README.md ("Backward by shuffles") has the story."""
+from __future__ import annotations
+
+def _mode(tune: dict, key: str):
+    mode = tune.get(key, "auto")
+    if not (mode is True or mode is False or mode == "auto"):  # 1 == True: not a mode
+        raise ValueError(f"TUNE[{key!r}] must be 'auto', False or True, got {mode!r}")
+    return mode
+
+
+def ring_gather(tune: dict, m: int, mp: int) -> bool:
+    """The ring forward: ``tune['ring_gather']`` ``"auto"`` (default) for ``m = 8``, True for any
+    ``m == mp``, False never (H100 measurements in README.md, twenty-seventh session)."""
+    mode = _mode(tune, "ring_gather")
+    return m == mp and (m == 8 if mode == "auto" else mode)
+
+
+def bwd_gather(tune: dict, m: int, mp: int, nprog: int, nsm: int) -> bool:
+    """The one-step backward (``v1``, what few programs run): ``tune['bwd_gather']`` ``"auto"``
+    (default) for ``m == mp >= 8`` below 4 programs an SM, True for any ``m == mp``, False never.
+    H200 fp32 N768 fwd+bwd, ms, CUDA-graph medians (RESULTS.md, fiftieth session), m = 8:
+    B4 T4096 (1.45 programs an SM) 0.937 -> 0.763, B8 T2048 (2.9) 0.503 -> 0.445, B16 T2048
+    (5.8) 0.813 -> 0.845; m = 16 and 32 at B8 T2048 about 1 % faster. The rings by shuffles
+    were slower (m = 8 N4096 2.020 -> 2.139 ms) and were not kept."""
+    mode = _mode(tune, "bwd_gather")
+    return m == mp and (mp >= 8 and nprog < 4 * nsm if mode == "auto" else mode)

@@ -11,7 +11,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from lrnn_scan.kernels.block_diagonal.shuffles import bwd_gather, ring_gather  # noqa: E402
-from test_kernels_block_diagonal import DEV, bd, make, run_check, scanmod, spy_launches, tune_fixture  # noqa: E402
+from test_kernels_block_diagonal import (DEV, bd, make, run_check, scanmod,  # noqa: E402
+                                         spy_launches, tune_fixture)
 
 _tune = tune_fixture({}, dict(bt=8, bn=16, d=4, lb4_chunk=32))  # the main file's interpreter tiles
 _NO_LB = dict(bd2_lookback=False, bd2_bwd_lookback=False, bd4_lookback=False, bd4_bwd_lookback=False)
@@ -40,15 +41,17 @@ def test_ring_gather_varlen_chunked():
 def test_ring_gather_rule(monkeypatch):
     """``TUNE['ring_gather']``: "auto" (default) m = 8 only; True any m that is a power of two;
     False never; anything else a clear error. The default m = 8 forward launches with it."""
-    assert ring_gather(scanmod.TUNE, 8, 8) and not ring_gather(scanmod.TUNE, 4, 4) and not ring_gather(scanmod.TUNE, 16, 16)
-    scanmod.TUNE.update(ring_gather=True)
-    assert ring_gather(scanmod.TUNE, 4, 4) and not ring_gather(scanmod.TUNE, 3, 4)
-    scanmod.TUNE.update(ring_gather=False)
-    assert not ring_gather(scanmod.TUNE, 8, 8)
-    scanmod.TUNE.update(ring_gather="yes")
+    tune = scanmod.TUNE
+    tune.clear()
+    assert ring_gather(tune, 8, 8) and not ring_gather(tune, 4, 4) and not ring_gather(tune, 16, 16)
+    tune.update(ring_gather=True)
+    assert ring_gather(tune, 4, 4) and not ring_gather(tune, 3, 4)
+    tune.update(ring_gather=False)
+    assert not ring_gather(tune, 8, 8)
+    tune.update(ring_gather="yes")
     with pytest.raises(ValueError, match="ring_gather"):
-        ring_gather(scanmod.TUNE, 8, 8)
-    scanmod.TUNE.clear()
+        ring_gather(tune, 8, 8)
+    tune.clear()
     seen = spy_launches(monkeypatch, "_bd_fwd_ring", lambda grid, kw: kw["GATHER"])
     A, b = make(1, 9, 2, 8, seed=5)
     with torch.no_grad():

@@ -190,10 +190,10 @@ def _bwd_launch(grid, *args, M, MP, BH, NS, **kw):
     elif var == "g4":
         _bd_bwd_kernel_g4[grid](*args, M=M, MP=MP, BH=BH, **kw)
     else:  # few programs: a deep pipeline (_bwd_variant); TUNE['num_stages'] overrides
-        deep = nprog < _BWD_FEW and "num_stages" not in TUNE
-        ns = _bwd_deep_stages(MP, nprog, _num_sms(args[0].device)) if deep else NS
-        gather = bwd_gather(TUNE, M, MP, nprog, _num_sms(args[0].device))
-        (_bd_bwd_gather if gather else _bd_bwd_kernel)[grid](*args, M=M, MP=MP, BH=BH, NS=ns, **kw)
+        deep, nsm = nprog < _BWD_FEW and "num_stages" not in TUNE, _num_sms(args[0].device)
+        ns = _bwd_deep_stages(MP, nprog, nsm) if deep else NS
+        kernel = _bd_bwd_gather if bwd_gather(TUNE, M, MP, nprog, nsm) else _bd_bwd_kernel
+        kernel[grid](*args, M=M, MP=MP, BH=BH, NS=ns, **kw)
 
 
 def _bwd_deep_stages(mp, nprog, nsm):

@@ -4,6 +4,7 @@ one-step backward's twin ``bwd._bd_bwd_gather``. Both need ``m`` a power of two 
 The rules take ``scan.TUNE`` as an argument; README.md ("Backward by shuffles") has the story."""
 from __future__ import annotations
 
+
 def _mode(tune: dict, key: str):
     mode = tune.get(key, "auto")
     if not (mode is True or mode is False or mode == "auto"):  # 1 == True: not a mode

@@ -38,7 +38,7 @@ from lrnn_scan.kernels.fused_gates import function as FF  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lb2_compare import _finish, _rel, timed_rounds  # noqa: E402
-from tune_compare import parse_tune, shape_rows  # noqa: E402
+from tune_compare import kernel_breakdown, parse_tune, shape_rows  # noqa: E402
 
 KINDS = ("coeffs", "logits", "fused")
 
@@ -105,29 +105,6 @@ def problem(kind, m, B, T, N, g, route=False):
         extra = ()
     per = (z.numel() + 2 * v.numel(), 3 * z.numel() + 6 * v.numel())
     return ours, base, (z, v) + extra, dh, per, CF
-
-
-def kernel_breakdown(fns, reps=10):
-    """Prints each column's GPU kernels (``torch.profiler``): microseconds per call and launches
-    per call, largest first, to see which pass of a multi-pass call takes the time."""
-    from torch.profiler import ProfilerActivity, profile
-    for name, fn in fns.items():
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                fn()
-            torch.cuda.synchronize()
-        rows = []
-        for e in prof.key_averages():
-            us = getattr(e, "self_device_time_total", None)
-            us = e.self_cuda_time_total if us is None else us
-            if us > 0:
-                rows.append((us / reps, e.count / reps, e.key))
-        total = sum(r[0] for r in rows)
-        print(f"kernels of {name}: {total:.1f} us a call")
-        for us, n, key in sorted(rows, reverse=True):
-            print(f"  {us:9.1f} us  {n:4.1f}x  {key[:110]}")
 
 
 def rows_for(kind, m, shape, tunes, bwd, rounds, baseline, eager=False, route=False, kernels=False):

@@ -60,10 +60,34 @@ def parse_tune(items):
     return out
 
 
-def rows_for(m, shape, tunes, bwd, rounds, compiled=False):
+def kernel_breakdown(fns, reps=10):
+    """Prints each column's GPU kernels (``torch.profiler``): microseconds per call and launches
+    per call, largest first, to see which pass of a multi-pass call takes the time."""
+    from torch.profiler import ProfilerActivity, profile
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+        rows = []
+        for e in prof.key_averages():
+            us = getattr(e, "self_device_time_total", None)
+            us = e.self_cuda_time_total if us is None else us
+            if us > 0:
+                rows.append((us / reps, e.count / reps, e.key))
+        total = sum(r[0] for r in rows)
+        print(f"kernels of {name}: {total:.1f} us a call")
+        for us, n, key in sorted(rows, reverse=True):
+            print(f"  {us:9.1f} us  {n:4.1f}x  {key[:110]}")
+
+
+def rows_for(m, shape, tunes, bwd, rounds, compiled=False, kernels=False):
     """One shape's medians (ms) by column and the worst relative difference to the default.
     ``compiled``: every column through ``torch.compile`` of ``lrnn_scan.compile``'s custom op
-    (the plan is made in the op at run time, so ``TUNE`` still applies), and an ``eager`` column."""
+    (the plan is made in the op at run time, so ``TUNE`` still applies), and an ``eager`` column.
+    ``kernels``: also print each column's GPU kernels (``kernel_breakdown``)."""
     B, T, N = shape
     scan = S.block_diagonal_scan
     if compiled:
@@ -96,6 +120,9 @@ def rows_for(m, shape, tunes, bwd, rounds, compiled=False):
         fns["eager"] = lambda: run({}, S.block_diagonal_scan)
     ref = [x.double() for x in fns["default"]()]
     worst = max([0.0] + [_rel(x, y) for k, fn in fns.items() if k != "default" for x, y in zip(fn(), ref)])
+    if kernels:
+        print(f"B{B} T{T} N{N} m={m}:")
+        kernel_breakdown(fns)
     return timed_rounds(fns, nbytes, rounds), worst
 
 
@@ -125,11 +152,13 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--compiled", action="store_true",
                     help="columns through torch.compile (lrnn_scan.compile), plus an eager column")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also print each column's GPU kernels (torch.profiler, us a call)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
     tunes = parse_tune(args.tune)
     fails, rows = shape_rows(args.shapes, f"m={args.m}", args.bwd, lambda shape: rows_for(
-        args.m, shape, tunes, args.bwd, args.rounds, args.compiled))
+        args.m, shape, tunes, args.bwd, args.rounds, args.compiled, args.kernels))
     print("tunes:", json.dumps(tunes))
     stem = f"tune_compare_m{args.m}" + ("_compiled" if args.compiled else "")
     return _finish(args, fails, rows, m=args.m, tool="tune_compare" + (" --compiled" if args.compiled else ""),

@@ -17,6 +17,24 @@ import triton.language as tl
 from .fwd import _affine_combine, _block_offsets, _block_row_offsets, _seq_bounds
 
 
+@triton.jit
+def _carry_in(MuIn, H0, s, c, NC, HM, offs_s, mask_s, HAS_MUIN: tl.constexpr, HAS_H0: tl.constexpr):
+    """A backward chunk's start, shared by the block kernels: ``sc``, the chunk's offset into
+    ``MuIn`` / ``MuOut`` (int64: ``(s NC + c) H m`` can pass 2^31); ``mu = mu_{t1}`` (``MuIn``, or
+    zeros at a sequence's end without ``dh_final``); ``h0`` (zeros without ``HAS_H0``), all in
+    ``offs_s``'s layout, fp32."""
+    sc = (s.to(tl.int64) * NC + c) * HM
+    if HAS_MUIN:
+        mu = tl.load(MuIn + sc + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+    else:
+        mu = tl.zeros(offs_s.shape, dtype=tl.float32)
+    if HAS_H0:
+        h0 = tl.load(H0 + s.to(tl.int64) * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+    else:
+        h0 = mu
+    return sc, mu, h0
+
+
 @triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
 def _bd_bwd_kernel(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
                    M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, NS: tl.constexpr,
@@ -31,13 +49,7 @@ def _bd_bwd_kernel(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
     offs_s, mask_s, offs_a, mask_a = _block_offsets(pid_h, H, M, MP, BH)
     HM = H * M
     HMM = HM * M
-    sc = (s.to(tl.int64) * NC + c) * HM
-    if HAS_MUIN:
-        mu = tl.load(MuIn + sc + offs_s, mask=mask_s, other=0.0).to(tl.float32)
-    else:
-        mu = tl.zeros([BH, MP], dtype=tl.float32)
-    if HAS_H0:
-        h0 = tl.load(H0 + s.to(tl.int64) * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+    sc, mu, h0 = _carry_in(MuIn, H0, s, c, NC, HM, offs_s, mask_s, HAS_MUIN, HAS_H0)
     z = 0 * offs_s
     for k in tl.range(t0, t1, num_stages=NS):
         t = t1 - 1 - (k - t0)
@@ -90,13 +102,7 @@ def _bd_bwd_gather(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
     offs_s, mask_s, offs_a, mask_a, idx = _gather_offsets(pid_h, H, M, MP, BH)
     HM = H * M
     HMM = HM * M
-    sc = (s.to(tl.int64) * NC + c) * HM
-    if HAS_MUIN:
-        mu = tl.load(MuIn + sc + offs_s, mask=mask_s, other=0.0).to(tl.float32)
-    else:
-        mu = tl.zeros([BH * MP], dtype=tl.float32)
-    if HAS_H0:
-        h0 = tl.load(H0 + s.to(tl.int64) * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+    sc, mu, h0 = _carry_in(MuIn, H0, s, c, NC, HM, offs_s, mask_s, HAS_MUIN, HAS_H0)
     for k in tl.range(t0, t1, num_stages=NS):
         t = t1 - 1 - (k - t0)
         lam = tl.load(G + t * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32) + mu
@@ -155,15 +161,7 @@ def _bd_bwd_kernel_g4(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
     offs_s, mask_s, offs_a, mask_a = _block_offsets(pid_h, H, M, MP, BH)
     HM = H * M
     HMM = HM * M
-    sc = (s.to(tl.int64) * NC + c) * HM
-    if HAS_MUIN:
-        mu = tl.load(MuIn + sc + offs_s, mask=mask_s, other=0.0).to(tl.float32)
-    else:
-        mu = tl.zeros([BH, MP], dtype=tl.float32)
-    if HAS_H0:
-        h0 = tl.load(H0 + s.to(tl.int64) * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32)
-    else:
-        h0 = mu
+    sc, mu, h0 = _carry_in(MuIn, H0, s, c, NC, HM, offs_s, mask_s, HAS_MUIN, HAS_H0)
     top = t1 - 1
     a0, g0, p0 = _bload(A, G, Hs, top, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
     a1, g1, p1 = _bload(A, G, Hs, top - 1, t0, bos, HM, HMM, offs_s, offs_a, mask_s, mask_a, STORE_GRADS)
@@ -303,15 +301,7 @@ def _bd_bwd_ring(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
     offs_s, mask_s, offs_a, mask_a = _block_row_offsets(pid_h, H, M, MP, BH)
     HM = H * M
     HMM = HM * M
-    sc = (s.to(tl.int64) * NC + c) * HM
-    if HAS_MUIN:
-        mu = tl.load(MuIn + sc + offs_s, mask=mask_s, other=0.0).to(tl.float32)
-    else:
-        mu = tl.zeros([BH, MP], dtype=tl.float32)
-    if HAS_H0:
-        h0 = tl.load(H0 + s.to(tl.int64) * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32)
-    else:
-        h0 = mu
+    sc, mu, h0 = _carry_in(MuIn, H0, s, c, NC, HM, offs_s, mask_s, HAS_MUIN, HAS_H0)
     D = 4 * R
     top = t1 - 1
     a0, g0, p0 = _bring_ld(A, G, Hs, top - 0, t0, bos, offs_a, offs_s, mask_a, mask_s,

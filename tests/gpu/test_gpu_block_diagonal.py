@@ -216,36 +216,25 @@ def test_forward_variants(variant, summary, m):
         tune.clear()
 
 
-@pytest.mark.parametrize("bwd", ["ring2", "ring4"])
+# the backward kernels forced: the rings (8 and 16 slots) and the one-step kernel with ``lam``
+# passed by shuffles (bwd._bd_bwd_gather, TUNE['bwd_gather'])
+_BWD_KERNELS = {"ring2": dict(bwd_variant="ring2"), "ring4": dict(bwd_variant="ring4"),
+                "gather": dict(bwd_variant="v1", bwd_gather=True)}
+
+
+@pytest.mark.parametrize("bwd", sorted(_BWD_KERNELS))
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 32])
-def test_backward_ring(m, bwd):
-    """The backward ring kernels (8 and 16 slots), one pass and chunked varlen, with h0 and
-    dh_final; m = 1 through the block kernels."""
+def test_backward_kernels(m, bwd):
+    """Each backward kernel, one pass fp32 with h0 and dh_final, then chunked varlen in bf16;
+    m = 1 through the block kernels."""
     tune = bd.scan.TUNE
     try:
-        tune.update(bwd_variant=bwd, diag_variant="ring", chunk=0)
+        tune.update(**_BWD_KERNELS[bwd], diag_variant="ring", chunk=0)
         A, b = make(2, 3001, 384 // m, m, torch.float32, seed=400 + m)
         check(A, b, torch.randn(2, 384 // m, m, device=DEV), None, 1e-4)
         tune["chunk"] = 256
         cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
-        A, b = make(1, 6002, 384 // m, m, torch.float32, seed=500 + m)
-        check(A, b, torch.randn(5, 384 // m, m, device=DEV), cu, 1e-4)
-    finally:
-        tune.clear()
-
-
-@pytest.mark.parametrize("m", [2, 4, 8, 16, 32])
-def test_backward_gather(m):
-    """The one-step backward with ``lam`` passed by shuffles (``bwd._bd_bwd_gather``, forced by
-    ``TUNE['bwd_gather']``), one pass and chunked varlen, fp32 and bf16."""
-    tune = bd.scan.TUNE
-    try:
-        tune.update(bwd_variant="v1", bwd_gather=True, chunk=0)
-        A, b = make(2, 3001, 384 // m, m, torch.float32, seed=600 + m)
-        check(A, b, torch.randn(2, 384 // m, m, device=DEV), None, 1e-4)
-        tune["chunk"] = 256
-        cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
-        A, b = make(1, 6002, 384 // m, m, torch.bfloat16, seed=700 + m)
+        A, b = make(1, 6002, 384 // m, m, torch.bfloat16, seed=500 + m)
         check(A, b, torch.randn(5, 384 // m, m, device=DEV), cu, 5e-3)
     finally:
         tune.clear()

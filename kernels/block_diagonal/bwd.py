@@ -21,8 +21,8 @@ from .fwd import _affine_combine, _block_offsets, _block_row_offsets, _seq_bound
 def _carry_in(MuIn, H0, s, c, NC, HM, offs_s, mask_s, HAS_MUIN: tl.constexpr, HAS_H0: tl.constexpr):
     """A backward chunk's start, shared by the block kernels: ``sc``, the chunk's offset into
     ``MuIn`` / ``MuOut`` (int64: ``(s NC + c) H m`` can pass 2^31); ``mu = mu_{t1}`` (``MuIn``, or
-    zeros at a sequence's end without ``dh_final``); ``h0`` (zeros without ``HAS_H0``), all in
-    ``offs_s``'s layout, fp32."""
+    zeros at a sequence's end without ``dh_final``); ``h0`` (without ``HAS_H0`` a placeholder the
+    kernels do not read), all in ``offs_s``'s layout, fp32."""
     sc = (s.to(tl.int64) * NC + c) * HM
     if HAS_MUIN:
         mu = tl.load(MuIn + sc + offs_s, mask=mask_s, other=0.0).to(tl.float32)

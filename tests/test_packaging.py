@@ -45,3 +45,12 @@ def test_wheel_contains_only_lrnn_scan(tmp_path):
     for sub in ("lrnn_scan/kernels/__init__.py", "lrnn_scan/models/__init__.py",
                 "lrnn_scan/mad_tasks/__init__.py", "lrnn_scan/operators/__init__.py"):
         assert sub in names, sub
+
+
+def test_ci_runs_the_readme_test_command():
+    """`.ci/run` runs the README's test command (the brief: one command for users and CI)."""
+    readme = (ROOT / "README.md").read_text()
+    (line,) = [ln for ln in readme.splitlines() if "pip install -e \".[test]\"" in ln]
+    command = line[line.index("python -m pytest"):].replace("python -m", "python3 -m")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert any(ln.strip().startswith(command) for ln in ci.splitlines()), (command, ci)

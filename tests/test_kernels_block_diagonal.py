@@ -273,7 +273,8 @@ def test_kernel_variants(fwd, bwd):
     run_check(A[:1], b[:1], None, torch.tensor([0, 5, 19], device=DEV), 1e-5)
 
 
-# the two largest cases (50-75 s each under the interpreter) run in the slow pass (CI runs both)
+# the two largest cases (30-40 s each under the interpreter since _fast_interpreter.py, 50-75 s
+# before) run in the slow pass (CI runs both)
 @pytest.mark.parametrize("m,variant", [(1, "ring4"), (2, "ring2"), (3, "ring2"),
                                        pytest.param(8, "ring4", marks=pytest.mark.slow), (2, "ring8"),
                                        pytest.param(5, "ring8", marks=pytest.mark.slow)])

@@ -67,7 +67,7 @@ def test_block_diagonal_tuned_restores_tune():
     assert S.TUNE == before
 
 
-@pytest.mark.slow   # about 80 s under the interpreter
+@pytest.mark.slow   # about 80 s under the element-wise interpreter; under 14 s with _fast_interpreter.py
 def test_diag_tile_vs_accel_smoke_on_the_interpreter(tmp_path, monkeypatch):
     """tools/diag_tile_vs_accel.py's logic at a tiny shape on the CPU interpreter (timer stubbed,
     no accelerated-scan): every config is checked against fp64 and the rows are written."""

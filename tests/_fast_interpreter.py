@@ -11,7 +11,7 @@ maps, so a single T = 129 test took 80 s on CI and the default suite 42 minutes.
 What: the same left fold along the axis, but each combine call takes the whole slice across the
 other axes (numpy arrays instead of scalars). Triton's combine functions are element-wise by
 contract (compiled code calls them on scalars), so each element sees the same operations in the
-same order: results are bitwise those of the element-wise fold (``test_interpreter_scan.py``
+same order: results are bitwise those of the element-wise fold (``test_fast_interpreter.py``
 checks both on the look-back combines).
 
 Why 2: each call of a ``@triton.jit`` helper from a kernel runs the interpreter's ``_patch_lang``,

@@ -1,6 +1,7 @@
-"""The test suite's slice-wise interpreter scan (``_fast_interpreter.py``) gives bitwise the results
-of Triton's element-wise one, on the library's own combine functions (2 x 2 and 4 x 4 affine maps,
-forward and reverse, both axes) and on reductions (one axis, all axes, ``keep_dims``)."""
+"""The test suite's interpreter speed-ups (``_fast_interpreter.py``: slice-wise scans and reductions,
+no re-patch by helpers inside a launch) give bitwise the results of Triton's own interpreter, on the
+library's combine functions (2 x 2 and 4 x 4 affine maps, forward and reverse, both axes) and on
+reductions (one axis, all axes, ``keep_dims``); launches leave ``triton.language`` unpatched."""
 import os
 
 import pytest
@@ -49,9 +50,9 @@ def _scan4(X, Y, BT: tl.constexpr, BN: tl.constexpr):
 
 
 def _both(run):
-    """``run()`` with the interpreter's own element-wise folds, then with the slice-wise ones."""
+    """``run()`` with the interpreter's own functions, then with the speed-ups."""
     ours = {key: getattr(*key) for key in _fast_interpreter.ORIGINALS}
-    assert ours, "the slice-wise folds are not installed (conftest.py)"
+    assert ours, "the speed-ups are not installed (conftest.py)"
     try:
         for (cls, name), fn in _fast_interpreter.ORIGINALS.items():
             setattr(cls, name, fn)

@@ -23,7 +23,6 @@ import torch
 from .._host import (cdiv, device_band, device_name, diag_vec, max_seq_len, next_pow2, num_sms,
                      row_by_name, row_divisor)
 from .bwd import _bd_bwd_gather, _bd_bwd_kernel, _bd_bwd_kernel_g4, _bd_bwd_ring, _diag_bwd_kernel
-from .pair import _bd_fwd_pair
 from .fwd import _bd_fwd_kernel, _bd_fwd_kernel_g4, _bd_fwd_ring, _diag_fwd_kernel
 from .lookback2 import bd2_lookback_forward
 from .lookback2_bwd import bd2_lookback_backward
@@ -211,12 +210,7 @@ def _bwd_deep_stages(mp, nprog, nsm):
 
 def _fwd_launch(grid, A, b, h, init, final, cu, T, H, CHUNK, NC, *, M, MP, BH, NS, few=False, **kw):
     var = _fwd_variant(few and M <= 16, M, grid[0] * grid[1] * grid[2], A.device)
-    if var.startswith("pair"):  # steps in pairs, chain halved (pair.py); D = pair slots
-        if M != MP or var[4:] not in ("2", "4", "8"):
-            raise ValueError(f"TUNE['variant'] = {var!r}: pair2, pair4 or pair8, for m a power of "
-                             f"two (got m = {M})")
-        _bd_fwd_pair[grid](A, b, h, init, final, cu, T, H, CHUNK, NC, M=M, BH=BH, D=int(var[4:]), **kw)
-    elif var.startswith("ring"):
+    if var.startswith("ring"):
         _bd_fwd_ring[grid](A, b, h, init, final, final, cu, T, H, CHUNK, NC, M=M, MP=MP, BH=BH,
                            R=int(var[4:]), SUMMARY=False, GATHER=ring_gather(TUNE, M, MP), **kw)
     elif var == "g4":

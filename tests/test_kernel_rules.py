@@ -22,7 +22,8 @@ def test_variant_rules():
 
 def test_variant_bands(monkeypatch):
     """H200 ``_VARIANT_BANDS`` (programs per SM; N4096 has 256 programs a sequence at m = 8 and 16):
-    m = 8 forward ring8 at (3, 7] (N768: 48 programs a sequence), ring2 at B8-B12, not B4 / B16; backward ring2 at B5-B6, v1 at B9-B10, ring4 at
+    m = 8 forward ring8 at (3, 7] (N768: 48 programs a sequence; also m = 3, 5, 6, 7), ring2 at
+    B8-B12, not B4 / B16; backward ring2 at B5-B6, v1 at B9-B10, ring4 at
     B4, B7-B8, B11; m = 16 forward ring2 at B5-B7, g4 at B9-B10, ring4 at B4, B8, B11; m = 32
     backward v1 at (0.9, 1.85] and (7, 8] programs an SM (N768: 24 programs a sequence, N4096:
     128), ring2 elsewhere; other m, other GPUs, few programs and TUNE keep their kernels."""
@@ -34,6 +35,11 @@ def test_variant_bands(monkeypatch):
     assert fwd == {4: "ring4", 7: "ring4", 8: "ring2", 12: "ring2", 13: "ring4", 16: "ring4"}
     f768 = {B: scanmod._fwd_variant(False, 8, 48 * B, dev) for B in (8, 9, 12, 16, 19, 20, 24)}
     assert f768 == {8: "ring4", 9: "ring8", 12: "ring8", 16: "ring8", 19: "ring8", 20: "ring4", 24: "ring4"}
+    # m = 3, 5, 6, 7 take the same band (N768 / N770: 32, 77, 64, 55 programs a sequence)
+    mid = {(m, B): scanmod._fwd_variant(False, m, n * B, dev)
+           for m, n in ((3, 32), (5, 77), (6, 64), (7, 55)) for B in (8, 16)}
+    assert mid == {(3, 8): "ring4", (3, 16): "ring8", (5, 8): "ring8", (5, 16): "ring4",
+                   (6, 8): "ring8", (6, 16): "ring4", (7, 8): "ring8", (7, 16): "ring8"}
     bwd = {B: scanmod._bwd_variant(8, 256 * B, dev) for B in (4, 5, 6, 7, 8, 9, 10, 11)}
     assert bwd == {4: "ring4", 5: "ring2", 6: "ring2", 7: "ring4", 8: "ring4", 9: "v1", 10: "v1",
                    11: "ring4"}

@@ -197,6 +197,8 @@ def _compile_one(job: dict) -> dict:
                     code.append(ln)
             with open(job["ptx_path"], "w") as f:
                 f.write("".join(code))
+            with open(job["ptx_path"][:-4] + ".ttgir", "w") as f:  # layouts: where a convert goes
+                f.write(c.asm["ttgir"])
         ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
         with tempfile.TemporaryDirectory() as d:
             p = os.path.join(d, "k.ptx")
@@ -423,7 +425,7 @@ def main() -> int:
     c.add_argument("--timeout", type=float, default=180.0, help="seconds per compile")
     c.add_argument("--results", default="/tmp/aot_results.json", help="full results incl. error text")
     c.add_argument("--no-gpu-variants", action="store_true")
-    c.add_argument("--ptx-dir", default="", help="write each launch's PTX here (compare two versions)")
+    c.add_argument("--ptx-dir", default="", help="write each launch's PTX (and TTGIR) here (compare two versions)")
     c.add_argument("--drop-constexpr", nargs="*", default=[], metavar="NAME",
                    help="leave these recorded constexprs out (a branch removed from the kernel)")
     c.add_argument("--key-ignore", nargs="*", default=[], metavar="NAME",

@@ -70,17 +70,22 @@ def _bd_bwd_kernel(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
 
 @triton.jit
 def _gather_offsets(pid_h, H, M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr):
-    """Offsets for the backward by shuffles (``M == MP``): state element ``r = (block, k)`` a row,
-    ``offs_s``/``mask_s`` ``(BH*M,)``; ``A^T`` offsets/mask ``(BH*M, M)`` (row ``r`` holds column
-    ``k`` of its block); ``idx[r, i] = M * block(r) + i`` for ``tl.gather``."""
-    tl.static_assert(M == MP, "the backward by shuffles needs M == MP")
-    r = tl.arange(0, BH * M)
-    j = tl.arange(0, M)
-    mask_s = pid_h * BH + r // M < H
-    offs_s = pid_h * (BH * M) + r
-    offs_a = ((pid_h * BH + r // M) * (M * M) + r % M)[:, None] + (j * M)[None, :]
+    """Offsets for the backward by shuffles: state element ``r = (block, k)`` a row (``k < MP``;
+    rows ``k >= M`` are padding), ``offs_s``/``mask_s`` ``(BH*MP,)``; ``A^T`` offsets/mask
+    ``(BH*MP, MP)`` (row ``r`` holds column ``k`` of its block); ``idx[r, i] = MP * block(r) + i``
+    for ``tl.gather``."""
+    r = tl.arange(0, BH * MP)
+    j = tl.arange(0, MP)
+    blk = pid_h * BH + r // MP
+    if M == MP:  # spelled so that the compiler sees contiguous rows
+        mask_s = blk < H
+        offs_s = pid_h * (BH * M) + r
+    else:
+        mask_s = (blk < H) & (r % MP < M)
+        offs_s = blk * M + r % MP
+    offs_a = (blk * (M * M) + r % MP)[:, None] + (j * M)[None, :]
     mask_a = mask_s[:, None] & (j < M)[None, :]
-    idx = ((r // M) * M)[:, None] + j[None, :]
+    idx = ((r // MP) * MP)[:, None] + j[None, :]
     return offs_s, mask_s, offs_a, mask_a, idx
 
 
@@ -89,7 +94,7 @@ def _bd_bwd_gather(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
                    M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, NS: tl.constexpr,
                    HAS_H0: tl.constexpr, HAS_MUIN: tl.constexpr, STORE_GRADS: tl.constexpr,
                    STORE_MUOUT: tl.constexpr, VARLEN: tl.constexpr):
-    """``_bd_bwd_kernel`` for ``M == MP``, the backward twin of ``fwd._ring_step``'s: row
+    """``_bd_bwd_kernel`` by shuffles, the backward twin of ``fwd._ring_step``'s: row
     ``r = (block, k)`` holds column ``k`` of the block's ``A`` (``aT[r, i] = A[i, k]``, so
     ``mu[r] = sum_i aT[r, i] lam[i]`` stays in the warp) and ``lamx[r, i] = lam[block(r), i]``,
     rebuilt from the row vector ``lam`` by ``tl.gather`` (shuffles where a block's rows share a
@@ -106,7 +111,7 @@ def _bd_bwd_gather(A, Hs, H0, G, DA, DB, MuIn, MuOut, CU, T, H, CHUNK, NC,
     for k in tl.range(t0, t1, num_stages=NS):
         t = t1 - 1 - (k - t0)
         lam = tl.load(G + t * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32) + mu
-        lamx = tl.gather(tl.broadcast_to(lam[:, None], (BH * M, M)), idx, 0)
+        lamx = tl.gather(tl.broadcast_to(lam[:, None], (BH * MP, MP)), idx, 0)
         a = tl.load(A + t * HMM + offs_a, mask=mask_a, other=0.0).to(tl.float32)
         if STORE_GRADS:
             tl.store(DB + t * HM + offs_s, lam.to(DB.dtype.element_ty), mask=mask_s)

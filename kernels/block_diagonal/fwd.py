@@ -11,8 +11,9 @@ not prefetch the one-step loop: ``num_stages`` 3 and 6 timed the same). Time off
   h_t = A_t h_{t-1} + b_t, state from ``Init[s, c]`` (chunk carry or h0); a ring of ``4R``
   in-flight steps with vectorised loads, hand-pipelined groups of 4 steps, one step per iteration.
   ``_bd_fwd_ring`` with ``SUMMARY`` also computes chunk summaries, one column of ``[P | E]`` per
-  program; with ``GATHER`` (the default at ``m = 8``, ``scan._ring_gather``) the new state goes
-  back to the lanes by warp shuffles (``tl.gather``) instead of through shared memory.
+  program; with ``GATHER`` (the default at ``m = 3, 5..8``, ``shuffles.ring_gather``; padded rows
+  below a power of two) the new state goes back to the lanes by warp shuffles (``tl.gather``)
+  instead of through shared memory.
 * ``_bd_summary_kernel``: per chunk, the product ``P = A_{t1-1} ... A_{t0}`` and the local end
   state ``E`` (zero start), carried together as the columns of ``S = [P | E]`` in one program.
 * ``_diag_fwd_kernel``: the m = 1 case on ``(BT, BN)`` tiles with ``tl.associative_scan`` over time.
@@ -326,17 +327,29 @@ def _bd_fwd_ring(A, Bv, Hout, Init, Final, Pout, CU, T, H, CHUNK, NC,
     sc = s.to(tl.int64) * NC + c
     bscale = (col == M).to(tl.float32)
     idx = offs_s  # unused unless GATHER
-    tl.static_assert(not GATHER or (M == MP and not SUMMARY), "GATHER needs M == MP and no SUMMARY")
-    if GATHER:  # rows of blocks (M == MP, not SUMMARY): the sum of a row is in-warp, the state
-        # goes back to the lanes by shuffles, not through shared memory (``_ring_step``)
+    tl.static_assert(not GATHER or not SUMMARY, "GATHER needs SUMMARY off")
+    if GATHER:  # rows of blocks (not SUMMARY): the sum of a row is in-warp, the state goes back
+        # to the lanes by shuffles, not through shared memory (``_ring_step``). Row r is row
+        # r % MP of block r // MP of the group; with M < MP the rows r % MP >= M are padding
         r = tl.arange(0, BH * MP)
         j = tl.arange(0, MP)
-        mask_s = pid_h * BH + r // MP < H
-        offs_s = pid_h * (BH * M) + r
-        offs_a = offs_s[:, None] * M + j[None, :]
-        mask_a = mask_s[:, None] & (j < M)[None, :]
+        blk = pid_h * BH + r // MP
         idx = ((r // MP) * MP)[:, None] + j[None, :]
-        offs_x = (pid_h * (BH * M) + idx).to(tl.int64)  # of h(block(r))[j] within a time row
+        if M == MP:  # spelled so that the compiler sees contiguous rows (16-byte accesses)
+            mask_s = blk < H
+            offs_s = pid_h * (BH * M) + r
+            offs_x = (pid_h * (BH * M) + idx).to(tl.int64)  # of h(block(r))[j] within a time row
+        else:
+            mask_s = (blk < H) & (r % MP < M)
+            offs_s = blk * M + r % MP
+            offs_x = (blk[:, None] * M + j[None, :]).to(tl.int64)
+        # M < MP: the rows are not 16-byte aligned, so the loads are scalar; with ``j`` itself the
+        # compiler lays them out along the row (4 x 8 lanes) and converts every slot through
+        # shared memory to the gather's 16 x 2; the select hides the row's contiguity, so the load
+        # takes 16 x 2 itself (sm_90a, Triton 3.6, ring4: m = 5 1085 -> 690 loop instructions,
+        # 18 -> 0 barriers, 168 -> 100 registers). Masked columns read column 0, never stored.
+        offs_a = offs_s[:, None] * M + (tl.where(j < M, j, 0) if M < MP else j)[None, :]
+        mask_a = mask_s[:, None] & (j < M)[None, :]
         if HAS_INIT:
             x = tl.load(Init + sc * HM + offs_x, mask=mask_a, other=0.0).to(tl.float32)
         else:

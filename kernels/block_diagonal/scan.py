@@ -140,8 +140,12 @@ def _bwd_warps(mp, nw):
 # be thin: m = 8 forward B9 N4096 85 -> 99 % of copy (ring2), fwd+bwd B5 52 -> 64 % (ring2), B9 58 ->
 # 61 % (v1); m = 16 forward B5 76 -> 101 % (ring2), B9 88 -> 100 % (g4); m = 32 backward v1, fwd+bwd
 # 1.4-7.8 % faster at B5-B10 N768 and B1 N4096, 2.3-2.5 % at B8 N4096 (lost at 1.94-2.18, 8.73);
-# m = 8 forward ring8 (32 slots, as with few programs) at 3-7: B12 T1024 N768 70 -> 81 %, B16 86 -> 93 %.
-_VARIANT_BANDS = {"H200": {(8, "fwd"): (((3.0, 7.0), "ring8"), ((14.0, 24.0), "ring2")),
+# m = 8 forward ring8 (32 slots, as with few programs) at 3-7: B12 T1024 N768 70 -> 81 %, B16 86 -> 93 %;
+# the same at m = 3, 5..7 (padded gather ring): m = 5 B8 T2048 N770 (4.7) 0.231 -> 0.197 ms, m = 3
+# B16 T1024 N768 (3.9) 0.105 -> 0.091, m = 7 B16 T1024 N770 (6.7) 0.147 -> 0.139 (MEASURED.md).
+_RING8_MID = ((3.0, 7.0), "ring8")
+_VARIANT_BANDS = {"H200": {(8, "fwd"): (_RING8_MID, ((14.0, 24.0), "ring2")),
+                           **{(m, "fwd"): (_RING8_MID,) for m in (3, 5, 6, 7)},
                            (8, "bwd"): (((8.0, 12.0), "ring2"), ((16.0, 20.0), "v1")),
                            (16, "fwd"): (((8.0, 14.0), "ring2"), ((16.0, 20.0), "g4")),
                            (32, "bwd"): (((0.9, 1.85), "v1"), ((7.0, 8.0), "v1"))}}

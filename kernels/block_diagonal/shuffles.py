@@ -1,6 +1,7 @@
 """When the block kernels pass a block's state between lanes by warp shuffles (``tl.gather``)
 instead of through shared memory: the forward ring's ``GATHER`` (``fwd._ring_step``) and the
-one-step backward's twin ``bwd._bd_bwd_gather``. Both need ``m`` a power of two (``M == MP``).
+one-step backward's twin ``bwd._bd_bwd_gather``. Both take any ``m``; below its power of two
+``MP`` the layouts carry padded rows.
 The rules take ``scan.TUNE`` as an argument; README.md ("Backward by shuffles") has the story."""
 from __future__ import annotations
 
@@ -13,18 +14,22 @@ def _mode(tune: dict, key: str):
 
 
 def ring_gather(tune: dict, m: int, mp: int) -> bool:
-    """The ring forward: ``tune['ring_gather']`` ``"auto"`` (default) for ``m = 8``, True for any
-    ``m == mp``, False never (H100 measurements in README.md, twenty-seventh session)."""
+    """The ring forward: ``tune['ring_gather']`` ``"auto"`` (default) for ``m = 8`` (H100
+    measurements in README.md, twenty-seventh session) and for ``m`` below its power of two
+    ``mp <= 8`` (m = 3, 5, 6, 7: padded rows; the kernel without it spilled at m = 5, 7, sm_90a
+    ring4 255 registers and 1829 loop instructions against 100-118 and 690-800 with it,
+    fifty-third session), True for any ``m``, False never."""
     mode = _mode(tune, "ring_gather")
-    return m == mp and (m == 8 if mode == "auto" else mode)
+    return (m == 8 or m < mp <= 8) if mode == "auto" else mode
 
 
 def bwd_gather(tune: dict, m: int, mp: int, nprog: int, nsm: int) -> bool:
     """The one-step backward (``v1``, what few programs run): ``tune['bwd_gather']`` ``"auto"``
-    (default) for ``m == mp >= 8`` below 4 programs an SM, True for any ``m == mp``, False never.
+    (default) for ``m == mp >= 8`` below 4 programs an SM, True for any ``m`` (below ``mp``:
+    padded rows), False never.
     H200 fp32 N768 fwd+bwd, ms, CUDA-graph medians (RESULTS.md, fiftieth session), m = 8:
     B4 T4096 (1.45 programs an SM) 0.937 -> 0.763, B8 T2048 (2.9) 0.503 -> 0.445, B16 T2048
     (5.8) 0.813 -> 0.845; m = 16 and 32 at B8 T2048 about 1 % faster. The rings by shuffles
     were slower (m = 8 N4096 2.020 -> 2.139 ms) and were not kept."""
     mode = _mode(tune, "bwd_gather")
-    return m == mp and (mp >= 8 and nprog < 4 * nsm if mode == "auto" else mode)
+    return m == mp and mp >= 8 and nprog < 4 * nsm if mode == "auto" else mode

@@ -93,10 +93,10 @@ def check(A, b, h0, cu, tol, heads=None, final=True):
     return errs
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 16, 32])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 16, 32])   # 3, 5, 7: padded rows
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_full_size(m, dtype):
-    A, b = make(2, 2048, 512 // m if m != 3 else 170, m, dtype, seed=m)
+    A, b = make(2, 2048, 512 // m, m, dtype, seed=m)
     h0 = torch.randn(2, A.shape[2], m, device=DEV)
     check(A, b, h0, None, 1e-4 if dtype == torch.float32 else 2e-2)
 
@@ -236,6 +236,26 @@ def test_backward_kernels(m, bwd):
         cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
         A, b = make(1, 6002, 384 // m, m, torch.bfloat16, seed=500 + m)
         check(A, b, torch.randn(5, 384 // m, m, device=DEV), cu, 5e-3)
+    finally:
+        tune.clear()
+
+
+@pytest.mark.parametrize("variant", ["ring2", "ring4", "ring8"])
+@pytest.mark.parametrize("m", [3, 5, 6, 7, 12])
+def test_gather_padded_rows(m, variant):
+    """The forward ring and the one-step backward by shuffles (``ring_gather``, ``bwd_gather``) at
+    m below its power of two (padded rows in their layouts): one pass fp32 with h0, then chunked
+    varlen in bf16, all gradients against fp64."""
+    tune = bd.scan.TUNE
+    try:
+        tune.update(variant=variant, ring_gather=True, bwd_variant="v1", bwd_gather=True, chunk=0)
+        H = 384 // m
+        A, b = make(2, 3001, H, m, torch.float32, seed=800 + m)
+        check(A, b, torch.randn(2, H, m, device=DEV), None, 1e-4)
+        tune["chunk"] = 256
+        cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
+        A, b = make(1, 6002, H, m, torch.bfloat16, seed=900 + m)
+        check(A, b, torch.randn(5, H, m, device=DEV), cu, 5e-3)
     finally:
         tune.clear()
 

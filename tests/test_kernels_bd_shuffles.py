@@ -30,13 +30,14 @@ def test_ring_gather(m, variant, T):
     run_check(A, b, torch.randn(2, 5, m).to(DEV) if T % 2 else None, None, 1e-5)
 
 
-def test_ring_gather_varlen_chunked():
-    """m = 8 by default through the gather ring: chunked re-runs from carries, varlen with an
-    empty sequence and boundaries inside chunks."""
+@pytest.mark.parametrize("m", [5, 8])
+def test_ring_gather_varlen_chunked(m):
+    """m = 8 and m = 5 (padded rows) by default through the gather ring: chunked re-runs from
+    carries, varlen with an empty sequence and boundaries inside chunks."""
     scanmod.TUNE.update(chunk=12)
-    A, b = make(1, 74, 3, 8, seed=3)
+    A, b = make(1, 74, 3, m, seed=3)
     cu = torch.tensor([0, 5, 30, 30, 61, 74], dtype=torch.int64, device=DEV)
-    run_check(A, b, torch.randn(5, 3, 8).to(DEV), cu, 1e-5)
+    run_check(A, b, torch.randn(5, 3, m).to(DEV), cu, 1e-5)
 
 
 def test_ring_gather_rule(monkeypatch):

@@ -22,6 +22,7 @@ already-initialised default group is used as is. NCCL settings in the environmen
 """
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -119,12 +120,21 @@ def teardown(sync: bool = False) -> None:
     rank closes its gloo connections while a peer is still using them (rank 0 reports and writes
     after the others return). CI saw a rank abort at exit ("terminate called without an active
     exception", SIGABRT) after a complete 2-rank run, once in several runs, not reproduced in 17
-    local ones. Only on the success path: after an error a peer may never reach the barrier."""
+    local ones. Only on the success path: after an error a peer may never reach the barrier.
+
+    The same abort came back on 2026-12-02 (both torchrun CLI tests of one CI worker, 0 of 24
+    local runs): ``destroy_process_group`` drops only c10d's own references, so a group still held
+    by garbage in reference cycles (a DDP reducer and its autograd hooks) lived on, with gloo's
+    worker threads, into interpreter finalisation, where tearing them down aborts (the mechanism
+    of pytorch/pytorch#179291). So cyclic garbage is collected before the group is destroyed and
+    again after, while the interpreter is alive."""
     global _INITIALISED_HERE
     if _INITIALISED_HERE and dist.is_available() and dist.is_initialized():
+        gc.collect()
         if sync:
             dist.barrier()
         dist.destroy_process_group()
+        gc.collect()
     _INITIALISED_HERE = False
 
 

@@ -14,7 +14,7 @@ shuffles; ``scan._bwd_gather``), ``_bd_bwd_kernel_g4`` (4-step groups),
 import triton
 import triton.language as tl
 
-from .fwd import _affine_combine, _block_offsets, _block_row_offsets, _seq_bounds
+from .fwd import _affine_combine, _block_offsets, _block_row_offsets, _padded_rows, _seq_bounds
 
 
 @triton.jit
@@ -74,18 +74,9 @@ def _gather_offsets(pid_h, H, M: tl.constexpr, MP: tl.constexpr, BH: tl.constexp
     rows ``k >= M`` are padding), ``offs_s``/``mask_s`` ``(BH*MP,)``; ``A^T`` offsets/mask
     ``(BH*MP, MP)`` (row ``r`` holds column ``k`` of its block); ``idx[r, i] = MP * block(r) + i``
     for ``tl.gather``."""
-    r = tl.arange(0, BH * MP)
-    j = tl.arange(0, MP)
-    blk = pid_h * BH + r // MP
-    if M == MP:  # spelled so that the compiler sees contiguous rows
-        mask_s = blk < H
-        offs_s = pid_h * (BH * M) + r
-    else:
-        mask_s = (blk < H) & (r % MP < M)
-        offs_s = blk * M + r % MP
+    r, j, blk, offs_s, mask_s, idx = _padded_rows(pid_h, H, M, MP, BH)
     offs_a = (blk * (M * M) + r % MP)[:, None] + (j * M)[None, :]
     mask_a = mask_s[:, None] & (j < M)[None, :]
-    idx = ((r // MP) * MP)[:, None] + j[None, :]
     return offs_s, mask_s, offs_a, mask_a, idx
 
 

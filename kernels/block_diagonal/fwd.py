@@ -67,6 +67,25 @@ def _block_row_offsets(pid_h, H, M: tl.constexpr, MP: tl.constexpr, BH: tl.const
     return offs_s, mask_s, offs_a, mask_a
 
 
+@triton.jit
+def _padded_rows(pid_h, H, M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr):
+    """Rows of the kernels by shuffles (the ring's ``GATHER``, ``bwd._bd_bwd_gather``): row ``r``
+    is element ``r % MP`` of block ``blk = pid_h * BH + r // MP`` (rows ``r % MP >= M`` are padding
+    below a power of two). Returns ``r``, ``j = arange(MP)``, ``blk``, the state's offsets / mask
+    ``(BH * MP,)`` within a time row, and ``idx[r, i] = MP * (r // MP) + i`` for ``tl.gather``."""
+    r = tl.arange(0, BH * MP)
+    j = tl.arange(0, MP)
+    blk = pid_h * BH + r // MP
+    if M == MP:  # spelled so that the compiler sees contiguous rows (16-byte accesses)
+        mask_s = blk < H
+        offs_s = pid_h * (BH * M) + r
+    else:
+        mask_s = (blk < H) & (r % MP < M)
+        offs_s = blk * M + r % MP
+    idx = ((r // MP) * MP)[:, None] + j[None, :]
+    return r, j, blk, offs_s, mask_s, idx
+
+
 @triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
 def _bd_fwd_kernel(A, Bv, Hout, Init, Final, CU, T, H, CHUNK, NC,
                    M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr, NS: tl.constexpr,
@@ -331,24 +350,19 @@ def _bd_fwd_ring(A, Bv, Hout, Init, Final, Pout, CU, T, H, CHUNK, NC,
     if GATHER:  # rows of blocks (not SUMMARY): the sum of a row is in-warp, the state goes back
         # to the lanes by shuffles, not through shared memory (``_ring_step``). Row r is row
         # r % MP of block r // MP of the group; with M < MP the rows r % MP >= M are padding
-        r = tl.arange(0, BH * MP)
-        j = tl.arange(0, MP)
-        blk = pid_h * BH + r // MP
-        idx = ((r // MP) * MP)[:, None] + j[None, :]
-        if M == MP:  # spelled so that the compiler sees contiguous rows (16-byte accesses)
-            mask_s = blk < H
-            offs_s = pid_h * (BH * M) + r
-            offs_x = (pid_h * (BH * M) + idx).to(tl.int64)  # of h(block(r))[j] within a time row
+        r, j, blk, offs_s, mask_s, idx = _padded_rows(pid_h, H, M, MP, BH)
+        if M == MP:  # offs_x: h(block(r))[j] within a time row
+            offs_x = (pid_h * (BH * M) + idx).to(tl.int64)
+            jc = j
         else:
-            mask_s = (blk < H) & (r % MP < M)
-            offs_s = blk * M + r % MP
             offs_x = (blk[:, None] * M + j[None, :]).to(tl.int64)
-        # M < MP: the rows are not 16-byte aligned, so the loads are scalar; with ``j`` itself the
-        # compiler lays them out along the row (4 x 8 lanes) and converts every slot through
-        # shared memory to the gather's 16 x 2; the select hides the row's contiguity, so the load
-        # takes 16 x 2 itself (sm_90a, Triton 3.6, ring4: m = 5 1085 -> 690 loop instructions,
-        # 18 -> 0 barriers, 168 -> 100 registers). Masked columns read column 0, never stored.
-        offs_a = offs_s[:, None] * M + (tl.where(j < M, j, 0) if M < MP else j)[None, :]
+            # the rows are not 16-byte aligned, so the loads are scalar; with ``j`` itself the
+            # compiler lays them out along the row (4 x 8 lanes) and converts every slot through
+            # shared memory to the gather's 16 x 2; the select hides the row's contiguity, so the
+            # load takes 16 x 2 itself (sm_90a, Triton 3.6, ring4: m = 5 1085 -> 690 loop
+            # instructions, 18 -> 0 barriers, 168 -> 100 registers). Masked columns read column 0.
+            jc = tl.where(j < M, j, 0)
+        offs_a = offs_s[:, None] * M + jc[None, :]
         mask_a = mask_s[:, None] & (j < M)[None, :]
         if HAS_INIT:
             x = tl.load(Init + sc * HM + offs_x, mask=mask_a, other=0.0).to(tl.float32)

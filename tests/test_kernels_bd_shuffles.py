@@ -87,14 +87,15 @@ def test_bwd_gather_varlen_chunked(m):
 
 
 def test_bwd_gather_rule(monkeypatch):
-    """``TUNE['bwd_gather']``: "auto" (default) m = mp >= 8 below 4 programs an SM; True any m;
-    False never; anything else a clear error. Default launches: the m = 8 one-step
-    backward with few programs runs ``_bd_bwd_gather``; m = 3 never does."""
+    """``TUNE['bwd_gather']``: "auto" (default) m = mp >= 8 and m = 6 below 4 programs an SM;
+    True any m; False never; anything else a clear error. Default launches: the one-step
+    backward with few programs runs ``_bd_bwd_gather`` at m = 8 and 6; m = 5 and 3 do not."""
     tune = scanmod.TUNE
     tune.clear()
     assert bwd_gather(tune, 8, 8, 100, 132) and bwd_gather(tune, 32, 32, 527, 132)
     assert not bwd_gather(tune, 8, 8, 528, 132) and not bwd_gather(tune, 4, 4, 10, 132)
-    assert not bwd_gather(tune, 6, 8, 10, 132)
+    assert bwd_gather(tune, 6, 8, 10, 132) and not bwd_gather(tune, 6, 8, 528, 132)
+    assert not bwd_gather(tune, 5, 8, 10, 132) and not bwd_gather(tune, 7, 8, 10, 132)
     tune.update(bwd_gather=True)
     assert bwd_gather(tune, 4, 4, 10_000, 132) and bwd_gather(tune, 3, 4, 10, 132)
     tune.update(bwd_gather=False)
@@ -104,7 +105,7 @@ def test_bwd_gather_rule(monkeypatch):
         bwd_gather(tune, 8, 8, 10, 132)
     tune.clear()
     tune.update(_NO_LB)
-    for m, want in ((8, 1), (3, 0)):
+    for m, want in ((8, 1), (6, 1), (5, 0), (3, 0)):
         seen = spy_launches(monkeypatch, "_bd_bwd_gather", lambda grid, kw: kw["M"])
         A, b = make(1, 9, 2, m, seed=5)
         run_check(A, b, None, None, 1e-5)

@@ -1,6 +1,6 @@
 """Device-side tools on the CPU: tools/gpu_suite_resume.sh (the GPU checks over several device
 calls; here on a tiny generated test file), tools/ncu_m1.py (what Nsight Compute runs) and
-tools/walk_order_probe.py (its kernel on the interpreter)."""
+tools/walk_order_probe.py and tools/rows_probe.py (their kernels on the interpreter)."""
 import json
 import os
 import subprocess
@@ -111,3 +111,19 @@ def test_walk_order_probe_rejects_a_malformed_walk():
     for bad in ("btn32x64x2", "tbn:32x64x2", "btn:32x48x2", "btn:32x64", "btn:32x64x2x0", "btn:1x1x1x1x1"):
         with pytest.raises(SystemExit, match="--walks"):
             mod.parse_walk(bad)
+
+
+@pytest.mark.parametrize("slots,T,H", [(8, 21, 5), (16, 1, 4), (24, 40, 9)])
+def test_rows_probe_kernel_on_the_interpreter(slots, T, H):
+    """tools/rows_probe.py: the whole-row-a-thread m = 8 ring matches the fp64 reference into a
+    NaN-poisoned output: T shorter and longer than the ring, H not a multiple of its 4 blocks."""
+    triton = pytest.importorskip("triton")
+    import torch
+    from lrnn_scan.kernels.block_diagonal.ref import block_diagonal_scan_ref
+    g = torch.Generator().manual_seed(slots + T)
+    A = torch.rand(2, T, H, 8, 8, generator=g) / 8
+    b = torch.randn(2, T, H, 8, generator=g)
+    out = torch.full_like(b, float("nan"))
+    _tool("rows_probe").load(slots).rows_fwd[(triton.cdiv(H, 4), 2)](A, b, out, T, H, BH=4, num_warps=1)
+    ref = block_diagonal_scan_ref(A.double(), b.double())[0]
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-6

@@ -25,11 +25,14 @@ def ring_gather(tune: dict, m: int, mp: int) -> bool:
 
 def bwd_gather(tune: dict, m: int, mp: int, nprog: int, nsm: int) -> bool:
     """The one-step backward (``v1``, what few programs run): ``tune['bwd_gather']`` ``"auto"``
-    (default) for ``m == mp >= 8`` below 4 programs an SM, True for any ``m`` (below ``mp``:
-    padded rows), False never.
+    (default) for ``m == mp >= 8`` and for ``m = 6`` below 4 programs an SM, True for any ``m``
+    (below ``mp``: padded rows), False never. m = 6, H200 B8 T2048 N768 fwd+bwd: 0.571 -> 0.523 ms
+    (fifty-third session), 0.547 -> 0.505 (fifty-fourth); m = 5 and 7 (odd rows, scalar loads)
+    timed the same either way (N770: 0.632 / 0.632, 0.621 / 0.624 ms; the m = 5 backward kernel
+    436 us both), so they keep the plain kernel.
     H200 fp32 N768 fwd+bwd, ms, CUDA-graph medians (RESULTS.md, fiftieth session), m = 8:
     B4 T4096 (1.45 programs an SM) 0.937 -> 0.763, B8 T2048 (2.9) 0.503 -> 0.445, B16 T2048
     (5.8) 0.813 -> 0.845; m = 16 and 32 at B8 T2048 about 1 % faster. The rings by shuffles
     were slower (m = 8 N4096 2.020 -> 2.139 ms) and were not kept."""
     mode = _mode(tune, "bwd_gather")
-    return m == mp and mp >= 8 and nprog < 4 * nsm if mode == "auto" else mode
+    return (m == mp >= 8 or m == 6) and nprog < 4 * nsm if mode == "auto" else mode

@@ -1,6 +1,7 @@
 """Device-side tools on the CPU: tools/gpu_suite_resume.sh (the GPU checks over several device
 calls; here on a tiny generated test file), tools/ncu_m1.py (what Nsight Compute runs) and
-tools/walk_order_probe.py and tools/rows_probe.py (their kernels on the interpreter)."""
+tools/walk_order_probe.py, tools/rows_probe.py and tools/fwd_deep_probe.py (their kernels on the
+interpreter)."""
 import json
 import os
 import subprocess
@@ -125,5 +126,23 @@ def test_rows_probe_kernel_on_the_interpreter(slots, T, H):
     b = torch.randn(2, T, H, 8, generator=g)
     out = torch.full_like(b, float("nan"))
     _tool("rows_probe").load(slots).rows_fwd[(triton.cdiv(H, 4), 2)](A, b, out, T, H, BH=4, num_warps=1)
+    ref = block_diagonal_scan_ref(A.double(), b.double())[0]
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-6
+
+
+@pytest.mark.parametrize("m,T,H", [(8, 21, 5), (5, 7, 3), (8, 1, 2), (16, 9, 3)])
+def test_fwd_deep_probe_kernel_on_the_interpreter(m, T, H):
+    """tools/fwd_deep_probe.py: the pipelined one-step forward by shuffles matches the fp64
+    reference into a NaN-poisoned output, padded rows (m = 5) and two-warp blocks (m = 16) too."""
+    triton = pytest.importorskip("triton")
+    import torch
+    from lrnn_scan.kernels.block_diagonal.ref import block_diagonal_scan_ref
+    mod = _tool("fwd_deep_probe")
+    mp, bh, nw = mod._cfg(m)
+    g = torch.Generator().manual_seed(m + T)
+    A = torch.rand(2, T, H, m, m, generator=g) / m
+    b = torch.randn(2, T, H, m, generator=g)
+    out = torch.full_like(b, float("nan"))
+    mod.deep_fwd[(triton.cdiv(H, bh), 2)](A, b, out, T, H, M=m, MP=mp, BH=bh, NS=4, num_warps=nw)
     ref = block_diagonal_scan_ref(A.double(), b.double())[0]
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-6

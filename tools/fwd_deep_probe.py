@@ -1,0 +1,130 @@
+"""Does a deep ``cp.async`` pipeline (shared memory) beat the register ring for the m = 8 forward?
+
+``tools/rows_probe.py`` found the B8 T2048 N768 forward bound by the bytes it keeps in flight in
+registers. This probe is the forward twin of ``bwd._bd_bwd_gather``: one step a trip of
+``tl.range(..., num_stages=NS)``, whose loads Triton's pipeliner turns into ``cp.async`` copies
+``NS - 1`` steps ahead into shared memory (not registers), with the gather ring's step (a row of
+``A`` a tensor row, the state back to the lanes by ``tl.gather``). Any m <= 32 (padded rows).
+
+The fifty-fourth session's answer (H200, fp32; ``kernels/block_diagonal/MEASURED.md``, "A deep
+``cp.async`` pipeline"): no. The copies left the registers (sm_90a: 46-50 registers at NS = 16-64,
+``LDGSTS``), but every step now waits on a ``BAR.SYNC`` and its ``LDS`` of ``A`` before the mat-vec:
+B8 T2048 N768 m = 8 213 us at NS = 16 (56 % of copy), 215 / 222 at NS = 32 / 64, against the
+register ring's 175 (68 %).
+
+    PYTHONPATH=/tmp/t36 python tools/fwd_deep_probe.py aot --m 8 --ns 16 32 48   # CPU: sm_90a
+    python tools/fwd_deep_probe.py bench --m 8 --shapes 8x2048x768 --ns 16 32 48  # GPU
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+import triton.language as tl
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from lrnn_scan.kernels.block_diagonal.fwd import _padded_rows  # noqa: E402
+
+
+@triton.jit(do_not_specialize=["T"])
+def deep_fwd(A, Bv, Hout, T, H, M: tl.constexpr, MP: tl.constexpr, BH: tl.constexpr,
+             NS: tl.constexpr):
+    """h_t = A_t h_{t-1} + b_t from h_0 = 0, ``(B, T, H, m, m)`` A; grid ``(cdiv(H, BH), B)``."""
+    pid_h = tl.program_id(0)
+    s = tl.program_id(1)
+    t0 = s.to(tl.int64) * T
+    t1 = t0 + T
+    r, j, blk, offs_s, mask_s, idx = _padded_rows(pid_h, H, M, MP, BH)
+    jc = j if M == MP else tl.where(j < M, j, 0)
+    offs_a = offs_s[:, None] * M + jc[None, :]
+    mask_a = mask_s[:, None] & (j < M)[None, :]
+    HM = H * M
+    HMM = HM * M
+    x = tl.zeros([BH * MP, MP], dtype=tl.float32)
+    for t in tl.range(t0, t1, num_stages=NS):
+        a = tl.load(A + t * HMM + offs_a, mask=mask_a, other=0.0).to(tl.float32)
+        b = tl.load(Bv + t * HM + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+        xn = tl.sum(a * x, axis=1) + b
+        tl.store(Hout + t * HM + offs_s, xn.to(Hout.dtype.element_ty), mask=mask_s)
+        x = tl.gather(tl.broadcast_to(xn[:, None], (BH * MP, MP)), idx, 0)
+
+
+def _cfg(m):
+    mp = triton.next_power_of_2(m)
+    return mp, max(1, 128 // (mp * mp)), max(1, min(4, max(1, 128 // (mp * mp)) * mp * mp // 128))
+
+
+def aot(m, ns):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sys.path.insert(0, str(ROOT / "tools"))
+    from aot_check import largest_loop
+    mp, bh, nw = _cfg(m)
+    sig = {"A": "*fp32", "Bv": "*fp32", "Hout": "*fp32", "T": "i32", "H": "i32",
+           "M": "constexpr", "MP": "constexpr", "BH": "constexpr", "NS": "constexpr"}
+    src = ASTSource(fn=deep_fwd, signature=sig, constexprs={"M": m, "MP": mp, "BH": bh, "NS": ns},
+                    attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": nw})
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "k.ptx").write_text(c.asm["ptx"])
+        r = subprocess.run([bindir / "ptxas", "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+                           capture_output=True, text=True)
+        dis = subprocess.run([bindir / "nvdisasm", "-c", f"{d}/k.cubin"], capture_output=True, text=True)
+    used = [ln.split(":")[-1].strip() for ln in (r.stdout + r.stderr).splitlines() if "registers" in ln]
+    print(f"m {m} NS {ns} BH {bh} warps {nw}: smem {c.metadata.shared} B, {'; '.join(used)}, "
+          f"LDGSTS {dis.stdout.count('LDGSTS')}, loop {largest_loop(dis.stdout)}")
+
+
+def bench(m, shapes, ns_list, rounds):
+    import torch
+    sys.path.insert(0, str(ROOT / "tools"))
+    from lb2_compare import timed_rounds
+    from lrnn_scan.bench.inputs import stable_blocks
+    from lrnn_scan.kernels.block_diagonal.scan import block_diagonal_scan
+    mp, bh, nw = _cfg(m)
+    for shape in shapes:
+        B, T, N = map(int, shape.split("x"))
+        H = N // m
+        g = torch.Generator(device="cuda").manual_seed(0)
+        A = stable_blocks(B, T, H, m, m, generator=g, device="cuda")
+        b = torch.randn(B, T, H, m, device="cuda", generator=g)
+        ref = block_diagonal_scan(A, b)[0]
+        fns = {"default": lambda: block_diagonal_scan(A, b)}
+        for ns in ns_list:
+            out = torch.full_like(b, float("nan"))
+
+            def run(out=out, ns=ns):
+                deep_fwd[(triton.cdiv(H, bh), B)](A, b, out, T, H, M=m, MP=mp, BH=bh, NS=ns, num_warps=nw)
+                return out
+            err = ((run() - ref).pow(2).mean() / ref.pow(2).mean()).sqrt().item()
+            print(f"{shape} m {m} NS{ns}: relative RMS to the default {err:.2e}", flush=True)
+            fns[f"ns{ns}"] = run
+        t = timed_rounds(fns, A.numel() * 4 + 2 * b.numel() * 4, rounds)
+        print(shape, f"m {m}", "  ".join(f"{k} {v * 1e3:.1f} us ({100 * t['copy'] / v:.0f} %)"
+                                      for k, v in t.items()), flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cmd", choices=["aot", "bench"])
+    ap.add_argument("--m", type=int, nargs="+", default=[8])
+    ap.add_argument("--ns", type=int, nargs="+", default=[16, 32])
+    ap.add_argument("--shapes", nargs="+", default=["8x2048x768"])
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    for m in args.m:
+        if args.cmd == "aot":
+            for ns in args.ns:
+                aot(m, ns)
+        else:
+            bench(m, args.shapes, args.ns, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -146,3 +146,27 @@ def test_fwd_deep_probe_kernel_on_the_interpreter(m, T, H):
     mod.deep_fwd[(triton.cdiv(H, bh), 2)](A, b, out, T, H, M=m, MP=mp, BH=bh, NS=4, num_warps=nw)
     ref = block_diagonal_scan_ref(A.double(), b.double())[0]
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-6
+
+
+@pytest.mark.parametrize("G,T,H", [(1, 5, 5), (2, 9, 4), (4, 21, 9), (8, 3, 2)])
+def test_fwd_deep_probe_rows_kernel_on_the_interpreter(G, T, H):
+    """tools/fwd_deep_probe.py ``deep_rows_fwd``: groups of G steps, T not a multiple of G,
+    H not a multiple of its 4 blocks, NaN-poisoned output, against the fp64 reference."""
+    triton = pytest.importorskip("triton")
+    import torch
+    from lrnn_scan.kernels.block_diagonal.ref import block_diagonal_scan_ref
+    g = torch.Generator().manual_seed(G + T)
+    A = torch.rand(2, T, H, 8, 8, generator=g) / 8
+    b = torch.randn(2, T, H, 8, generator=g)
+    out = torch.full_like(b, float("nan"))
+    _tool("fwd_deep_probe").deep_rows_fwd[(triton.cdiv(H, 4), 2)](A, b, out, T, H, BH=4, G=G, NS=3,
+                                                                   num_warps=1)
+    ref = block_diagonal_scan_ref(A.double(), b.double())[0]
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-6
+
+
+def test_fwd_deep_probe_rejects_malformed_rows():
+    mod = _tool("fwd_deep_probe")
+    for bad in (["3:4"], ["8"], ["x:4"], ["8:0"]):
+        with pytest.raises(SystemExit, match="--rows"):
+            mod.main(["bench", "--rows", *bad])

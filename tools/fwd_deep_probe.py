@@ -10,10 +10,13 @@ The fifty-fourth session's answer (H200, fp32; ``kernels/block_diagonal/MEASURED
 ``cp.async`` pipeline"): no. The copies left the registers (sm_90a: 46-50 registers at NS = 16-64,
 ``LDGSTS``), but every step now waits on a ``BAR.SYNC`` and its ``LDS`` of ``A`` before the mat-vec:
 B8 T2048 N768 m = 8 213 us at NS = 16 (56 % of copy), 215 / 222 at NS = 32 / 64, against the
-register ring's 175 (68 %).
+register ring's 175 (68 %). ``deep_rows_fwd`` (``--rows G:NS``, m = 8) combines the pipeline with
+``tools/rows_probe.py``'s shorter step (a whole row a thread) and pays the barrier once a group of
+G steps: slower still, 269-355 us (34-44 %) at B8 T2048 N768, 219-228 us at B16 T1024.
 
     PYTHONPATH=/tmp/t36 python tools/fwd_deep_probe.py aot --m 8 --ns 16 32 48   # CPU: sm_90a
     python tools/fwd_deep_probe.py bench --m 8 --shapes 8x2048x768 --ns 16 32 48  # GPU
+    python tools/fwd_deep_probe.py bench --m 8 --ns --rows 4:8 8:4                # GPU, rows layout
 """
 from __future__ import annotations
 
@@ -54,6 +57,71 @@ def deep_fwd(A, Bv, Hout, T, H, M: tl.constexpr, MP: tl.constexpr, BH: tl.conste
         x = tl.gather(tl.broadcast_to(xn[:, None], (BH * MP, MP)), idx, 0)
 
 
+@triton.jit
+def _rows_ld(A, Bv, t, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM):
+    ok = t < t1
+    a_lo = tl.load(A + t * HMM + offs_lo, mask=tl.where(ok, mask_a, False), other=0.0)
+    a_hi = tl.load(A + t * HMM + offs_lo + 4, mask=tl.where(ok, mask_a, False), other=0.0)
+    b = tl.load(Bv + t * HM + offs_s, mask=tl.where(ok, mask_s, False), other=0.0)
+    return a_lo, a_hi, b
+
+
+@triton.jit
+def _rows_step(Hout, lo, hi, b, xl, xh, t, t1, offs_s, mask_s, HM, idx, BH: tl.constexpr):
+    xn = (tl.sum(lo * xl, axis=1) + tl.sum(hi * xh, axis=1)) + b
+    tl.store(Hout + t * HM + offs_s, xn, mask=tl.where(t < t1, mask_s, False))
+    xb = tl.broadcast_to(xn[:, None], (BH * 8, 4))
+    xl = tl.where(t < t1, tl.gather(xb, idx, 0), xl)
+    xh = tl.where(t < t1, tl.gather(xb, idx + 4, 0), xh)
+    return xl, xh
+
+
+@triton.jit(do_not_specialize=["T"])
+def deep_rows_fwd(A, Bv, Hout, T, H, BH: tl.constexpr, G: tl.constexpr, NS: tl.constexpr):
+    """m = 8 only: ``tools/rows_probe.py``'s layout (a whole row of ``A`` a thread, 4 blocks a
+    warp) in groups of ``G`` steps (1, 2, 4 or 8) a trip of ``tl.range(num_stages=NS)``: the
+    group's loads go ahead into shared memory together, so a barrier and a shared-memory load
+    latency are paid once a group, not once a step."""
+    pid_h = tl.program_id(0)
+    s = tl.program_id(1)
+    t0 = s.to(tl.int64) * T
+    t1 = t0 + T
+    r = tl.arange(0, BH * 8)
+    k = tl.arange(0, 4)
+    mask_s = pid_h * BH + r // 8 < H
+    offs_s = pid_h * (BH * 8) + r
+    offs_lo = offs_s[:, None] * 8 + k[None, :]
+    mask_a = mask_s[:, None] & (k < 4)[None, :]
+    idx = ((r // 8) * 8)[:, None] + k[None, :]
+    HM = H * 8
+    HMM = HM * 8
+    xl = tl.zeros([BH * 8, 4], dtype=tl.float32)
+    xh = tl.zeros([BH * 8, 4], dtype=tl.float32)
+    for tg in tl.range(t0, t1, G, num_stages=NS):
+        l0, h0, b0 = _rows_ld(A, Bv, tg, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+        if G >= 2:
+            l1, h1, b1 = _rows_ld(A, Bv, tg + 1, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+        if G >= 4:
+            l2, h2, b2 = _rows_ld(A, Bv, tg + 2, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+            l3, h3, b3 = _rows_ld(A, Bv, tg + 3, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+        if G >= 8:
+            l4, h4, b4 = _rows_ld(A, Bv, tg + 4, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+            l5, h5, b5 = _rows_ld(A, Bv, tg + 5, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+            l6, h6, b6 = _rows_ld(A, Bv, tg + 6, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+            l7, h7, b7 = _rows_ld(A, Bv, tg + 7, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+        xl, xh = _rows_step(Hout, l0, h0, b0, xl, xh, tg, t1, offs_s, mask_s, HM, idx, BH)
+        if G >= 2:
+            xl, xh = _rows_step(Hout, l1, h1, b1, xl, xh, tg + 1, t1, offs_s, mask_s, HM, idx, BH)
+        if G >= 4:
+            xl, xh = _rows_step(Hout, l2, h2, b2, xl, xh, tg + 2, t1, offs_s, mask_s, HM, idx, BH)
+            xl, xh = _rows_step(Hout, l3, h3, b3, xl, xh, tg + 3, t1, offs_s, mask_s, HM, idx, BH)
+        if G >= 8:
+            xl, xh = _rows_step(Hout, l4, h4, b4, xl, xh, tg + 4, t1, offs_s, mask_s, HM, idx, BH)
+            xl, xh = _rows_step(Hout, l5, h5, b5, xl, xh, tg + 5, t1, offs_s, mask_s, HM, idx, BH)
+            xl, xh = _rows_step(Hout, l6, h6, b6, xl, xh, tg + 6, t1, offs_s, mask_s, HM, idx, BH)
+            xl, xh = _rows_step(Hout, l7, h7, b7, xl, xh, tg + 7, t1, offs_s, mask_s, HM, idx, BH)
+
+
 def _cfg(m):
     mp = triton.next_power_of_2(m)
     return mp, max(1, 128 // (mp * mp)), max(1, min(4, max(1, 128 // (mp * mp)) * mp * mp // 128))
@@ -81,7 +149,7 @@ def aot(m, ns):
           f"LDGSTS {dis.stdout.count('LDGSTS')}, loop {largest_loop(dis.stdout)}")
 
 
-def bench(m, shapes, ns_list, rounds):
+def bench(m, shapes, ns_list, rounds, rows=()):
     import torch
     sys.path.insert(0, str(ROOT / "tools"))
     from lb2_compare import timed_rounds
@@ -105,6 +173,15 @@ def bench(m, shapes, ns_list, rounds):
             err = ((run() - ref).pow(2).mean() / ref.pow(2).mean()).sqrt().item()
             print(f"{shape} m {m} NS{ns}: relative RMS to the default {err:.2e}", flush=True)
             fns[f"ns{ns}"] = run
+        for g, ns in rows if m == 8 else ():
+            out = torch.full_like(b, float("nan"))
+
+            def run(out=out, g=g, ns=ns):
+                deep_rows_fwd[(triton.cdiv(H, 4), B)](A, b, out, T, H, BH=4, G=g, NS=ns, num_warps=1)
+                return out
+            err = ((run() - ref).pow(2).mean() / ref.pow(2).mean()).sqrt().item()
+            print(f"{shape} rows G{g} NS{ns}: relative RMS to the default {err:.2e}", flush=True)
+            fns[f"rows_g{g}_ns{ns}"] = run
         t = timed_rounds(fns, A.numel() * 4 + 2 * b.numel() * 4, rounds)
         print(shape, f"m {m}", "  ".join(f"{k} {v * 1e3:.1f} us ({100 * t['copy'] / v:.0f} %)"
                                       for k, v in t.items()), flush=True)
@@ -114,16 +191,24 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cmd", choices=["aot", "bench"])
     ap.add_argument("--m", type=int, nargs="+", default=[8])
-    ap.add_argument("--ns", type=int, nargs="+", default=[16, 32])
+    ap.add_argument("--ns", type=int, nargs="*", default=[16, 32])
     ap.add_argument("--shapes", nargs="+", default=["8x2048x768"])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rows", nargs="*", default=[], metavar="G:NS",
+                    help="m = 8: deep_rows_fwd with groups of G steps (1, 2, 4, 8) and NS stages")
     args = ap.parse_args(argv)
+    try:
+        rows = [tuple(int(v) for v in w.split(":")) for w in args.rows]
+    except ValueError:
+        raise SystemExit(f"--rows {args.rows}: expected G:NS words, e.g. 8:4") from None
+    if any(len(w) != 2 or w[0] not in (1, 2, 4, 8) or w[1] < 1 for w in rows):
+        raise SystemExit(f"--rows {args.rows}: expected G:NS with G in 1, 2, 4, 8 and NS >= 1")
     for m in args.m:
         if args.cmd == "aot":
             for ns in args.ns:
                 aot(m, ns)
         else:
-            bench(m, args.shapes, args.ns, args.rounds)
+            bench(m, args.shapes, args.ns, args.rounds, rows)
 
 
 if __name__ == "__main__":

@@ -233,6 +233,29 @@ def _compile_one(job: dict) -> dict:
     return res
 
 
+def compile_sm90a(fn, signature: dict, constexprs: dict, num_warps: int, aligned=()) -> dict:
+    """One kernel for sm_90a with the Triton on the path (the probes' ``aot`` commands): returns
+    ``shared`` (bytes), ``ptxas`` (its ``-v`` lines on registers / spills) and ``sass`` (``nvdisasm
+    -c``); ``aligned``: indices of pointer arguments marked 16-byte divisible."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as d:
+        ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        with open(ptx, "w") as f:
+            f.write(c.asm["ptx"])
+        r = subprocess.run([os.path.join(bindir, "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin],
+                           capture_output=True, text=True)
+        dis = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", cubin], capture_output=True, text=True)
+    lines = [ln.split(":")[-1].strip() for ln in (r.stdout + r.stderr).splitlines()
+             if "registers" in ln or "spill" in ln]
+    return {"shared": int(getattr(c.metadata, "shared", 0) or 0), "ptxas": lines, "sass": dis.stdout}
+
+
 _SASS_INS = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
 

@@ -21,9 +21,7 @@ G steps: slower still, 269-355 us (34-44 %) at B8 T2048 N768, 219-228 us at B16 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import triton
@@ -31,7 +29,9 @@ import triton.language as tl
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 from lrnn_scan.kernels.block_diagonal.fwd import _padded_rows  # noqa: E402
+from rows_probe import rows_ld, rows_setup, rows_step  # noqa: E402  (the whole-row layout)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -57,69 +57,38 @@ def deep_fwd(A, Bv, Hout, T, H, M: tl.constexpr, MP: tl.constexpr, BH: tl.conste
         x = tl.gather(tl.broadcast_to(xn[:, None], (BH * MP, MP)), idx, 0)
 
 
-@triton.jit
-def _rows_ld(A, Bv, t, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM):
-    ok = t < t1
-    a_lo = tl.load(A + t * HMM + offs_lo, mask=tl.where(ok, mask_a, False), other=0.0)
-    a_hi = tl.load(A + t * HMM + offs_lo + 4, mask=tl.where(ok, mask_a, False), other=0.0)
-    b = tl.load(Bv + t * HM + offs_s, mask=tl.where(ok, mask_s, False), other=0.0)
-    return a_lo, a_hi, b
-
-
-@triton.jit
-def _rows_step(Hout, lo, hi, b, xl, xh, t, t1, offs_s, mask_s, HM, idx, BH: tl.constexpr):
-    xn = (tl.sum(lo * xl, axis=1) + tl.sum(hi * xh, axis=1)) + b
-    tl.store(Hout + t * HM + offs_s, xn, mask=tl.where(t < t1, mask_s, False))
-    xb = tl.broadcast_to(xn[:, None], (BH * 8, 4))
-    xl = tl.where(t < t1, tl.gather(xb, idx, 0), xl)
-    xh = tl.where(t < t1, tl.gather(xb, idx + 4, 0), xh)
-    return xl, xh
-
-
 @triton.jit(do_not_specialize=["T"])
 def deep_rows_fwd(A, Bv, Hout, T, H, BH: tl.constexpr, G: tl.constexpr, NS: tl.constexpr):
     """m = 8 only: ``tools/rows_probe.py``'s layout (a whole row of ``A`` a thread, 4 blocks a
     warp) in groups of ``G`` steps (1, 2, 4 or 8) a trip of ``tl.range(num_stages=NS)``: the
     group's loads go ahead into shared memory together, so a barrier and a shared-memory load
     latency are paid once a group, not once a step."""
-    pid_h = tl.program_id(0)
-    s = tl.program_id(1)
-    t0 = s.to(tl.int64) * T
-    t1 = t0 + T
-    r = tl.arange(0, BH * 8)
-    k = tl.arange(0, 4)
-    mask_s = pid_h * BH + r // 8 < H
-    offs_s = pid_h * (BH * 8) + r
-    offs_lo = offs_s[:, None] * 8 + k[None, :]
-    mask_a = mask_s[:, None] & (k < 4)[None, :]
-    idx = ((r // 8) * 8)[:, None] + k[None, :]
-    HM = H * 8
-    HMM = HM * 8
+    t0, t1, offs_s, mask_s, offs_lo, mask_a, idx, HM, HMM = rows_setup(T, H, BH)
     xl = tl.zeros([BH * 8, 4], dtype=tl.float32)
     xh = tl.zeros([BH * 8, 4], dtype=tl.float32)
     for tg in tl.range(t0, t1, G, num_stages=NS):
-        l0, h0, b0 = _rows_ld(A, Bv, tg, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+        l0, h0, b0 = rows_ld(A, Bv, tg, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
         if G >= 2:
-            l1, h1, b1 = _rows_ld(A, Bv, tg + 1, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+            l1, h1, b1 = rows_ld(A, Bv, tg + 1, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
         if G >= 4:
-            l2, h2, b2 = _rows_ld(A, Bv, tg + 2, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
-            l3, h3, b3 = _rows_ld(A, Bv, tg + 3, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+            l2, h2, b2 = rows_ld(A, Bv, tg + 2, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+            l3, h3, b3 = rows_ld(A, Bv, tg + 3, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
         if G >= 8:
-            l4, h4, b4 = _rows_ld(A, Bv, tg + 4, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
-            l5, h5, b5 = _rows_ld(A, Bv, tg + 5, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
-            l6, h6, b6 = _rows_ld(A, Bv, tg + 6, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
-            l7, h7, b7 = _rows_ld(A, Bv, tg + 7, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
-        xl, xh = _rows_step(Hout, l0, h0, b0, xl, xh, tg, t1, offs_s, mask_s, HM, idx, BH)
+            l4, h4, b4 = rows_ld(A, Bv, tg + 4, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+            l5, h5, b5 = rows_ld(A, Bv, tg + 5, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+            l6, h6, b6 = rows_ld(A, Bv, tg + 6, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+            l7, h7, b7 = rows_ld(A, Bv, tg + 7, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+        xl, xh = rows_step(Hout, l0, h0, b0, xl, xh, tg, t1, offs_s, mask_s, HM, idx, BH)
         if G >= 2:
-            xl, xh = _rows_step(Hout, l1, h1, b1, xl, xh, tg + 1, t1, offs_s, mask_s, HM, idx, BH)
+            xl, xh = rows_step(Hout, l1, h1, b1, xl, xh, tg + 1, t1, offs_s, mask_s, HM, idx, BH)
         if G >= 4:
-            xl, xh = _rows_step(Hout, l2, h2, b2, xl, xh, tg + 2, t1, offs_s, mask_s, HM, idx, BH)
-            xl, xh = _rows_step(Hout, l3, h3, b3, xl, xh, tg + 3, t1, offs_s, mask_s, HM, idx, BH)
+            xl, xh = rows_step(Hout, l2, h2, b2, xl, xh, tg + 2, t1, offs_s, mask_s, HM, idx, BH)
+            xl, xh = rows_step(Hout, l3, h3, b3, xl, xh, tg + 3, t1, offs_s, mask_s, HM, idx, BH)
         if G >= 8:
-            xl, xh = _rows_step(Hout, l4, h4, b4, xl, xh, tg + 4, t1, offs_s, mask_s, HM, idx, BH)
-            xl, xh = _rows_step(Hout, l5, h5, b5, xl, xh, tg + 5, t1, offs_s, mask_s, HM, idx, BH)
-            xl, xh = _rows_step(Hout, l6, h6, b6, xl, xh, tg + 6, t1, offs_s, mask_s, HM, idx, BH)
-            xl, xh = _rows_step(Hout, l7, h7, b7, xl, xh, tg + 7, t1, offs_s, mask_s, HM, idx, BH)
+            xl, xh = rows_step(Hout, l4, h4, b4, xl, xh, tg + 4, t1, offs_s, mask_s, HM, idx, BH)
+            xl, xh = rows_step(Hout, l5, h5, b5, xl, xh, tg + 5, t1, offs_s, mask_s, HM, idx, BH)
+            xl, xh = rows_step(Hout, l6, h6, b6, xl, xh, tg + 6, t1, offs_s, mask_s, HM, idx, BH)
+            xl, xh = rows_step(Hout, l7, h7, b7, xl, xh, tg + 7, t1, offs_s, mask_s, HM, idx, BH)
 
 
 def _cfg(m):
@@ -128,30 +97,19 @@ def _cfg(m):
 
 
 def aot(m, ns):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    sys.path.insert(0, str(ROOT / "tools"))
-    from aot_check import largest_loop
+    """sm_90a (Triton 3.6 on the path, see aot_check.py): shared memory, registers, cp.async
+    copies and the largest loop's instructions."""
+    from aot_check import compile_sm90a, largest_loop
     mp, bh, nw = _cfg(m)
     sig = {"A": "*fp32", "Bv": "*fp32", "Hout": "*fp32", "T": "i32", "H": "i32",
            "M": "constexpr", "MP": "constexpr", "BH": "constexpr", "NS": "constexpr"}
-    src = ASTSource(fn=deep_fwd, signature=sig, constexprs={"M": m, "MP": mp, "BH": bh, "NS": ns},
-                    attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": nw})
-    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "k.ptx").write_text(c.asm["ptx"])
-        r = subprocess.run([bindir / "ptxas", "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
-                           capture_output=True, text=True)
-        dis = subprocess.run([bindir / "nvdisasm", "-c", f"{d}/k.cubin"], capture_output=True, text=True)
-    used = [ln.split(":")[-1].strip() for ln in (r.stdout + r.stderr).splitlines() if "registers" in ln]
-    print(f"m {m} NS {ns} BH {bh} warps {nw}: smem {c.metadata.shared} B, {'; '.join(used)}, "
-          f"LDGSTS {dis.stdout.count('LDGSTS')}, loop {largest_loop(dis.stdout)}")
+    c = compile_sm90a(deep_fwd, sig, {"M": m, "MP": mp, "BH": bh, "NS": ns}, nw, aligned=(0, 1, 2))
+    print(f"m {m} NS {ns} BH {bh} warps {nw}: smem {c['shared']} B, {'; '.join(c['ptxas'])}, "
+          f"LDGSTS {c['sass'].count('LDGSTS')}, loop {largest_loop(c['sass'])}")
 
 
 def bench(m, shapes, ns_list, rounds, rows=()):
     import torch
-    sys.path.insert(0, str(ROOT / "tools"))
     from lb2_compare import timed_rounds
     from lrnn_scan.bench.inputs import stable_blocks
     from lrnn_scan.kernels.block_diagonal.scan import block_diagonal_scan

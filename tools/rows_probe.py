@@ -24,20 +24,38 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-_HEAD = '''\
 import triton
 import triton.language as tl
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 @triton.jit
-def _ld(A, Bv, t, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM):
+def rows_setup(T, H, BH: tl.constexpr):
+    """The layout: row ``r`` of the program's ``BH`` blocks (``BH * 8`` rows, one a lane at BH = 4)
+    holds row ``r % 8`` of block ``pid * BH + r // 8`` as two 4-wide halves. Returns the sequence
+    bounds ``t0, t1`` (program_id(1) = sequence), state offsets / mask ``(BH * 8,)``, the halves'
+    ``A`` offsets / mask ``(BH * 8, 4)``, ``idx`` for ``tl.gather`` and the strides of a time row
+    of ``b`` and ``A``."""
+    pid_h = tl.program_id(0)
+    t0 = tl.program_id(1).to(tl.int64) * T
+    r = tl.arange(0, BH * 8)
+    k = tl.arange(0, 4)
+    mask_s = pid_h * BH + r // 8 < H
+    offs_s = pid_h * (BH * 8) + r
+    offs_lo = offs_s[:, None] * 8 + k[None, :]
+    mask_a = mask_s[:, None] & (k < 4)[None, :]
+    idx = ((r // 8) * 8)[:, None] + k[None, :]
+    return t0, t0 + T, offs_s, mask_s, offs_lo, mask_a, idx, H * 8, H * 64
+
+
+@triton.jit
+def rows_ld(A, Bv, t, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM):
+    """Step ``t``'s two halves of ``A`` and ``b`` (zero past ``t1``)."""
     ok = t < t1
     a_lo = tl.load(A + t * HMM + offs_lo, mask=tl.where(ok, mask_a, False), other=0.0)
     a_hi = tl.load(A + t * HMM + offs_lo + 4, mask=tl.where(ok, mask_a, False), other=0.0)
@@ -46,33 +64,38 @@ def _ld(A, Bv, t, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM):
 
 
 @triton.jit
-def _st(A, Bv, Hout, lo, hi, b, xl, xh, t, t1, tn, offs_lo, offs_s, mask_a, mask_s, HM, HMM, idx,
-        BH: tl.constexpr):
+def rows_step(Hout, lo, hi, b, xl, xh, t, t1, offs_s, mask_s, HM, idx, BH: tl.constexpr):
+    """Step ``t`` (kept state past ``t1``): row sums in-thread, ``h_t`` stored, the state back to
+    the block's lanes by two ``tl.gather``."""
     xn = (tl.sum(lo * xl, axis=1) + tl.sum(hi * xh, axis=1)) + b
     tl.store(Hout + t * HM + offs_s, xn, mask=tl.where(t < t1, mask_s, False))
     xb = tl.broadcast_to(xn[:, None], (BH * 8, 4))
     xl = tl.where(t < t1, tl.gather(xb, idx, 0), xl)
     xh = tl.where(t < t1, tl.gather(xb, idx + 4, 0), xh)
-    lo, hi, b = _ld(A, Bv, tn, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
+    return xl, xh
+
+
+@triton.jit
+def rows_ring_step(A, Bv, Hout, lo, hi, b, xl, xh, t, t1, tn, offs_lo, offs_s, mask_a, mask_s, HM,
+                   HMM, idx, BH: tl.constexpr):
+    """``rows_step`` on a ring slot, then the slot refilled with step ``tn``."""
+    xl, xh = rows_step(Hout, lo, hi, b, xl, xh, t, t1, offs_s, mask_s, HM, idx, BH)
+    lo, hi, b = rows_ld(A, Bv, tn, t1, offs_lo, offs_s, mask_a, mask_s, HM, HMM)
     return xl, xh, lo, hi, b
+
+
+_HEAD = f'''\
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+import triton
+import triton.language as tl
+from rows_probe import rows_ld, rows_ring_step, rows_setup
 
 
 @triton.jit(do_not_specialize=["T"])
 def rows_fwd(A, Bv, Hout, T, H, BH: tl.constexpr):
-    """h_t = A_t h_{t-1} + b_t from h_0 = 0 for (B, T, H, 8, 8) A; grid (cdiv(H, BH), B)."""
-    pid_h = tl.program_id(0)
-    s = tl.program_id(1)
-    t0 = s.to(tl.int64) * T
-    t1 = t0 + T
-    r = tl.arange(0, BH * 8)
-    k = tl.arange(0, 4)
-    mask_s = pid_h * BH + r // 8 < H
-    offs_s = pid_h * (BH * 8) + r
-    offs_lo = offs_s[:, None] * 8 + k[None, :]
-    mask_a = mask_s[:, None] & (k < 4)[None, :]
-    idx = ((r // 8) * 8)[:, None] + k[None, :]
-    HM = H * 8
-    HMM = HM * 8
+    """h_t = A_t h_{{t-1}} + b_t from h_0 = 0 for (B, T, H, 8, 8) A; grid (cdiv(H, BH), B)."""
+    t0, t1, offs_s, mask_s, offs_lo, mask_a, idx, HM, HMM = rows_setup(T, H, BH)
     xl = tl.zeros([BH * 8, 4], dtype=tl.float32)
     xh = tl.zeros([BH * 8, 4], dtype=tl.float32)
 '''
@@ -81,10 +104,10 @@ def rows_fwd(A, Bv, Hout, T, H, BH: tl.constexpr):
 def source(slots: int) -> str:
     """The probe kernel with ``slots`` ring slots (each refilled ``slots`` steps ahead)."""
     args = "offs_lo, offs_s, mask_a, mask_s, HM, HMM"
-    lines = [f"    l{i}, h{i}, b{i} = _ld(A, Bv, t0 + {i}, t1, {args})" for i in range(slots)]
+    lines = [f"    l{i}, h{i}, b{i} = rows_ld(A, Bv, t0 + {i}, t1, {args})" for i in range(slots)]
     lines.append(f"    for ts in range(t0, t1, {slots}):")
-    lines += [f"        xl, xh, l{i}, h{i}, b{i} = _st(A, Bv, Hout, l{i}, h{i}, b{i}, xl, xh, ts + {i}, "
-              f"t1, ts + {slots + i}, {args}, idx, BH)" for i in range(slots)]
+    lines += [f"        xl, xh, l{i}, h{i}, b{i} = rows_ring_step(A, Bv, Hout, l{i}, h{i}, b{i}, xl, xh, "
+              f"ts + {i}, t1, ts + {slots + i}, {args}, idx, BH)" for i in range(slots)]
     return _HEAD + "\n".join(lines) + "\n"
 
 
@@ -101,23 +124,11 @@ def load(slots: int):
 def aot(slots: int, bh: int) -> None:
     """Compile for sm_90a with the Triton on the path (``PYTHONPATH=/tmp/t36``, see aot_check.py)
     and print ptxas' registers / spills and the largest loop's instruction count."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     sys.path.insert(0, str(ROOT / "tools"))
-    from aot_check import largest_loop
+    from aot_check import compile_sm90a, largest_loop
     sig = {"A": "*fp32", "Bv": "*fp32", "Hout": "*fp32", "T": "i32", "H": "i32", "BH": "constexpr"}
-    src = ASTSource(fn=load(slots).rows_fwd, signature=sig, constexprs={"BH": bh},
-                    attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
-    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "k.ptx").write_text(c.asm["ptx"])
-        r = subprocess.run([bindir / "ptxas", "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
-                           capture_output=True, text=True)
-        dis = subprocess.run([bindir / "nvdisasm", "-c", f"{d}/k.cubin"], capture_output=True, text=True)
-    used = [ln.strip() for ln in (r.stdout + r.stderr).splitlines() if "registers" in ln or "spill" in ln]
-    print(f"slots {slots} BH {bh}: {'; '.join(used)}; loop {largest_loop(dis.stdout)}")
+    c = compile_sm90a(load(slots).rows_fwd, sig, {"BH": bh}, 1, aligned=(0, 1, 2))
+    print(f"slots {slots} BH {bh}: {'; '.join(c['ptxas'])}; loop {largest_loop(c['sass'])}")
 
 
 def bench(shapes, slots_list, rounds: int) -> None:

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import lrnn_scan as ls
-from lrnn_scan.testing import rel_err
 
 D = torch.float64
 

@@ -1,7 +1,7 @@
 """Property tests of the operator algebra (hypothesis + lrnn_scan.testing.check_operator_laws)."""
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
 
 import lrnn_scan as ls
 from lrnn_scan.testing import (FAMILIES, check_operator_laws, operator_triples, operators,

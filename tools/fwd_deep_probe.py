@@ -92,8 +92,10 @@ def deep_rows_fwd(A, Bv, Hout, T, H, BH: tl.constexpr, G: tl.constexpr, NS: tl.c
 
 
 def _cfg(m):
-    mp = triton.next_power_of_2(m)
-    return mp, max(1, 128 // (mp * mp)), max(1, min(4, max(1, 128 // (mp * mp)) * mp * mp // 128))
+    """``(mp, blocks a program, warps)``: the default ring's launch (``scan._bd_cfg``)."""
+    from lrnn_scan.kernels.block_diagonal import scan
+    mp, bh, nw, _ = scan._bd_cfg(m)
+    return mp, bh, nw
 
 
 def aot(m, ns):

@@ -135,7 +135,7 @@ def _register_block_diagonal():
         # the eager functions' plan (plan.py): the same kernels compiled as eager; ``grad``: the
         # caller's inputs require gradients (scan._needs_grad; the op runs without autograd)
         nseq, max_len = nseq_len(b, cu)
-        chunk, lookback, _ = (plan.diag_plan(b, nseq, max_len, grad) if diag
+        chunk, lookback, _ = (plan.diag_plan(b, nseq, max_len, grad, cu is not None) if diag
                               else plan.bd_plan(A, b, nseq, max_len, grad))
         h, final, P = mod._run_forward(A, b, h0, cu, chunk, diag, lookback, max_len)
         if P is None:
@@ -154,7 +154,7 @@ def _register_block_diagonal():
     def bd_scan_bwd(A: Tensor, h: Tensor, h0: Tensor | None, g: Tensor, dhT: Tensor | None,
                     cu: Tensor | None, P: Tensor, diag: bool) -> tuple[Tensor, Tensor, Tensor]:
         nseq, max_len = nseq_len(h, cu)
-        chunk, bwd_lb = plan.backward_plan(A, h, nseq, max_len, diag, P.shape[1] > 0)
+        chunk, bwd_lb = plan.backward_plan(A, h, nseq, max_len, diag, P.shape[1] > 0, cu is not None)
         return mod._run_backward(A, h, h0, g, dhT, cu, chunk, None if chunk is None else P, diag,
                                  bwd_lb, max_len)
 

@@ -18,7 +18,8 @@ TUNES = [{}, {"chunk_min_len": 64}, {"chunk_min_len": 64, "chunk_grad_below": 8}
          {"chunk": 32}, {"bd2_tma": True, "bd4_tma": True}, {"bd4_tma": True, "bd4_tma_bwd": False},
          {"bd2_lookback": True}, {"bd2_bwd_lookback": True}, {"bd4_lookback": True},
          {"bd4_bwd_lookback": True}, {"bd2_lookback": False, "bd4_lookback": False},
-         {"fwd_lookback": True}, {"bwd_lookback": True}, {"bwd_lookback": False, "chunk_min_len": 64},
+         {"fwd_lookback": True}, {"bwd_lookback": True}, {"diag_tma_bwd": True},
+         {"diag_tma_bwd": True, "chunk_min_len": 64, "chunk_grad_below": 8}, {"bwd_lookback": False, "chunk_min_len": 64},
          {"fwd_lookback": True, "chunk_min_len": 64, "chunk_grad_below": 8}, {"bd_lookback": "always"},
          {"fwd_lookback": True, "bwd_lookback": False, "chunk_min_len": 64, "chunk_grad_below": 8,
           "lb_chunk": 256}]

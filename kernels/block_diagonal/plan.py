@@ -8,7 +8,7 @@ A plan is ``(chunk, lookback, bwd_lookback)``, the arguments of ``scan._run_forw
 or True: ``tma_blocks.py``, ``lookback2.py``, ``lookback4.py``, ``lookback_dot.py``, and for
 ``m = 1`` ``lookback.py``), ``bwd_lookback`` the backward (False: ring / tile, chunked with the
 forward's chunk products where ``chunk`` is set; ``"tma"``, True: ``tma_blocks_bwd.py``,
-``lookback2_bwd.py`` / ``lookback4_bwd.py``, for ``m = 1`` ``lookback_bwd.py``). The rules read
+``lookback2_bwd.py`` / ``lookback4_bwd.py``, for ``m = 1`` ``tma_bwd.py`` / ``lookback_bwd.py``). The rules read
 ``scan.TUNE`` and the device (SMs, name); each one's measurements are in its docstring.
 
 ``backward_plan`` gives a custom op's backward its half of the plan from what the forward left
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .._host import cdiv
 from . import scan as S  # attribute access at call time: tests patch scan's rules
-from . import tma_blocks, tma_blocks_bwd
+from . import tma_blocks, tma_blocks_bwd, tma_bwd
 from .lookback import lookback_cfg
 from .lookback2 import bd2_lookback_use
 from .lookback2_bwd import bd2_bwd_lookback_use
@@ -59,10 +59,13 @@ def _diag_programs(b, nseq: int):
     return bt, nseq * cdiv(N, bn), nseq * cdiv(N, S._diag_cfg(N, nseq, b.device, bwd=True)[1])
 
 
-def diag_plan(b, nseq: int, max_len: int, grad: bool):
-    """The plan of ``diagonal_scan`` (``(B, T, N)`` layout) for ``b``; as ``bd_plan``."""
+def diag_plan(b, nseq: int, max_len: int, grad: bool, varlen: bool = False):
+    """The plan of ``diagonal_scan`` (``(B, T, N)`` layout) for ``b``; as ``bd_plan``
+    (``varlen``: ``cu_seqlens`` given)."""
     bt, nprog, bwd_prog = _diag_programs(b, nseq)
     bwd_lb = grad and diag_bwd_lookback(nprog, max_len, b.device, bt, bwd_prog)
+    if grad and tma_bwd.diag_tma_bwd_config(b, nseq, max_len, varlen, S.TUNE, S._num_sms(b.device)):
+        bwd_lb = "tma"  # one pass by TMA (tma_bwd.py; its rule there): no chunk products either
     # with the look-back backward the forward needs no chunk products: chosen as for inference
     grad = grad and not bwd_lb
     if diag_lookback(nprog, max_len, b.device, bt, grad):
@@ -73,7 +76,7 @@ def diag_plan(b, nseq: int, max_len: int, grad: bool):
     return S._choose_chunk(nprog, max_len, b.device, bt, 1, grad), False, bwd_lb
 
 
-def backward_plan(A, h, nseq: int, max_len: int, diag: bool, chunked: bool):
+def backward_plan(A, h, nseq: int, max_len: int, diag: bool, chunked: bool, varlen: bool = False):
     """``(chunk, bwd_lookback)`` of the backward after a forward planned with gradients
     (``grad=True``) that left chunk products (``chunked``) or not: the plan recomputed on ``h``
     (shape and dtype of ``b``; the rules read shapes, the device and ``TUNE``). Where TMA
@@ -81,7 +84,7 @@ def backward_plan(A, h, nseq: int, max_len: int, diag: bool, chunked: bool):
     than this plan names: the backward stays correct, as every backward here takes any forward's
     ``h`` and only the chunked one needs the chunk products."""
     if diag:  # no rule here reads alignment: the forward's own plan (its look-back backward
-        chunk, _, bwd_lb = diag_plan(h, nseq, max_len, True)  # reads no chunk products)
+        chunk, _, bwd_lb = diag_plan(h, nseq, max_len, True, varlen)  # reads no chunk products)
         return (chunk if chunked and not bwd_lb else None), bwd_lb
     if chunked:  # only the ring / chunked forward leaves chunk products: the gradient rule's chunks
         H, m = h.shape[2], h.shape[3]

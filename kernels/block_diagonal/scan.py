@@ -29,8 +29,7 @@ from .lookback2_bwd import bd2_lookback_backward
 from .lookback4 import bd4_lookback_forward
 from .lookback4_bwd import bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward
-from . import tma
-from . import tma_blocks, tma_blocks_bwd
+from . import tma, tma_blocks, tma_blocks_bwd, tma_bwd
 from .shuffles import bwd_gather, ring_gather
 from .summary import launch_summary
 from .checks import _check_common, _check_float, _check_time_dim  # noqa: F401  (compile.py's too)
@@ -412,6 +411,10 @@ def _diag_forward(a, b, h0, cu, chunk, lookback=False, max_len=None):
 
 
 def _diag_backward(a, h, h0, g, dhT, cu, chunk, P, lookback=False, max_len=None):
+    out = (tma_bwd.diag_tma_backward(a, h, h0, g, dhT, cu, TUNE, _num_sms(h.device), _empty, max_len)
+           if lookback == "tma" else None)  # one pass by TMA (tma_bwd.py) where TMA takes the inputs
+    if out is not None:
+        return out
     if lookback:  # one look-back pass (lookback_bwd.py; _diag_bwd_lookback): no chunks needed
         from .lookback_bwd import diag_lookback_backward
         return diag_lookback_backward(a, h, h0, g, dhT, cu, TUNE, _empty, max_len)
@@ -556,7 +559,7 @@ def _diag_apply(a, b, h0, cu, nseq, max_len):
                              None if h0 is None else h0.view(nseq, N, 1), cu, nseq, max_len)
         return h.view(B, T, N), final.view(nseq, N)
     from .plan import diag_plan
-    chunk, lookback, bwd_lb = diag_plan(b, nseq, max_len, _needs_grad(a, b, h0))
+    chunk, lookback, bwd_lb = diag_plan(b, nseq, max_len, _needs_grad(a, b, h0), cu is not None)
     return _ScanFn.apply(a, b, h0, cu, chunk, True, lookback, bwd_lb, max_len)
 
 

@@ -394,6 +394,57 @@ def test_diag_tma_more_than_2_31_elements(B, T, N, dtype, tol):
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9,
                     reason="TMA needs compute capability 9+")
+@pytest.mark.parametrize("cfg", [None, (64, 16, 1, 4, False), (32, 32, 1, 3, True), (128, 16, 2, 3, True),
+                                 (64, 64, 2, 3, True), (16, 16, 1, 6, True)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+def test_diag_tma_backward(cfg, dtype, tol):
+    """The m = 1 TMA backward (tma_bwd.py; None = its default tiles; (BT, BN, warps, stages,
+    FLIP)) after the default forward: one pass with h0 at B8 T3001 N768, varlen with boundaries
+    off the tiles and an empty sequence (masked stores), and T = 65536 at batch 1 without h0."""
+    tune = bd.scan.TUNE
+    try:
+        tune.update(diag_tma_bwd=True)
+        if cfg is not None:
+            tune.update({f"tma_bwd_{k}": v for k, v in zip(("bt", "bn", "nw", "ns", "flip"), cfg)})
+        A, b = make(8, 3001, 768, 1, dtype, seed=850)
+        check(A, b, torch.randn(8, 768, 1, device=DEV), None, tol)
+        cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
+        A, b = make(1, 6002, 768, 1, dtype, seed=851)
+        check(A, b, torch.randn(5, 768, 1, device=DEV), cu, tol)
+        A, b = make(1, 65536, 768, 1, dtype, seed=852)
+        check(A, b, None, None, tol, final=False)
+    finally:
+        tune.clear()
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and (torch.cuda.get_device_capability()[0] < 9 or
+                                                   torch.cuda.get_device_properties(0).total_memory < 60e9),
+                    reason="TMA (compute capability 9+) and ~40 GB of GPU memory")
+def test_diag_tma_backward_more_than_2_31_elements():
+    """bf16 ``(1, 2^21, 1040)``: 2.2e9 elements, int64 offsets of the masked loads and the TMA
+    stores' int32 coordinates, through the m = 1 TMA backward (forced); the gradients of three
+    channels against the fp64 reference."""
+    B, T, N = 1, 2 ** 21, 1040
+    a = torch.empty(B, T, N, device=DEV, dtype=torch.bfloat16).uniform_(-1, 1).requires_grad_()
+    x = torch.empty(B, T, N, device=DEV, dtype=torch.bfloat16).normal_().requires_grad_()
+    tune = bd.scan.TUNE
+    try:
+        tune.update(diag_tma_bwd=True)
+        h, _ = bd.diagonal_scan(a, x)
+        g = torch.randn_like(h)
+        da, dx = torch.autograd.grad((h * g).sum(), (a, x))
+    finally:
+        tune.clear()
+    cols = torch.tensor([0, N // 2, N - 1], device=DEV)
+    ad = a.detach()[:, :, cols].double()[..., None, None].requires_grad_()
+    xd = x.detach()[:, :, cols].double()[..., None].requires_grad_()
+    hr, _ = ref_scan(ad, xd, None, None)
+    dar, dxr = torch.autograd.grad((hr[..., 0] * g[:, :, cols].double()).sum(), (ad, xd))
+    assert rel(da[:, :, cols], dar[..., 0, 0]) < 5e-3 and rel(dx[:, :, cols], dxr[..., 0]) < 5e-3
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9,
+                    reason="TMA needs compute capability 9+")
 @pytest.mark.parametrize("m,cfg,tma_bwd", [(2, None, True), (2, None, False), (2, (32, 8, 1, 3), True),
                                            (2, (64, 2, 2, 4), True), (4, None, True), (4, None, False),
                                            (4, (64, 2, 1, 3), True), (4, (16, 8, 1, 5), True)])

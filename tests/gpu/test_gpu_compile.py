@@ -115,7 +115,8 @@ def test_compile_time_major_diagonal_scan_inductor(dtype):
 
 
 @pytest.mark.parametrize("m,B,T,N", [(2, 8, 2048, 768), (4, 8, 2048, 768), (4, 4, 4096, 768),
-                                     (8, 8, 2048, 768), (1, 1, 16384, 768), (16, 1, 16384, 768)])
+                                     (8, 8, 2048, 768), (1, 1, 16384, 768), (16, 1, 16384, 768),
+                                     (1, 8, 2048, 768)])   # m = 1 B8: the TMA backward (tma_bwd.py)
 def test_compile_plans_full_size(m, B, T, N, monkeypatch):
     """At the benchmark's shapes (TMA bands, the look-backs, the ring), ``block_diagonal_scan``
     under Inductor launches what the eager function launches (``plan.py``; the plan each

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -504,6 +505,14 @@ def test_tune_compare_parse_and_render(tmp_path):
     js.write_text(json.dumps(d))
     _tool("lb2_compare").render(js, out)
     assert "## tune_compare.py --compiled — 2026-11-27T05:31 — GPU X" in out.read_text()
+    assert "; m = 8 fwd+bwd, fp32, CUDA-graph" in out.read_text()  # JSONs before --dtype: fp32
+    d["meta"]["dtype"] = "bf16"
+    js.write_text(json.dumps(d))
+    _tool("lb2_compare").render(js, out)
+    assert "; m = 8 fwd+bwd, bf16, CUDA-graph" in out.read_text()
+    assert mod._TOL["fp32"] == 1e-5 and mod._DTYPES["bf16"] is torch.bfloat16
+    with pytest.raises(SystemExit):
+        mod.main(["--m", "1", "--dtype", "fp64"])  # not a choice
 
 
 def test_timed_rounds_adds_a_copy_column(monkeypatch):

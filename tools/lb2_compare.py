@@ -154,7 +154,7 @@ def render(path, results, note=""):
         name, _, flags = meta.get("tool", "lb%d_compare" % meta.get("m", 2)).partition(" ")
         how = "eager do_bench medians (L2 flushed)" if "--eager" in flags else "CUDA-graph medians"
         fh.write(f"\n## {name}.py{' ' + flags if flags else ''} — {meta['date']} — {meta['device']}, torch {meta['torch']}, "
-                 f"Triton {meta['triton']}; m = {meta.get('m', 2)} {meta.get('kind', 'fwd')}, fp32, {how} "
+                 f"Triton {meta['triton']}; m = {meta.get('m', 2)} {meta.get('kind', 'fwd')}, {meta.get('dtype', 'fp32')}, {how} "
                  f"of {meta['rounds']} interleaved rounds, ms (% of a copy of the same bytes); GPU "
                  f"checks failed: {meta['fails']}{sep}{note}\n\n")
         fh.write("| shape | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n")
@@ -206,7 +206,7 @@ def main():
     return _finish(args, fails, rows)
 
 
-def _finish(args, fails, rows, m=2, tool=None, stem=None):
+def _finish(args, fails, rows, m=2, tool=None, stem=None, dtype="fp32"):
     """Write ``<stem>[_bwd].json`` (rows and the run's device, versions, date, failed checks) to
     ``args.out``; ``tool`` (the script's name in the rendered heading) defaults to ``lb<m>_compare``,
     ``stem`` to ``tool`` (also ``lb4_compare.py``'s and ``tune_compare.py``'s writer); exit status 1
@@ -216,7 +216,8 @@ def _finish(args, fails, rows, m=2, tool=None, stem=None):
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=__import__("triton").__version__,
                 date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
-                rounds=args.rounds, fails=fails, kind="fwd+bwd" if args.bwd else "fwd", m=m, tool=tool)
+                rounds=args.rounds, fails=fails, kind="fwd+bwd" if args.bwd else "fwd", m=m, tool=tool,
+                dtype=dtype)
     out = Path(args.out, f"{stem}_bwd.json" if args.bwd else f"{stem}.json")
     out.parent.mkdir(parents=True, exist_ok=True)  # a missing --out folder lost a whole GPU run once
     out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))

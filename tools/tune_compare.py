@@ -1,9 +1,10 @@
 """Any ``scan.TUNE`` settings of the block-diagonal scan against the default, for any m, on a GPU:
-CUDA-graph medians in interleaved rounds (fp32) with a copy of the same bytes in the same run,
-forward (``A``, ``b`` read, ``h`` written) or, with ``--bwd``, forward+backward (``A``, ``b``,
-``dh``, ``h`` read; ``dA``, ``db`` written). Each column's outputs (gradients with ``--bwd``) are
-compared with the default's (relative RMS < 1e-5; the arithmetic per block is the same, only the
-kernels' tiling differs): a mismatch counts as a failed check. The float64 checks of the kernels
+CUDA-graph medians in interleaved rounds (fp32, or ``--dtype bf16`` / ``fp16``) with a copy of
+the same bytes in the same run, forward (``A``, ``b`` read, ``h`` written) or, with ``--bwd``,
+forward+backward (``A``, ``b``, ``dh``, ``h`` read; ``dA``, ``db`` written). Each column's outputs
+(gradients with ``--bwd``) are compared with the default's (relative RMS under ``_TOL``: 1e-5 in
+fp32, where the arithmetic per block is the same and only the kernels' tiling differs): a
+mismatch counts as a failed check. The float64 checks of the kernels
 themselves are the GPU tests'.
 
     python tools/tune_compare.py --m 4 --shapes 8x2048x768 16x1024x768 \\
@@ -83,8 +84,15 @@ def kernel_breakdown(fns, reps=10):
             print(f"  {us:9.1f} us  {n:4.1f}x  {key[:110]}")
 
 
-def rows_for(m, shape, tunes, bwd, rounds, compiled=False, kernels=False):
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# the worst relative difference to the default column a check allows: fp32 sums in another order
+# (tiling) differ by rounding; 16-bit outputs and gradients can round one ulp apart (2^-8 bf16)
+_TOL = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
+
+
+def rows_for(m, shape, tunes, bwd, rounds, compiled=False, kernels=False, dtype="fp32"):
     """One shape's medians (ms) by column and the worst relative difference to the default.
+    ``dtype``: the inputs' (``_DTYPES``; the scan keeps fp32 state and accumulation either way).
     ``compiled``: every column through ``torch.compile`` of ``lrnn_scan.compile``'s custom op
     (the plan is made in the op at run time, so ``TUNE`` still applies), and an ``eager`` column.
     ``kernels``: also print each column's GPU kernels (``kernel_breakdown``)."""
@@ -98,19 +106,20 @@ def rows_for(m, shape, tunes, bwd, rounds, compiled=False, kernels=False):
     if N % m:
         raise SystemExit(f"--shapes {B}x{T}x{N}: N must be a multiple of m = {m}")
     g = torch.Generator(device="cuda").manual_seed(0)
-    A = stable_blocks(B, T, N // m, m, m, generator=g, device="cuda")
-    b = torch.randn(B, T, N // m, m, device="cuda", generator=g)
+    A = stable_blocks(B, T, N // m, m, m, generator=g, device="cuda").to(_DTYPES[dtype])
+    b = torch.randn(B, T, N // m, m, device="cuda", generator=g).to(_DTYPES[dtype])
+    size = A.element_size()
     if bwd:
         A.requires_grad_()
         b.requires_grad_()
         dh = torch.randn_like(b)
-        nbytes = (2 * A.numel() + 4 * b.numel()) * 4
+        nbytes = (2 * A.numel() + 4 * b.numel()) * size
 
         def run(tune, fn=scan):
             with S.tuned(tune):
                 return torch.autograd.grad(fn(A, b)[0], (A, b), dh)
     else:
-        nbytes = (A.numel() + 2 * b.numel()) * 4
+        nbytes = (A.numel() + 2 * b.numel()) * size
 
         def run(tune, fn=scan):
             with S.tuned(tune):
@@ -126,20 +135,20 @@ def rows_for(m, shape, tunes, bwd, rounds, compiled=False, kernels=False):
     return timed_rounds(fns, nbytes, rounds), worst
 
 
-def shape_rows(shapes, label, bwd, rows_fn):
+def shape_rows(shapes, label, bwd, rows_fn, dtype="fp32"):
     """``rows_fn((B, T, N)) -> (medians by column, worst relative difference to the default)`` for
     each ``BxTxN`` word, one printed line a shape; returns ``(failed checks, rows by shape)`` (also
-    ``gate_tune_compare.py``'s loop)."""
+    ``gate_tune_compare.py``'s loop). A difference of ``_TOL[dtype]`` or more fails a check."""
     fails, rows = 0, {}
     for sh in shapes:
         B, T, N = (int(x) for x in sh.split("x"))
         key = f"B{B} T{T} N{N}"
         rows[key], worst = rows_fn((B, T, N))
-        fails += not worst < 1e-5
+        fails += not worst < _TOL[dtype]
         cp = rows[key]["copy"]
         line = " ".join(f"{k} {v:.4f} ({cp / v * 100:.0f}%)" for k, v in rows[key].items())
-        print(f"{key} {label} {'fwd+bwd' if bwd else 'fwd'} fp32, ms (% of same-size copy): {line}; "
-              f"worst rel. diff to default {worst:.1e}{'' if worst < 1e-5 else ' MISMATCH'}", flush=True)
+        print(f"{key} {label} {'fwd+bwd' if bwd else 'fwd'} {dtype}, ms (% of same-size copy): {line}; "
+              f"worst rel. diff to default {worst:.1e}{'' if worst < _TOL[dtype] else ' MISMATCH'}", flush=True)
     return fails, rows
 
 
@@ -154,15 +163,17 @@ def main(argv=None):
                     help="columns through torch.compile (lrnn_scan.compile), plus an eager column")
     ap.add_argument("--kernels", action="store_true",
                     help="also print each column's GPU kernels (torch.profiler, us a call)")
+    ap.add_argument("--dtype", choices=sorted(_DTYPES), default="fp32", help="inputs' dtype (default fp32)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
     tunes = parse_tune(args.tune)
     fails, rows = shape_rows(args.shapes, f"m={args.m}", args.bwd, lambda shape: rows_for(
-        args.m, shape, tunes, args.bwd, args.rounds, args.compiled, args.kernels))
+        args.m, shape, tunes, args.bwd, args.rounds, args.compiled, args.kernels, args.dtype), args.dtype)
     print("tunes:", json.dumps(tunes))
-    stem = f"tune_compare_m{args.m}" + ("_compiled" if args.compiled else "")
+    stem = f"tune_compare_m{args.m}" + ("_compiled" if args.compiled else "") + (
+        "" if args.dtype == "fp32" else f"_{args.dtype}")
     return _finish(args, fails, rows, m=args.m, tool="tune_compare" + (" --compiled" if args.compiled else ""),
-                   stem=stem)
+                   stem=stem, dtype=args.dtype)
 
 
 if __name__ == "__main__":

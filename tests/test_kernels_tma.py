@@ -235,14 +235,19 @@ def test_auto_on_the_gpu_at_few_programs(monkeypatch):
     assert len(calls) == n + 2 * band + wide
 
 
-def test_through_torch_compile(monkeypatch):
+@pytest.mark.parametrize("tma_bwd", [False, True])
+def test_through_torch_compile(tma_bwd, monkeypatch):
     """``lrnn_scan.compile.diagonal_scan`` (the ``torch.library`` op) runs the TMA forward inside
-    its op, eager and under ``torch.compile(fullgraph=True)``; gradients against the fp64 loop."""
+    its op, eager and under ``torch.compile(fullgraph=True)``, and (``tma_bwd``) the TMA backward
+    (``tma_bwd.py``) inside its backward op; gradients against the fp64 loop."""
     import lrnn_scan.compile as lc
+    from lrnn_scan.kernels.block_diagonal import tma_bwd as tb
     calls = launches(monkeypatch)
-    a, b = inputs(1, 45, 20, seed=21)
+    bwd_calls = spy(monkeypatch, tb, "diag_tma_backward")
+    scanmod.TUNE["diag_tma_bwd"] = tma_bwd
+    a, b = inputs(1, 45, 24, seed=21)
     cu = torch.tensor([0, 13, 13, 45], dtype=torch.int64, device=DEV)
-    h0 = torch.randn(3, 20).to(DEV)
+    h0 = torch.randn(3, 24).to(DEV)
     ad = a.double().requires_grad_()
     hr, hfr = ref.diagonal_scan_ref(ad, b.double(), h0.double(), True, cu)
     (dref,) = torch.autograd.grad(hr.sum(), ad)
@@ -253,7 +258,7 @@ def test_through_torch_compile(monkeypatch):
         assert rel(h, hr) < 1e-5 and rel(hf, hfr) < 1e-5
         (dx,) = torch.autograd.grad(h.sum(), x)
         assert rel(dx, dref) < 1e-5
-    assert len(calls) == 2
+    assert len(calls) == 2 and len(bwd_calls) == 2 * tma_bwd
 
 
 def test_band_keeps_the_16bit_row(monkeypatch):

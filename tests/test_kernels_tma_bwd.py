@@ -1,9 +1,8 @@
 """Tests of the m = 1 backward whose tiles are loaded by TMA (``tma_bwd.py``;
-``TUNE["diag_tma_bwd"]``).
-
-Triton interpreter (host-side tensor descriptors run there too) or a GPU, fp64 step-by-step
-reference, every output NaN-poisoned before the kernels run (``LRNN_SCAN_POISON=1``). Small tiles
-(16 steps, 8 channels) put sequence ends, varlen boundaries and the channel edge inside tiles.
+``TUNE["diag_tma_bwd"]``), where ``test_kernels_tma.py`` runs (its skip marker: the Triton
+interpreter or a GPU with TMA): fp64 step-by-step reference, outputs NaN-poisoned first
+(``LRNN_SCAN_POISON=1``), 16 x 8 tiles so that sequence ends, varlen boundaries and the channel
+edge fall inside tiles.
 """
 import os
 
@@ -14,12 +13,9 @@ import torch  # noqa: E402
 
 from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod, tune_fixture  # noqa: E402
 from test_kernels_lookback import inputs, spy  # noqa: E402
+from test_kernels_tma import pytestmark  # noqa: E402, F401  (the same skip)
 
 from lrnn_scan.kernels.block_diagonal import lookback_bwd, plan, tma_bwd  # noqa: E402
-
-_GPU_TMA = DEV == "cuda" and torch.cuda.get_device_capability()[0] >= 9
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not _GPU_TMA,
-                                reason="needs TRITON_INTERPRET=1 or a GPU with TMA (sm_90+)")
 
 _tune = tune_fixture(dict(diag_tma_bwd=True, tma_bwd_bt=16, tma_bwd_bn=8), dict(bt=8, bn=16))
 # (scan.TUNE cleared and set to these around each test: "auto", the default, takes this backward
@@ -184,23 +180,3 @@ def test_rule_and_config(monkeypatch):
     assert cfg(b.double(), 12, 2048, False, {}, 132) is None
     monkeypatch.setattr(tma_bwd, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
     assert cfg(b, 8, 2048, False, {}, 132) is None  # not measured there
-
-
-def test_through_torch_compile(monkeypatch):
-    """``lrnn_scan.compile.diagonal_scan`` (the ``torch.library`` op) runs this backward inside its
-    backward op under ``torch.compile(fullgraph=True)``; gradients against the fp64 loop."""
-    import lrnn_scan.compile as lc
-    lc.register()
-    calls = launches(monkeypatch)
-    a, b = inputs(1, 45, 24, seed=21)
-    cu = torch.tensor([0, 13, 13, 45], dtype=torch.int64, device=DEV)
-    h0 = torch.randn(3, 24).to(DEV)
-    ad = a.double().requires_grad_()
-    hr, _ = ref.diagonal_scan_ref(ad, b.double(), h0.double(), True, cu)
-    (dref,) = torch.autograd.grad(hr.sum(), ad)
-    f = torch.compile(lambda *x: lc.diagonal_scan(*x, h0, True, cu), fullgraph=True, backend="aot_eager")
-    x = a.clone().requires_grad_()
-    h, _ = f(x, b)
-    (dx,) = torch.autograd.grad(h.sum(), x)
-    assert rel(dx, dref) < 1e-5
-    assert calls == [True]

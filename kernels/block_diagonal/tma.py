@@ -60,6 +60,19 @@ def tma_seq(CU, s, T, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def tma_program(CU, T, N, BN: tl.constexpr, VARLEN: tl.constexpr):
+    """An ``m = 1`` program's sequence (grid axis 1) and channel tile (axis 0): ``(s, bos, eos,
+    sd, n0, n, mn)``, ``tma_seq``'s rows and the tile's ``BN`` channels ``n`` from ``n0``, ``mn``
+    those below ``N`` (the TMA forward's and backward's, ``tma_bwd.py``)."""
+    pid_n = tl.program_id(0)
+    s = tl.program_id(1)
+    bos, eos, sd = tma_seq(CU, s, T, VARLEN)
+    n0 = pid_n * BN
+    n = n0 + tl.arange(0, BN)
+    return s, bos, eos, sd, n0, n, n < N
+
+
+@triton.jit
 def tma_store_rows(Hout, hv, row0, t, ok, c, mc, W):
     """Store the ``(BT, C)`` tile ``hv`` at rows ``row0 + t`` (int64) and columns ``c`` of ``Hout``
     (rows of ``W`` elements), where ``ok`` (row in its sequence) and ``mc`` (column in range)."""
@@ -81,12 +94,7 @@ def tma_tile_store(Hout, SH, hv, row0, sd, ts, t, ok, c, mc, W, c0, TSTORE: tl.c
 @triton.jit(do_not_specialize=["T"])
 def _diag_fwd_tma_kernel(DA, DB, Hout, Init, Final, CU, T, N, BT: tl.constexpr, BN: tl.constexpr,
                          NS: tl.constexpr, HAS_INIT: tl.constexpr, VARLEN: tl.constexpr):
-    pid_n = tl.program_id(0)
-    s = tl.program_id(1)
-    bos, eos, sd = tma_seq(CU, s, T, VARLEN)
-    n0 = pid_n * BN
-    n = n0 + tl.arange(0, BN)
-    mn = n < N
+    s, bos, eos, sd, n0, n, mn = tma_program(CU, T, N, BN, VARLEN)
     r = tl.arange(0, BT)
     last = (r == BT - 1)[:, None]
     if HAS_INIT:

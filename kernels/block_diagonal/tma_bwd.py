@@ -36,7 +36,7 @@ import triton.language as tl
 
 from .._host import cdiv, device_name, row_by_name
 from .fwd import _affine_combine
-from .tma import _AUTO_ROW_ALIGN, TensorDescriptor, tma_seq, tma_tensors_ok, tma_tile_store
+from .tma import _AUTO_ROW_ALIGN, TensorDescriptor, tma_program, tma_tensors_ok, tma_tile_store
 
 __all__ = ["DiagBwdTiles", "diag_tma_backward", "diag_tma_bwd_config", "diag_tma_bwd_usable"]
 
@@ -50,12 +50,7 @@ def _diag_bwd_tma_kernel(DA, DG, DH, Aa, H0, DHT, dA, dB, dH0, SA, SB, CU, T, N,
     ``(1, T_total, N)`` with ``CU``), boxes ``(1, BT, BN)``; ``Aa`` the plain ``a`` (``dh0``);
     ``H0``, ``DHT``, ``dH0`` ``(nseq, N)`` (``dH0`` fp32); ``dA``, ``dB`` plain outputs and ``SA``,
     ``SB`` their descriptors (``TSTORE``)."""
-    pid_n = tl.program_id(0)
-    s = tl.program_id(1)
-    bos, eos, sd = tma_seq(CU, s, T, VARLEN)
-    n0 = pid_n * BN
-    n = n0 + tl.arange(0, BN)
-    mn = n < N
+    s, bos, eos, sd, n0, n, mn = tma_program(CU, T, N, BN, VARLEN)
     so = s.to(tl.int64) * N + n
     r = tl.arange(0, BT)
     # the row of the composed (flipped) scan that holds the tile's whole map: row 0's suffix

@@ -13,10 +13,11 @@ import torch  # noqa: E402
 
 from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod, tune_fixture  # noqa: E402
 from test_kernels_lookback import inputs, spy  # noqa: E402
-from test_kernels_tma import pytestmark  # noqa: E402, F401  (the same skip)
+import test_kernels_tma  # noqa: E402
 
 from lrnn_scan.kernels.block_diagonal import lookback_bwd, plan, tma_bwd  # noqa: E402
 
+pytestmark = test_kernels_tma.pytestmark  # the same skip: the interpreter or a GPU with TMA
 _tune = tune_fixture(dict(diag_tma_bwd=True, tma_bwd_bt=16, tma_bwd_bn=8), dict(bt=8, bn=16))
 # (scan.TUNE cleared and set to these around each test: "auto", the default, takes this backward
 # only on an H200 and never on CPU tensors, test_rule_and_config)

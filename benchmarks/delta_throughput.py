@@ -147,10 +147,10 @@ VARIANTS = {
     "inv_r128": {"maxnreg": {"inv": 128}},
     "inv_r96": {"maxnreg": {"inv": 96}},
     "wy_bwd_r168": {"maxnreg": {"wy_bwd": 168}},
-    # the output kernels capped at 160 registers: the gated token-chunk kernel 195 -> 160 without
-    # spills (sm_90a), 3 programs an SM instead of 2 (fifty-fifth session; not yet timed)
-    "out_r160": {"maxnreg": {"output": 160}},
-    "out_r168": {"maxnreg": {"output": 168}},
+    # the token-chunk output kernel capped at 160 registers: gated 195 -> 160 without spills
+    # (sm_90a), 3 programs an SM instead of 2 (fifty-fifth session; not yet timed)
+    "out_r160": {"maxnreg": {"output_tok": 160}},
+    "out_r168": {"maxnreg": {"output_tok": 168}},
     "wy_bwd_r128": {"maxnreg": {"wy_bwd": 128}},
     # twelfth session: the token-chunk output kernel in a forward with gradients (per-chunk states,
     # dense query rows, n_h times fewer state tiles read; n_h > 1 only), and dqkwg_bwd's dO H^T on

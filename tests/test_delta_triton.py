@@ -121,22 +121,27 @@ def test_tri_inv64_key_widths_match_loop(case, monkeypatch):
 
 
 def test_maxnreg_caps_reach_the_launches_and_bad_caps_are_refused(monkeypatch):
-    """TUNE["maxnreg"] (register caps of tri_inv64, wy_bwd and the output kernels, GPU-only: the
-    interpreter drops the option): a capped fwd+bwd still matches the uncapped one, and a cap
-    outside [24, 255] or a non-dict is refused with the key named."""
+    """TUNE["maxnreg"] (register caps of tri_inv64, wy_bwd and the token-chunk output kernel,
+    GPU-only: the interpreter drops the option): a capped fwd+bwd still matches the uncapped one,
+    and a cap outside [24, 255] or a non-dict is refused with the key named."""
     from lrnn_scan.kernels.delta_product import function as fn
 
     q, k, v, beta, g, _ = make_inputs(1, 70, 1, 1, 16, 16, True, 2.0, dtype=torch.float32)
     xs = [x.requires_grad_() for x in (q, k, v, beta, g)]
     ref = chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")[0]
     ref_g = torch.autograd.grad(ref.sum(), xs)
-    monkeypatch.setitem(fn.TUNE, "maxnreg", {"inv": 128, "wy_bwd": 168, "output": 160})
-    assert fn._regs("inv") == {"maxnreg": 128} and fn._regs("output") == {"maxnreg": 160}
+    monkeypatch.setitem(fn.TUNE, "maxnreg", {"inv": 128, "wy_bwd": 168, "output_tok": 160})
+    assert fn._regs("inv") == {"maxnreg": 128} and fn._regs("output_tok") == {"maxnreg": 160}
     assert fn._regs("state_fused") == {}
     o = chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")[0]
     torch.testing.assert_close(o, ref)
     for a, b in zip(torch.autograd.grad(o.sum(), xs), ref_g):
         torch.testing.assert_close(a, b)
+    q2, k2, v2, b2, g2, _ = make_inputs(1, 70, 2, 1, 16, 16, True, 2.0, dtype=torch.float32)
+    with torch.no_grad():  # n_h = 2 without gradients: the token-chunk output kernel, capped
+        o2 = chunk_delta_product(q2, k2, v2, b2, g2, chunk_size=64, backend="triton")[0]
+        monkeypatch.setitem(fn.TUNE, "maxnreg", {})
+        torch.testing.assert_close(o2, chunk_delta_product(q2, k2, v2, b2, g2, chunk_size=64, backend="triton")[0])
     for bad in ({"inv": 300}, {"wy_bwd": 16}, {"inv": 128.0}, {"inv": True}, [("inv", 128)]):
         monkeypatch.setitem(fn.TUNE, "maxnreg", bad)
         with pytest.raises(ValueError, match="maxnreg"):

@@ -127,12 +127,13 @@ TUNE = dict(
     # registers a thread on sm_90a (K=V=128 bf16), which holds tri_inv64 (1 warp) to 8 programs
     # an SM and wy_bwd (4 warps, 72 KiB shared) to 2; a cap trades spills for programs in flight
     # (tri_inv64 at 128: 16, wy_bwd at 168: 3). Opt-in, not yet timed (tenth session).
-    # "output" (both output kernels): the gated token-chunk output kernel (the forward without
-    # gradients at n_h > 1) takes 195 registers where the ungated one takes 154 (sm_90a, Triton
-    # 3.6, K=V=128 bf16, RAW_H), so 2 four-warp programs an SM instead of 3; capped at 160 it
-    # compiles without spills. H200 (fifty-fifth session, torch.profiler, B8 T4096 H16 n_h 4) the
+    # "output_tok" (output_tok_fwd_kernel): the gated token-chunk output kernel (the forward
+    # without gradients at n_h > 1) takes 195 registers where the ungated one takes 154 (sm_90a,
+    # Triton 3.6, K=V=128 bf16, RAW_H), so 2 four-warp programs an SM instead of 3; capped at 160
+    # it compiles without spills. H200 (fifty-fifth session, torch.profiler, B8 T4096 H16 n_h 4) the
     # gate took that kernel from 783 to 1199 us, most of the gated forward's excess over fla.
-    # Opt-in, not yet timed (delta_throughput.py --variants out_r160)
+    # Opt-in, not yet timed (delta_throughput.py --variants out_r160). Not for output_fwd_kernel:
+    # at 94 / 113 registers uncapped, a cap of 160 lets ptxas take 150 / 154
     maxnreg={},
 )
 
@@ -334,13 +335,13 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                 qf, kf, gcum, hs, vn, o, tch_out["first"], tch_out["count"], ch["start"], ch["length"],
                 scale, H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw,
                 RAW_H=raw_h, HS_CHUNK=tch is None,
-                num_warps=TUNE["output"][0], num_stages=TUNE["output"][1], **_regs("output"))
+                num_warps=TUNE["output"][0], num_stages=TUNE["output"][1], **_regs("output_tok"))
         elif NC > 0:
             BVo = _bv("output", BVf)
             output_fwd_kernel[(cdiv(V, BVo), NC, H)](
                 qf, kf, gcum, hs, vn, o, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
                 BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw, RAW_H=raw_h,
-                num_warps=TUNE["output"][0], num_stages=TUNE["output"][1], **_regs("output"))
+                num_warps=TUNE["output"][0], num_stages=TUNE["output"][1])
         keep = own and TUNE["save_states"] and NC > 0 and tch is None
         ctx.save_for_backward(qf, kf, vf, bf, gf, h0c, gcum, Ainv, W, U,
                               hs if keep else None, vn if keep else None)

@@ -148,7 +148,8 @@ def shape_rows(shapes, label, bwd, rows_fn, dtype="fp32"):
         cp = rows[key]["copy"]
         line = " ".join(f"{k} {v:.4f} ({cp / v * 100:.0f}%)" for k, v in rows[key].items())
         print(f"{key} {label} {'fwd+bwd' if bwd else 'fwd'} {dtype}, ms (% of same-size copy): {line}; "
-              f"worst rel. diff to default {worst:.1e}{'' if worst < _TOL[dtype] else ' MISMATCH'}", flush=True)
+              f"worst rel. diff to default {worst:.1e}{'' if worst < _TOL[dtype] else ' MISMATCH'}",
+              flush=True)
     return fails, rows
 
 

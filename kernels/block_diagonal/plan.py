@@ -8,8 +8,9 @@ A plan is ``(chunk, lookback, bwd_lookback)``, the arguments of ``scan._run_forw
 or True: ``tma_blocks.py``, ``lookback2.py``, ``lookback4.py``, ``lookback_dot.py``, and for
 ``m = 1`` ``lookback.py``), ``bwd_lookback`` the backward (False: ring / tile, chunked with the
 forward's chunk products where ``chunk`` is set; ``"tma"``, True: ``tma_blocks_bwd.py``,
-``lookback2_bwd.py`` / ``lookback4_bwd.py``, for ``m = 1`` ``tma_bwd.py`` / ``lookback_bwd.py``). The rules read
-``scan.TUNE`` and the device (SMs, name); each one's measurements are in its docstring.
+``lookback2_bwd.py`` / ``lookback4_bwd.py``, for ``m = 1`` ``tma_bwd.py`` / ``lookback_bwd.py``).
+The rules read ``scan.TUNE`` and the device (SMs, name); each one's measurements are in its
+docstring.
 
 ``backward_plan`` gives a custom op's backward its half of the plan from what the forward left
 (chunk products or not), since the op's backward cannot see the forward's Python state.

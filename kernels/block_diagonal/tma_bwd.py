@@ -91,15 +91,16 @@ def _diag_bwd_tma_kernel(DA, DG, DH, Aa, H0, DHT, dA, dB, dH0, SA, SB, CU, T, N,
 
 
 # "auto" takes this backward on the GPUs named here (a substring of the name), for rows of a
-# multiple of 64 bytes (``tma._AUTO_ROW_ALIGN``, as the forward's rule) of fixed-length batches (no ``cu_seqlens``: its masked stores lost, B8 T2048 N768 fp32 0.1779 ms
-# against 0.1100 with TMA stores) of at least ``_AUTO_MIN_T`` steps: ``{GPU: {element size of b:
+# multiple of 64 bytes (``tma._AUTO_ROW_ALIGN``, as the forward's rule) of fixed-length batches
+# (no ``cu_seqlens``: its masked stores lost, B8 T2048 N768 fp32 0.1779 ms against 0.1100 with
+# TMA stores) of at least ``_AUTO_MIN_T`` steps: ``{GPU: {element size of b:
 # (((lo, hi), (BT, BN, num_warps, num_stages)), ...)}}``, the band holding ``nseq * cdiv(N, 16) /
 # SMs`` programs an SM. H200 fwd+bwd, CUDA graphs, medians of 3 rounds, ms, default (the look-back
 # backward below about 4 programs an SM, the tile backward above) -> 64-step / 32-step tiles
 # (RESULTS.md, fifty-fifth session). fp32 T2048 N768: B6 (2.18 an SM) 0.0979 -> 0.1008 (lost),
 # B7 (2.55) 0.1089 -> 0.1028 / 0.1126, B8 (2.91) 0.1222 -> 0.1100 / 0.1201, B9 (3.27) 0.1366 ->
-# 0.1275 / 0.1317, B10 (3.64) 0.1500 -> 0.1405 / 0.1391, B12 (4.36) 0.1944 -> 0.1632 (32 x 16;
-# 32 channels: 0.1721 / 0.1690), B14 (5.09) 0.2161 -> 0.2116 / 0.1943; B8 T4096 N768 (2.91) 0.2373
+# 0.1275 / 0.1317, B10 (3.64) 0.1500 -> 0.1405 / 0.1391, B12 (4.36) 0.1937 -> 0.1632 (32 x 16,
+# one call; 32 channels: 0.1721 / 0.1690 against 0.1944 in another), B14 (5.09) 0.2161 -> 0.2116 / 0.1943; B8 T4096 N768 (2.91) 0.2373
 # -> 0.2159 / 0.2377; B16 T1024 N768 (5.82) 0.1237 -> 0.1126 (32 x 16; 32 channels: 0.1136 /
 # 0.1090, another call); B8 T2048 N1536 (5.82) 0.2375 -> 0.2473 / 0.2223; at 7.27
 # (B20 T1024) 0.1578 -> 0.1523 / 0.1560, past it lost (B24 T1024 8.73, B8 N2048 7.76, B32 T512

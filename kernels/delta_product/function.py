@@ -126,15 +126,18 @@ TUNE = dict(
     # register caps (ptx .maxnreg) by launch: "inv" (tri_inv64) and "wy_bwd". Both sit at 255
     # registers a thread on sm_90a (K=V=128 bf16), which holds tri_inv64 (1 warp) to 8 programs
     # an SM and wy_bwd (4 warps, 72 KiB shared) to 2; a cap trades spills for programs in flight
-    # (tri_inv64 at 128: 16, wy_bwd at 168: 3). Opt-in, not yet timed (tenth session).
-    # "output_tok" (output_tok_fwd_kernel): the gated token-chunk output kernel (the forward
-    # without gradients at n_h > 1) takes 195 registers where the ungated one takes 154 (sm_90a,
-    # Triton 3.6, K=V=128 bf16, RAW_H), so 2 four-warp programs an SM instead of 3; capped at 160
-    # it compiles without spills. H200 (fifty-fifth session, torch.profiler, B8 T4096 H16 n_h 4) the
-    # gate took that kernel from 783 to 1199 us, most of the gated forward's excess over fla.
-    # Opt-in, not yet timed (delta_throughput.py --variants out_r160). Not for output_fwd_kernel:
-    # at 94 / 113 registers uncapped, a cap of 160 lets ptxas take 150 / 154
-    maxnreg={},
+    # (tri_inv64 at 128: 16, wy_bwd at 168: 3). Opt-in: on an H100 (2026-11-26) they lost everywhere,
+    # the spills costing more than the programs gained (tri_inv64 at 128 fwd 1.35-1.45x, wy_bwd at
+    # 168 fwd+bwd 1.03-1.04x; RESULTS.md).
+    # "output_tok" (output_tok_fwd_kernel, the token-chunk output at n_h > 1, with gradients or
+    # without): capped at 160 by default. Gated, it takes 195 registers uncapped where the ungated
+    # one takes 154 (sm_90a, Triton 3.6, K=V=128 bf16, RAW_H): 2 four-warp programs an SM instead
+    # of 3. At 160 it compiles without spills, and an H200 (2026-12-03, delta_throughput.py
+    # --variants out_r160, B8 T4096 H16 bf16) ran the gated forward 0.949x / 0.950x the uncapped
+    # time at n_h 2 / 4 (1.941 -> 1.843 ms, 3.694 -> 3.508 ms; n_h 1 does not launch it: 1.001x).
+    # Not for output_fwd_kernel: at 94 / 113 registers uncapped, a cap of 160 lets ptxas take
+    # 150 / 154, fewer programs an SM
+    maxnreg={"output_tok": 160},
 )
 
 _FORMS = {False: 0, None: 0, "wu": 1, True: 1, "assoc": 2}

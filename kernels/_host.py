@@ -95,6 +95,16 @@ def row_by_name(table: dict, name: str):
     return next((row for key, row in table.items() if key in name), None)
 
 
+def band_choice(bands, per_sm: float, right_closed: bool = True):
+    """The choice of the first band ``((lo, hi), choice)`` of ``bands`` that holds ``per_sm``
+    (programs per SM), or None: ``lo < per_sm <= hi`` where ``right_closed`` (the wave-tail
+    tables of ``device_band``), else ``lo <= per_sm < hi`` (the TMA tile tables, whose bands
+    were measured from their lower edge up)."""
+    if right_closed:
+        return next((choice for (lo, hi), choice in bands if lo < per_sm <= hi), None)
+    return next((choice for (lo, hi), choice in bands if lo <= per_sm < hi), None)
+
+
 def device_band(table: dict, device, key, per_sm: float):
     """The launch choice of a wave-tail band table for ``device``, or None. ``table`` maps a GPU
     name substring (``row_by_name``) to ``{key: (((lo, hi), choice), ...)}``; the first band with
@@ -102,5 +112,4 @@ def device_band(table: dict, device, key, per_sm: float):
     without a row, a row without ``key``, or ``per_sm`` outside every band."""
     if device is None or device.type != "cuda":
         return None
-    bands = (row_by_name(table, device_name(device)) or {}).get(key, ())
-    return next((choice for (lo, hi), choice in bands if lo < per_sm <= hi), None)
+    return band_choice((row_by_name(table, device_name(device)) or {}).get(key, ()), per_sm)

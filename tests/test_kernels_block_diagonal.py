@@ -250,6 +250,10 @@ def test_device_band():
         mp.setitem(host._NAMES, 7, "NVIDIA H100 80GB HBM3")
         assert host.device_band(table, dev, "k", 1.5) is None
     assert host.device_band(table, torch.device("cpu"), "k", 1.5) is host.device_band(table, None, "k", 1.5) is None
+    # the TMA tile tables' bands hold their lower edge instead ([lo, hi))
+    bands = table["H200"]["k"]
+    got = [host.band_choice(bands, x, right_closed=False) for x in (0.5, 1.0, 1.5, 2.0, 3.9, 4.0)]
+    assert got == [None, "a", "a", "b", "b", None] and host.band_choice((), 1.0) is None
 
 
 def test_diagonal_varlen_chunked():

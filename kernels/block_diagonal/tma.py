@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv, device_name, row_by_name
+from .._host import band_choice, cdiv, device_name, row_by_name
 from .fwd import _affine_combine
 
 try:  # Triton >= 3.3 (host-side descriptors); older Triton: the tile kernel only
@@ -240,8 +240,7 @@ def _many_cfg(b, N: int, nseq: int, sms: int):
     if b.shape[1] < _MANY_MIN_T:
         return None
     rows = (row_by_name(_MANY_BY_DEVICE, device_name(b.device)) or {}).get(b.element_size(), ())
-    per_sm = nseq * cdiv(N, 64) / sms
-    return next((cfg for (lo, hi), cfg in rows if lo <= per_sm < hi), None)
+    return band_choice(rows, nseq * cdiv(N, 64) / sms, right_closed=False)
 
 
 def _auto_takes(b, nseq: int, sms: int, many: bool) -> bool:

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._host import cdiv, device_name, row_by_name
+from .._host import band_choice, cdiv, device_name, row_by_name
 from .fwd import _affine_combine
 from .tma import _AUTO_ROW_ALIGN, TensorDescriptor, tma_program, tma_tensors_ok, tma_tile_store
 
@@ -117,8 +117,7 @@ def _auto_tiles(b, nseq: int, max_len: int, varlen: bool, sms: int):
     if not b.is_cuda or varlen or max_len < _AUTO_MIN_T or b.shape[2] * b.element_size() % _AUTO_ROW_ALIGN:
         return None
     rows = (row_by_name(_AUTO_BY_DEVICE, device_name(b.device)) or {}).get(b.element_size(), ())
-    per_sm = nseq * cdiv(b.shape[2], 16) / sms
-    return next((cfg for (lo, hi), cfg in rows if lo <= per_sm < hi), None)
+    return band_choice(rows, nseq * cdiv(b.shape[2], 16) / sms, right_closed=False)
 
 
 class DiagBwdTiles(NamedTuple):

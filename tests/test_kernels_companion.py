@@ -6,20 +6,12 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 os.environ["LRNN_SCAN_POISON"] = "1"  # outputs start as NaN: every element must be written
 
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-try:
-    from lrnn_scan.kernels.companion import (companion_scan, companion_scan_coeffs,  # noqa: E402
-                                             companion_scan_coeffs_ref, companion_scan_ref)
-except ImportError:  # source tree without an install
-    from kernels.companion import (companion_scan, companion_scan_coeffs,  # noqa: E402
-                                   companion_scan_coeffs_ref, companion_scan_ref)
+from lrnn_scan.kernels.companion import (companion_scan, companion_scan_coeffs,  # noqa: E402
+                                         companion_scan_coeffs_ref, companion_scan_ref)
 from lrnn_scan.gates import normalize_gates  # noqa: E402
 
 _kmod = sys.modules[companion_scan.__module__]

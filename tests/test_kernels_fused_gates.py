@@ -6,20 +6,12 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 os.environ["LRNN_SCAN_POISON"] = "1"  # outputs start as NaN: every element must be written
 
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-try:
-    from lrnn_scan.kernels.fused_gates import (fused_gate_scan, fused_gate_scan_ref,  # noqa: E402
-                                               materialized_block_scan, block_scan_ref)
-except ImportError:  # source tree without an install
-    from kernels.fused_gates import (fused_gate_scan, fused_gate_scan_ref,  # noqa: E402
-                                     materialized_block_scan, block_scan_ref)
+from lrnn_scan.kernels.fused_gates import (fused_gate_scan, fused_gate_scan_ref,  # noqa: E402
+                                           materialized_block_scan, block_scan_ref)
 from lrnn_scan.gates import normalize_gates  # noqa: E402
 
 _kmod = sys.modules[fused_gate_scan.__module__]

@@ -131,8 +131,8 @@ TUNE = dict(
     # 168 fwd+bwd 1.03-1.04x; RESULTS.md).
     # "output_tok" (output_tok_fwd_kernel, the token-chunk output at n_h > 1, with gradients or
     # without): capped at 160 by default. Gated, it takes 195 registers uncapped where the ungated
-    # one takes 154 (sm_90a, Triton 3.6, K=V=128 bf16, RAW_H): 2 four-warp programs an SM instead
-    # of 3. At 160 it compiles without spills, and an H200 (2026-12-03, delta_throughput.py
+    # one takes 154 (sm_90a, Triton 3.6, K=V=128 bf16, RAW_H, n_h 4; 190 / 144 at n_h 2): 2 four-warp
+    # programs an SM instead of 3. At 160 it compiles without spills (4 bytes at n_h 2), and an H200 (2026-12-03, delta_throughput.py
     # --variants out_r160, B8 T4096 H16 bf16) ran the gated forward 0.949x / 0.950x the uncapped
     # time at n_h 2 / 4 (1.941 -> 1.843 ms, 3.694 -> 3.508 ms; n_h 1 does not launch it: 1.001x).
     # Not for output_fwd_kernel: at 94 / 113 registers uncapped, a cap of 160 lets ptxas take

@@ -242,8 +242,13 @@ def _agreement(ours, theirs, grad_of=None, do=None):
 def profile(a, fn, fla=None):
     """Per-kernel CUDA times (torch.profiler) of one fwd+bwd per config; with ``fla``, fla's
     ``chunk_gated_delta_product`` on the same inputs right after ours, so that each of our backward
-    kernels can be set beside its fla counterpart (same GPU, same run)."""
+    kernels can be set beside its fla counterpart (same GPU, same run). Each table is printed and
+    appended to ``<out>/delta_profile.txt`` as soon as it is taken, so a run cut short (a device
+    call's time limit; a cold start compiles and fla autotunes first) keeps the tables it took."""
     from torch.profiler import ProfilerActivity, profile as prof
+
+    log = Path(a.out) / "delta_profile.txt"
+    log.parent.mkdir(parents=True, exist_ok=True)
 
     def one(name, call, xs, do):
         for _ in range(2):
@@ -254,8 +259,12 @@ def profile(a, fn, fla=None):
         with prof(activities=[ProfilerActivity.CUDA]) as p:
             call().backward(do)
             torch.cuda.synchronize()
-        print(f"--- profile {name} (one fwd+bwd)")
-        print(p.key_averages().table(sort_by="cuda_time_total", row_limit=16))
+        text = (f"--- profile {name} (one fwd+bwd; B={a.B} T={a.T} H={a.H} K=V={a.K} bf16, "
+                f"{torch.cuda.get_device_name()})\n"
+                + p.key_averages().table(sort_by="cuda_time_total", row_limit=16) + "\n")
+        print(text, flush=True)
+        with open(log, "a") as f:
+            f.write(text)
         for x in xs:
             x.grad = None
 

@@ -9,12 +9,15 @@ Writes ``<out>/delta_throughput.{csv,json}`` and appends dated rows to ``benchma
 
     python benchmarks/delta_throughput.py [--nh 1 2 3 4] [--out benchmarks/out] [--results benchmarks/RESULTS.md]
 
-``--variants [NAME ...]`` times ``function.TUNE`` settings against the default instead (``VARIANTS`` below;
-all of ``DEFAULT_VARIANTS`` when no name is given) at n_h ∈ {1, 2} (unless ``--nh``), gated and
-ungated, forward and forward+backward, after checking each variant's bf16 error ratios against an fp64
-reference (torch backend on the same bf16-rounded inputs; B=2, T=1024, H=``--check-H`` 4, β ≤ 2,
-with initial and final states, as tests/gpu/test_gpu_delta.py; bound 5e-3). Writes
-``<out>/delta_variants.{csv,json}`` and a table in the results file. ``--variants ... --emulate`` runs
+``--variants [NAME ...]`` times ``function.TUNE`` settings against the default instead
+(``VARIANTS`` in ``delta_variants.py``; all of ``DEFAULT_VARIANTS`` when no name is given) at
+n_h ∈ {1, 2} (unless ``--nh``), gated and ungated, forward and forward+backward, after checking
+each variant's bf16 error ratios against an fp64 reference (torch backend on the same bf16-rounded
+inputs; B=2, T=1024, H=``--check-H`` 4, β ≤ 2, with initial and final states, as
+tests/gpu/test_gpu_delta.py; bound 5e-3). Writes
+``<out>/delta_variants.{csv,json}`` and a table in the results file. ``--dtype fp32`` runs that
+mode on float32 inputs with TF32 off (error bound 1e-4, as the GPU tests'; e.g. the ``fp32_tf32x3``
+variant, ``TUNE["fp32_dot"]``). ``--variants ... --emulate`` runs
 only that error check, on the CPU (Triton interpreter with the GPU's rounding emulated, see
 ``delta_accuracy.emulate_gpu_rounding``; minutes per variant and configuration at the full check size).
 
@@ -41,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.delta_accuracy import (  # noqa: E402
     ERR_BOUND, bf16_case, emulate_gpu_rounding, error_vs_fp64, fla_layout)
+from benchmarks.delta_variants import DEFAULT_VARIANTS, VARIANTS  # noqa: E402
 
 # fla's measurements (peers.md; one H200, torch 2.11, Triton 3.6) — reference only, not this run
 PEERS_FLA_H200 = {  # (n_h, gated, mode) -> ms
@@ -49,127 +53,6 @@ PEERS_FLA_H200 = {  # (n_h, gated, mode) -> ms
     (3, True, "fwd"): 2.772, (3, False, "fwd"): 2.656, (3, False, "fwd+bwd"): 9.47,
     (4, False, "fwd"): 3.451, (4, False, "fwd+bwd"): 12.36,
 }
-
-
-# settings of lrnn_scan.kernels.delta_product.function.TUNE (TUNING.md "Fused W/U"), each a set
-# of overrides; the combinations compile nothing beyond their parts
-VARIANTS = {
-    "default": {},                                   # fuse_wu "assoc" + inv_batched (H100 2026-11-24),
-                                                     # save_states (H100 2026-11-25)
-    "stored_wu": {"fuse_wu": False, "inv_batched": False},  # the default until 2026-11-24
-    "fuse_wu": {"fuse_wu": "wu"},
-    "fuse_assoc": {"fuse_wu": "assoc"},
-    "inv_batched": {"inv_batched": True},
-    "fuse_wu+inv_batched": {"fuse_wu": "wu", "inv_batched": True},
-    "fuse_assoc+inv_batched": {"fuse_wu": "assoc", "inv_batched": True},
-    # launch settings of the fused state kernels (more registers live: A, K, W); by name only
-    "fuse_wu_8w": {"fuse_wu": "wu", "state_fused": (8, 2, 64), "state_bwd_fused": (8, 2, 64)},
-    "fuse_assoc_8w": {"fuse_wu": "assoc", "state_fused": (8, 2, 64), "state_bwd_fused": (8, 2, 64)},
-    "fuse_wu_bv32": {"fuse_wu": "wu", "state_fused": (4, 3, 32), "state_bwd_fused": (4, 3, 32)},
-    # A stored in float16 (new pointer dtype: recompiles tri_inv64, wu_fwd, wy_bwd, the state kernels)
-    "a_16bit": {"a_16bit": True},
-    "fuse_wu+a_16bit": {"fuse_wu": "wu", "a_16bit": True},
-    "fuse_assoc+a_16bit": {"fuse_wu": "assoc", "a_16bit": True},
-    # the backward reuses the forward's chunk-start states and Vn (no state recompute; more memory;
-    # the default since 2026-11-25); recompute_states = the default before
-    "save_states": {"save_states": True},
-    "recompute_states": {"save_states": False},
-    "save_states+a_16bit": {"save_states": True, "a_16bit": True},
-    # dqkwg_bwd split over K (partial dG summed): fewer accumulators per program, dO Vn^T per slice
-    "dqkwg_k2": {"dqkwg_ksplit": 2},
-    "dqkwg_k2_4w": {"dqkwg_ksplit": 2, "dqkwg": (4, 3, 32)},
-    "dqkwg_4w": {"dqkwg": (4, 3, 32)},
-    # forward launch settings (issue 4: the gated forward was 1.19x fla's on an H100, 2026-11-25;
-    # the profile: state_fwd_fused 0.50 / 0.65 ms ungated / gated, output_fwd 0.53 / 0.55, tri_inv64
-    # 0.25 / 0.29): more programs (BV 32), other pipelining depths, 8 warps
-    "state_bv32": {"state_fused": (4, 3, 32)},
-    "state_ns2": {"state_fused": (4, 2, 64)},
-    "state_ns4": {"state_fused": (4, 4, 64)},
-    "state_8w": {"state_fused": (8, 3, 64)},
-    "output_ns2": {"output": (4, 2, 64)},
-    "output_bv32": {"output": (4, 3, 32)},
-    "output_8w_bv128": {"output": (8, 2, 128)},
-    # tri_inv64 with 2 / 4 warps: with 1 it spills ~1.1 KB per thread on sm_90a, with 2 none ungated
-    # (56 B gated); 2 warps were 1.6x slower on an H200 before the batched inverse (TUNE comment);
-    # with it, 2 warps: fwd 1.03-1.04x on an H100 (2026-11-25, seventh session)
-    "inv_2w": {"inv": (2, 1)},
-    "inv_4w": {"inv": (4, 1)},
-    # wy_bwd's key side in K slices (wy_bwd.py KS). sm_90a, RAW, K=128, ungated / gated spill bytes,
-    # shared memory: default (8 warps) 44 / 112 B, 160 KiB (one CTA per SM); 4 slices 0 / 84 B,
-    # 72 KiB; 4 slices at 4 warps 44 / 72 B, 72 KiB, 255 registers: two CTAs per SM
-    "wy_bwd_k2": {"wy_bwd_ksplit": 2},
-    "wy_bwd_k4_8w": {"wy_bwd_ksplit": 4, "wy_bwd": (8, 1, 64)},   # 1.03x the unsplit 8-warp time
-    "wy_bwd_k4_4w": {"wy_bwd_ksplit": 4, "wy_bwd": (4, 1, 64)},   # the default since 2026-11-25 (7th)
-    "wy_bwd_k1": {"wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)},       # the default before: 1.10-1.11x
-    # the "assoc" backward state kernel (state_fused.py LEAN). sm_90a spills per thread (ptxas,
-    # K=V=128, 4 warps), ungated / gated: first order (3 stages) 524 / 830 bytes, lean 520 / 504,
-    # lean with 1 stage 288 / 136 (the default since 2026-11-25, seventh session: H100 fwd+bwd
-    # 0.871-0.909x bwd_first at n_h 1-2; bwd_first_ns1 0.905-0.985x, bwd_lean_ns3 0.928-0.966x)
-    "bwd_first": {"state_bwd_lean": False, "state_bwd_fused": (4, 3, 64)},
-    "bwd_first_ns1": {"state_bwd_lean": False},
-    "bwd_lean_ns3": {"state_bwd_fused": (4, 3, 64)},
-    # the forward without gradients before 2026-11-26: one state per 64 sub-steps and fp32 Vn
-    # (the defaults now keep one state per 64 tokens at n_h > 1 and Vn in bf16 there). These change
-    # the "fwd" rows only: fwd+bwd keeps every chunk's state and an fp32 Vn for the backward
-    "per_chunk_fp32vn": {"token_chunk_output": False, "vn_16bit": False},
-    "per_chunk": {"token_chunk_output": False},
-    "fp32vn": {"vn_16bit": False},
-    # Vn in bf16 for the backward too (dk error 4.78e-3 on 2026-11-24, close to the 5e-3 bound)
-    "vn16_always": {"vn_16bit": True},
-    # the backward's dH chunk states in bf16 (fla keeps them in the inputs' dtype): 268 MB less
-    # written by the state kernel and read by dqkwg_bwd at n_h = 1, B8 T4096 H16 K=V=128
-    "dhs16": {"dhs_16bit": True},
-    # the lean backward state step reloads its key tile (sm_90a spills 288 -> 156 B ungated,
-    # 136 -> 24 gated at n_h = 1)
-    "bwd_reload_k": {"state_bwd_reload_k": True},
-    "bwd_reload_k_dhs16": {"state_bwd_reload_k": True, "dhs_16bit": True},
-    # the output kernels' Q H on the stored bf16 tiles (registers 168 -> ~96, smem 80 -> 64 KiB)
-    "out_raw_h": {"output_raw_h": True},
-    # the sliced wy_bwd stores dbeta, dg before its second pass (spills 44 -> 0 / 72 -> 24 B);
-    # the token-chunk state store predicated (ungated spills 696 -> 152 B; the "fwd" rows)
-    "wy_early_db": {"wy_bwd_early_db": True},
-    "tok_pred": {"token_state_pred": True},
-    # the ninth session (2026-11-26) changed these defaults: the eighth session's settings
-    # together (s8_default) and one at a time, and the key reload with the gate too
-    "s8_default": {"output_raw_h": False, "token_state_pred": False, "state_bwd_reload_k": False,
-                   "dqkwg_dg_grads": False},
-    "no_raw_h": {"output_raw_h": False},
-    "tok_branch": {"token_state_pred": False},
-    "no_reload_k": {"state_bwd_reload_k": False},
-    "reload_k_always": {"state_bwd_reload_k": True},
-    # the gated dqkwg_bwd's gate term as rowsum(Q dQ) - rowsum(K dK) (no second Q K^T, no [64, 64]
-    # row and column sums; default since 2026-11-26), and the Z form before it; gated fwd+bwd only
-    "dg_grads": {"dqkwg_dg_grads": True},
-    "dg_z": {"dqkwg_dg_grads": False},
-    # register caps (TUNE["maxnreg"]): tri_inv64 at 255 registers runs 8 one-warp programs an SM,
-    # wy_bwd 2 four-warp ones; capped, more fit (16 / 21 at 128 / 96; wy_bwd 3 at 168), at the
-    # cost of spills (sm_90a: tri_inv64 1048 -> 3204 / 3872 B a thread, wy_bwd 32 -> 296 / 628)
-    "inv_r128": {"maxnreg": {"inv": 128}},
-    "inv_r96": {"maxnreg": {"inv": 96}},
-    "wy_bwd_r168": {"maxnreg": {"wy_bwd": 168}},
-    # the token-chunk output kernel capped at 160 registers: gated 195 -> 160 without spills
-    # (sm_90a), 3 programs an SM instead of 2; the default since 2026-12-03 (H200 gated fwd 0.949x /
-    # 0.950x at n_h 2 / 4). out_nocap: no cap anywhere, the default before
-    "out_r160": {"maxnreg": {"output_tok": 160}},
-    "out_nocap": {"maxnreg": {}},
-    "out_r168": {"maxnreg": {"output_tok": 168}},
-    "wy_bwd_r128": {"maxnreg": {"wy_bwd": 128}},
-    # twelfth session: the token-chunk output kernel in a forward with gradients (per-chunk states,
-    # dense query rows, n_h times fewer state tiles read; n_h > 1 only), and dqkwg_bwd's dO H^T on
-    # the bf16 tiles as stored
-    "tok_out_grad": {"token_chunk_output_grad": True},
-    "dqkwg_raw_h": {"dqkwg_raw_h": True},
-    "tok_out_raw_h": {"token_chunk_output_grad": True, "dqkwg_raw_h": True},
-    "s11_default": {"token_chunk_output_grad": False, "dqkwg_raw_h": False},
-    # thirteenth session: every 16-bit storage opt-in at once (A in fp16, Vn and the backward's dH
-    # in bf16; the recurrences stay fp32 in registers) -- the nearest this code gets to fla's 16-bit
-    # intermediates without changing a kernel: how much of the fwd+bwd gap to fla is storage?
-    "all16": {"a_16bit": True, "vn_16bit": True, "dhs_16bit": True},
-}
-# (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
-# every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)
-# (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
-DEFAULT_VARIANTS = ["default", "per_chunk_fp32vn", "per_chunk", "fp32vn"]
 DEVICE = "cuda"         # a CPU smoke test of the script's logic sets "cpu" (interpreter)
 
 
@@ -341,8 +224,13 @@ def _time_fla(fla, q, k, v, beta, g, n_h, grad_of, do):
     return time_fn(call, grad_of, do)
 
 
+FP32_BOUND = 1e-4   # the float32 error bound of tests/gpu/test_gpu_delta.py
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
 def run_variants(a, fn, dev):
-    """Each variant's bf16 error ratios (small size) first, then forward and forward+backward times."""
+    """Each variant's error ratios (small size; ``--dtype`` inputs, bf16 by default) first, then
+    forward and forward+backward times."""
     import triton
 
     from lrnn_scan.kernels.delta_product import function as dpf
@@ -353,6 +241,10 @@ def run_variants(a, fn, dev):
         raise SystemExit(f"unknown variants {bad}; known: {list(VARIANTS)}")
     nhs = a.nh or [1, 2]
     gates = [s == "1" for s in a.gated]
+    dtype = DTYPES[a.dtype]
+    bound = ERR_BOUND if a.dtype == "bf16" else FP32_BOUND
+    if a.dtype == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = False   # fp32 means fp32 (TUNE["fp32_dot"] decides)
     base = dict(dpf.TUNE)
 
     def with_tune(name, f):
@@ -371,7 +263,8 @@ def run_variants(a, fn, dev):
     cB, cT, cH = 2, a.check_T, a.check_H
     for n_h in nhs:
         for gated in gates:
-            ref_in, lo_in = bf16_case(cB, cT, n_h, cH, K, K, gated, 2.0, seed=n_h, device=DEVICE)
+            ref_in, lo_in = bf16_case(cB, cT, n_h, cH, K, K, gated, 2.0, seed=n_h, device=DEVICE,
+                                      dtype=dtype)
             gen = torch.Generator(device=DEVICE).manual_seed(9)
             do = torch.randn(cB, cT, cH, K, generator=gen, device=DEVICE, dtype=torch.float64)
             dh = torch.randn(cB, cH, K, K, generator=gen, device=DEVICE, dtype=torch.float64)
@@ -382,9 +275,9 @@ def run_variants(a, fn, dev):
                 res = {lab: ((x.double() - y).norm() / y.norm()).item() for lab, x, y in zip(labels, got, ref)}
                 worst = max(res, key=lambda k_: res[k_] if res[k_] == res[k_] else float("inf"))
                 err[(name, n_h, gated)] = (res[worst], worst)
-                ok = res[worst] <= ERR_BOUND
+                ok = res[worst] <= bound
                 print(f"[check] {name:24s} n_h={n_h} gated={int(gated)} worst {res[worst]:.3e} ({worst})"
-                      f"{'' if ok else '  FAILS the 5e-3 bound'} | " +
+                      f"{'' if ok else f'  FAILS the {bound} bound'} | " +
                       " ".join(f"{k_}={v_:.2e}" for k_, v_ in res.items()), flush=True)
             del ref_in, lo_in, ref
             torch.cuda.empty_cache()
@@ -394,14 +287,14 @@ def run_variants(a, fn, dev):
     res_path = Path(a.results)
     record = _results_writer(
         res_path, f"delta_throughput.py --variants — {date} — {dev}, torch {torch.__version__}, Triton "
-        f"{triton.__version__}, B={B} T={T} H={H} K=V={K} bf16, chunk {a.chunk}; error: worst bf16 ratio "
-        f"vs fp64 at B={cB} T={cT} H={cH}, β ≤ 2, bound {ERR_BOUND}",
-        ["variant", "TUNE overrides", "n_h", "gated", "mode", "ms", "vs default", "bf16 error (worst)"]
+        f"{triton.__version__}, B={B} T={T} H={H} K=V={K} {a.dtype}, chunk {a.chunk}; error: worst {a.dtype} "
+        f"ratio vs fp64 at B={cB} T={cT} H={cH}, β ≤ 2, bound {bound}",
+        ["variant", "TUNE overrides", "n_h", "gated", "mode", "ms", "vs default", f"{a.dtype} error (worst)"]
         + (["vs fla (same run)"] if a.variants_fla else []))
     rows = []
     for n_h in nhs:
         for gated in gates:
-            q, k, v, beta, g = inputs(B, T, n_h, H, K, K, gated)
+            q, k, v, beta, g = inputs(B, T, n_h, H, K, K, gated, dtype=dtype)
             for mode in a.modes:
                 bwd = mode == "fwd+bwd"
                 xs = [x.requires_grad_(bwd) for x in (q, k, v, beta, g) if x is not None]
@@ -423,13 +316,13 @@ def run_variants(a, fn, dev):
                                B=B, T=T, H=H, K=K, V=K, n_h=n_h, gated=gated, mode=mode, chunk=a.chunk,
                                variant=name, tune=VARIANTS[name], ms=round(t, 4),
                                vs_default=round(t / t_def, 4) if t_def else None,
-                               err=e, err_of=which, err_ok=e <= ERR_BOUND,
+                               dtype=a.dtype, err=e, err_of=which, err_ok=e <= bound,
                                fla_ms=round(t_fla, 4) if t_fla else None,
                                vs_fla=round(t / t_fla, 4) if t_fla else None)
                     rows.append(row)
                     record([name, json.dumps(VARIANTS[name]) if VARIANTS[name] else "—", n_h, int(gated),
                             mode, f"{t:.3f}", rel,
-                            f"{e:.2e} ({which})" + ("" if e <= ERR_BOUND else " **fails**")]
+                            f"{e:.2e} ({which})" + ("" if e <= bound else " **fails**")]
                            + ([rel_fla] if a.variants_fla else []))
                     print(f"n_h={n_h} gated={int(gated)} {mode:8s} {name:24s} {t:8.3f} ms  vs default {rel}"
                           + (f"  vs fla {rel_fla}" if a.variants_fla else "") + f"  err {e:.2e} ({which})",
@@ -482,6 +375,8 @@ def main():
                     help="heads of the --variants and --fla-accuracy error checks (B=2)")
     ap.add_argument("--check-T", type=int, default=1024,
                     help="length of the --variants and --fla-accuracy error checks")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
+                    help="with --variants: the inputs' dtype (fp32: TF32 off, error bound 1e-4)")
     ap.add_argument("--emulate", action="store_true",
                     help="with --variants: the error check only, on the CPU interpreter with the GPU's "
                     "tf32/bf16 rounding emulated (no GPU needed, no timing)")
@@ -489,6 +384,8 @@ def main():
     if a.emulate:
         if a.variants is None:
             raise SystemExit("--emulate goes with --variants")
+        if a.dtype != "bf16":
+            raise SystemExit("--emulate emulates the GPU's bf16 / tf32 rounding: bf16 inputs only")
         global DEVICE
         DEVICE = "cpu"
         os.environ["TRITON_INTERPRET"] = "1"          # before anything imports triton

@@ -148,6 +148,27 @@ def test_maxnreg_caps_reach_the_launches_and_bad_caps_are_refused(monkeypatch):
             chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")[0].sum().backward()
 
 
+def test_fp32_dot_precision_setting(monkeypatch):
+    """TUNE["fp32_dot"]: the dots' precision for float32 inputs with TF32 off ("ieee" or "tf32x3";
+    16-bit inputs and TF32-allowed float32 take "tf32"); a bad value is refused with the key named.
+    The interpreter's dots ignore the precision, so the tf32x3 run must match the fp64 loop as
+    tightly as the default (its GPU accuracy: tests/gpu/test_gpu_delta.py)."""
+    from lrnn_scan.kernels.delta_product import function as fn
+    q16 = torch.zeros(1, 4, 1, 16, dtype=torch.bfloat16)
+    q32 = q16.float()
+    assert fn._cfg(q32, q32, q32, 64)[4] == "ieee" and fn._cfg(q16, q16, q16, 64)[4] == "tf32"
+    monkeypatch.setitem(fn.TUNE, "fp32_dot", "tf32x3")
+    assert fn._cfg(q32, q32, q32, 64)[4] == "tf32x3" and fn._cfg(q16, q16, q16, 64)[4] == "tf32"
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    assert fn._cfg(q32, q32, q32, 64)[4] == "tf32"
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    test_triton_interpreter_matches_loop(30, 16, 2, True, 2.0, [0, 7, 7, 19, 30], 16, 16, "default",
+                                         monkeypatch)
+    monkeypatch.setitem(fn.TUNE, "fp32_dot", "tf32")
+    with pytest.raises(ValueError, match="fp32_dot"):
+        fn._cfg(q32, q32, q32, 64)
+
+
 @pytest.mark.parametrize("variant", ["default", "stored_wu", "fuse_wu"])
 def test_triton_no_grad_and_no_final_state(variant, monkeypatch):
     _tune(monkeypatch, variant)

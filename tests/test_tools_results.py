@@ -335,6 +335,16 @@ def test_delta_throughput_emulate_checks_variants_on_the_cpu():
     assert all("FAILS" not in ln and "nan" not in ln for ln in rows), rows
 
 
+def test_delta_throughput_emulate_refuses_fp32():
+    """--emulate emulates the GPU's bf16 / tf32 rounding, so --dtype fp32 with it is refused."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "delta_throughput.py"), "--variants",
+                        "default", "--emulate", "--dtype", "fp32"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode != 0 and "bf16 inputs only" in r.stderr, (r.returncode, r.stderr[-500:])
+
+
 def test_delta_throughput_variants_name_existing_tune_keys():
     """Every --variants override names a key of function.TUNE (a removed option, e.g. inv_lean,
     must leave the list too), and the default list names known variants."""
@@ -348,6 +358,9 @@ def test_delta_throughput_variants_name_existing_tune_keys():
     owed = (ROOT / "tools" / "gpu_owed.sh").read_text()
     names = re.search(r"DELTA_VARIANTS:-([^}]*)\}", owed).group(1).split()
     assert names and set(names) <= set(dt.VARIANTS), set(names) - set(dt.VARIANTS)
+    # and its deltafp32 stage's
+    fp32 = re.search(r"--dtype fp32 .*\n *--variants ([^-]*)--out", owed).group(1).split()
+    assert fp32 == ["default", "fp32_tf32x3"] and set(fp32) <= set(dt.VARIANTS)
 
 
 def test_gpu_pair_splits_stage_lists_per_card(tmp_path):

@@ -178,6 +178,8 @@
 #                   (TUNE_ARGS, TUNE_ROUNDS)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
+#        deltafp32 — issue 4: float32 inputs: the fp32 GPU checks and the timing of TUNE["fp32_dot"]
+#                   "ieee" against "tf32x3" (DELTA_NH, default "1 2")
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py (41 rows: 41 passed in 176 s on an H100
 #                   in the twelfth session), then delta_throughput.py --variants against the default
 #                   at DELTA_NH (default "2 4"). Default list: the eleventh session's defaults
@@ -217,7 +219,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1  # a stage cut by its timeout still leaves its progress in the logs
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh ncu|memcheck|bd|bdrest|deltafla|deltaprof|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|tmaccel|bhsweep|fusedcomp|unfused|chunked|train}
+stage=${1:?usage: gpu_owed.sh ncu|memcheck|bd|bdrest|deltafla|deltaprof|deltafp32|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|tmaccel|bhsweep|fusedcomp|unfused|chunked|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -306,9 +308,21 @@ case "$stage" in
     # issue 4: per-kernel CUDA times of one fwd+bwd at n_h 1 and 4 (the forward's gap to fla grew
     # from 1.04x to 1.22x with n_h on 2026-11-25: which kernel grows faster than fla's?)
     # fla's chunk_gated_delta_product is profiled on the same inputs after ours (--profile-fla)
-    timeout ${STAGE_TIMEOUT:-300} python3 benchmarks/delta_throughput.py --profile --profile-fla \
-      --fla-unguarded --nh ${DELTA_NH:-1 4} \
+    # (each table is also in $OUT/delta_profile.txt as soon as it is taken; a cold machine needed
+    # more than 300 s for n_h 2 gated and ungated with fla on 2026-12-03)
+    timeout ${STAGE_TIMEOUT:-420} python3 benchmarks/delta_throughput.py --profile --profile-fla \
+      --fla-unguarded --nh ${DELTA_NH:-1 4} --gated ${DELTA_GATED:-0 1} --out "$OUT" \
       2>&1 | tee "$OUT/deltaprof.log" | tail -60 ;;
+  deltafp32)
+    # float32 inputs, TF32 off: the fp32 GPU checks under both TUNE["fp32_dot"] settings (exact
+    # fp32 dots, or three tf32 products a dot), then both timed with their errors against fp64
+    # (bound 1e-4). The fifty-sixth session's sm_90a compile: "ieee" 32 registers a thread with
+    # 17-74 KB of spills in every delta kernel, "tf32x3" 255 with 0.1-2.7 KB
+    timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py \
+      -k fp32 2>&1 | tee "$OUT/deltafp32_tests.log" | tail -8
+    timeout ${STAGE_TIMEOUT:-400} python3 benchmarks/delta_throughput.py --dtype fp32 --nh ${DELTA_NH:-1 2} \
+      --variants default fp32_tf32x3 --out "$OUT" --results "$OUT/RESULTS_deltafp32.md" 2>&1 \
+      | tee "$OUT/deltafp32.log" | tail -30 ;;
   delta)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --modes fwd --out "$OUT" \
       --results "$OUT/RESULTS_delta.md" 2>&1 | tee "$OUT/delta.log" | tail -40 ;;

@@ -132,13 +132,28 @@ TUNE = dict(
     # "output_tok" (output_tok_fwd_kernel, the token-chunk output at n_h > 1, with gradients or
     # without): capped at 160 by default. Gated, it takes 195 registers uncapped where the ungated
     # one takes 154 (sm_90a, Triton 3.6, K=V=128 bf16, RAW_H, n_h 4; 190 / 144 at n_h 2): 2 four-warp
-    # programs an SM instead of 3. At 160 it compiles without spills (4 bytes at n_h 2), and an H200 (2026-12-03, delta_throughput.py
-    # --variants out_r160, B8 T4096 H16 bf16) ran the gated forward 0.949x / 0.950x the uncapped
-    # time at n_h 2 / 4 (1.941 -> 1.843 ms, 3.694 -> 3.508 ms; n_h 1 does not launch it: 1.001x).
+    # programs an SM instead of 3. At 160 it compiles without spills (4 bytes at n_h 2), and an
+    # H200 (2026-12-03, delta_throughput.py --variants out_r160, B8 T4096 H16 bf16) ran the gated
+    # forward 0.949x / 0.950x the uncapped time at n_h 2 / 4 (1.941 -> 1.843 ms, 3.694 -> 3.508
+    # ms; n_h 1 does not launch it: 1.001x).
     # Not for output_fwd_kernel: at 94 / 113 registers uncapped, a cap of 160 lets ptxas take
     # 150 / 154, fewer programs an SM
     maxnreg={"output_tok": 160},
+    # float32 inputs with TF32 off (torch.backends.cuda.matmul.allow_tf32 False): the precision of
+    # the kernels' dots. "ieee": exact fp32 products on the CUDA cores. On sm_90a (Triton 3.6's
+    # ptxas, K=V=128) those kernels compile to 32 registers a thread with 17-69 KB of spills
+    # (state_fwd_fused 45-51 KB, state_bwd_fused 60-69 KB, wy_bwd 71-74 KB; loops of 34-50 thousand
+    # instructions): the fp32 path runs tens of times slower than the bf16 one (RESULTS.md,
+    # 2026-11-22: an fp32 GatedDeltaNet layer forward 56.4 ms). "tf32x3": three tf32 products per
+    # dot on the tensor cores (about fp32 accuracy, as summary.py's 16 x 16 tiles use): 255
+    # registers, 0.1-2.7 KB of spills, loops 4-9x shorter (fifty-sixth session, tools/aot_check.py).
+    # Opt-in until a GPU has checked its errors (tests/gpu/test_gpu_delta.py, fp32 bound 1e-4) and
+    # timed it (delta_throughput.py --dtype fp32 --variants default fp32_tf32x3). The blocked
+    # inverse's off-diagonal merge stays ieee either way.
+    fp32_dot="ieee",
 )
+
+_FP32_DOTS = ("ieee", "tf32x3")
 
 _FORMS = {False: 0, None: 0, "wu": 1, True: 1, "assoc": 2}
 
@@ -176,9 +191,14 @@ def _cfg(q, k, v, chunk_size):
     BVf = max(16, next_pow2(V))
     if BK > 256 or BVf > 256:
         raise ValueError(f"the Triton backend supports K, V <= 256; got K={K}, V={V}")
-    # float32 inputs: exact fp32 dots unless the user allowed TF32 matmuls (torch's switch,
-    # e.g. torch.set_float32_matmul_precision("high")), as torch's own fp32 matmuls do.
-    dot = "ieee" if q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
+    # float32 inputs: fp32-accurate dots (TUNE["fp32_dot"]) unless the user allowed TF32 matmuls
+    # (torch's switch, e.g. torch.set_float32_matmul_precision("high")), as torch's own fp32
+    # matmuls do.
+    dot = "tf32"
+    if q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        dot = TUNE["fp32_dot"]
+        if dot not in _FP32_DOTS:
+            raise ValueError(f'TUNE["fp32_dot"] must be one of {_FP32_DOTS}, got {dot!r}')
     return BC, BK, BVf, min(BVf, 64), dot
 
 

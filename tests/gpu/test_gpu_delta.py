@@ -93,8 +93,14 @@ def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
         assert val == val and val <= 5e-3, (name, val)
 
 
+@pytest.mark.parametrize("fp32_dot", ["ieee", "tf32x3"])
 @pytest.mark.parametrize("n_h,gated", [(2, True), (3, False)])
-def test_fp32_varlen_vs_fp64(n_h, gated):
+def test_fp32_varlen_vs_fp64(n_h, gated, fp32_dot, monkeypatch):
+    """float32 inputs (TF32 off) against fp64, varlen, every gradient, under each
+    ``TUNE["fp32_dot"]``: exact fp32 dots, or three tf32 products a dot on the tensor cores."""
+    from lrnn_scan.kernels.delta_product import function as fn
+    monkeypatch.setitem(fn.TUNE, "fp32_dot", fp32_dot)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     T, H, K, V = 700, 2, 64, 128
     cu = torch.tensor([0, 1, 129, 130, 500, 700], device="cuda")
     ref_in, _ = _inputs(1, T, n_h, H, K, V, gated, 2.0, torch.float32, seed=11)

@@ -1,0 +1,128 @@
+"""The ``function.TUNE`` variants that ``delta_throughput.py --variants`` times against the default
+(each a dict of overrides of ``lrnn_scan.kernels.delta_product.function.TUNE``; the comments say
+what each changes and what it measured). ``tests/test_tools_results.py`` checks that every key
+names a ``TUNE`` entry."""
+
+# settings of lrnn_scan.kernels.delta_product.function.TUNE (TUNING.md "Fused W/U"), each a set
+# of overrides; the combinations compile nothing beyond their parts
+VARIANTS = {
+    "default": {},                                   # fuse_wu "assoc" + inv_batched (H100 2026-11-24),
+                                                     # save_states (H100 2026-11-25)
+    "stored_wu": {"fuse_wu": False, "inv_batched": False},  # the default until 2026-11-24
+    "fuse_wu": {"fuse_wu": "wu"},
+    "fuse_assoc": {"fuse_wu": "assoc"},
+    "inv_batched": {"inv_batched": True},
+    "fuse_wu+inv_batched": {"fuse_wu": "wu", "inv_batched": True},
+    "fuse_assoc+inv_batched": {"fuse_wu": "assoc", "inv_batched": True},
+    # launch settings of the fused state kernels (more registers live: A, K, W); by name only
+    "fuse_wu_8w": {"fuse_wu": "wu", "state_fused": (8, 2, 64), "state_bwd_fused": (8, 2, 64)},
+    "fuse_assoc_8w": {"fuse_wu": "assoc", "state_fused": (8, 2, 64), "state_bwd_fused": (8, 2, 64)},
+    "fuse_wu_bv32": {"fuse_wu": "wu", "state_fused": (4, 3, 32), "state_bwd_fused": (4, 3, 32)},
+    # A stored in float16 (new pointer dtype: recompiles tri_inv64, wu_fwd, wy_bwd, the state kernels)
+    "a_16bit": {"a_16bit": True},
+    "fuse_wu+a_16bit": {"fuse_wu": "wu", "a_16bit": True},
+    "fuse_assoc+a_16bit": {"fuse_wu": "assoc", "a_16bit": True},
+    # the backward reuses the forward's chunk-start states and Vn (no state recompute; more memory;
+    # the default since 2026-11-25); recompute_states = the default before
+    "save_states": {"save_states": True},
+    "recompute_states": {"save_states": False},
+    "save_states+a_16bit": {"save_states": True, "a_16bit": True},
+    # dqkwg_bwd split over K (partial dG summed): fewer accumulators per program, dO Vn^T per slice
+    "dqkwg_k2": {"dqkwg_ksplit": 2},
+    "dqkwg_k2_4w": {"dqkwg_ksplit": 2, "dqkwg": (4, 3, 32)},
+    "dqkwg_4w": {"dqkwg": (4, 3, 32)},
+    # forward launch settings (issue 4: the gated forward was 1.19x fla's on an H100, 2026-11-25;
+    # the profile: state_fwd_fused 0.50 / 0.65 ms ungated / gated, output_fwd 0.53 / 0.55, tri_inv64
+    # 0.25 / 0.29): more programs (BV 32), other pipelining depths, 8 warps
+    "state_bv32": {"state_fused": (4, 3, 32)},
+    "state_ns2": {"state_fused": (4, 2, 64)},
+    "state_ns4": {"state_fused": (4, 4, 64)},
+    "state_8w": {"state_fused": (8, 3, 64)},
+    "output_ns2": {"output": (4, 2, 64)},
+    "output_bv32": {"output": (4, 3, 32)},
+    "output_8w_bv128": {"output": (8, 2, 128)},
+    # tri_inv64 with 2 / 4 warps: with 1 it spills ~1.1 KB per thread on sm_90a, with 2 none ungated
+    # (56 B gated); 2 warps were 1.6x slower on an H200 before the batched inverse (TUNE comment);
+    # with it, 2 warps: fwd 1.03-1.04x on an H100 (2026-11-25, seventh session)
+    "inv_2w": {"inv": (2, 1)},
+    "inv_4w": {"inv": (4, 1)},
+    # wy_bwd's key side in K slices (wy_bwd.py KS). sm_90a, RAW, K=128, ungated / gated spill bytes,
+    # shared memory: default (8 warps) 44 / 112 B, 160 KiB (one CTA per SM); 4 slices 0 / 84 B,
+    # 72 KiB; 4 slices at 4 warps 44 / 72 B, 72 KiB, 255 registers: two CTAs per SM
+    "wy_bwd_k2": {"wy_bwd_ksplit": 2},
+    "wy_bwd_k4_8w": {"wy_bwd_ksplit": 4, "wy_bwd": (8, 1, 64)},   # 1.03x the unsplit 8-warp time
+    "wy_bwd_k4_4w": {"wy_bwd_ksplit": 4, "wy_bwd": (4, 1, 64)},   # the default since 2026-11-25 (7th)
+    "wy_bwd_k1": {"wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)},       # the default before: 1.10-1.11x
+    # the "assoc" backward state kernel (state_fused.py LEAN). sm_90a spills per thread (ptxas,
+    # K=V=128, 4 warps), ungated / gated: first order (3 stages) 524 / 830 bytes, lean 520 / 504,
+    # lean with 1 stage 288 / 136 (the default since 2026-11-25, seventh session: H100 fwd+bwd
+    # 0.871-0.909x bwd_first at n_h 1-2; bwd_first_ns1 0.905-0.985x, bwd_lean_ns3 0.928-0.966x)
+    "bwd_first": {"state_bwd_lean": False, "state_bwd_fused": (4, 3, 64)},
+    "bwd_first_ns1": {"state_bwd_lean": False},
+    "bwd_lean_ns3": {"state_bwd_fused": (4, 3, 64)},
+    # the forward without gradients before 2026-11-26: one state per 64 sub-steps and fp32 Vn
+    # (the defaults now keep one state per 64 tokens at n_h > 1 and Vn in bf16 there). These change
+    # the "fwd" rows only: fwd+bwd keeps every chunk's state and an fp32 Vn for the backward
+    "per_chunk_fp32vn": {"token_chunk_output": False, "vn_16bit": False},
+    "per_chunk": {"token_chunk_output": False},
+    "fp32vn": {"vn_16bit": False},
+    # Vn in bf16 for the backward too (dk error 4.78e-3 on 2026-11-24, close to the 5e-3 bound)
+    "vn16_always": {"vn_16bit": True},
+    # the backward's dH chunk states in bf16 (fla keeps them in the inputs' dtype): 268 MB less
+    # written by the state kernel and read by dqkwg_bwd at n_h = 1, B8 T4096 H16 K=V=128
+    "dhs16": {"dhs_16bit": True},
+    # the lean backward state step reloads its key tile (sm_90a spills 288 -> 156 B ungated,
+    # 136 -> 24 gated at n_h = 1)
+    "bwd_reload_k": {"state_bwd_reload_k": True},
+    "bwd_reload_k_dhs16": {"state_bwd_reload_k": True, "dhs_16bit": True},
+    # the output kernels' Q H on the stored bf16 tiles (registers 168 -> ~96, smem 80 -> 64 KiB)
+    "out_raw_h": {"output_raw_h": True},
+    # the sliced wy_bwd stores dbeta, dg before its second pass (spills 44 -> 0 / 72 -> 24 B);
+    # the token-chunk state store predicated (ungated spills 696 -> 152 B; the "fwd" rows)
+    "wy_early_db": {"wy_bwd_early_db": True},
+    "tok_pred": {"token_state_pred": True},
+    # the ninth session (2026-11-26) changed these defaults: the eighth session's settings
+    # together (s8_default) and one at a time, and the key reload with the gate too
+    "s8_default": {"output_raw_h": False, "token_state_pred": False, "state_bwd_reload_k": False,
+                   "dqkwg_dg_grads": False},
+    "no_raw_h": {"output_raw_h": False},
+    "tok_branch": {"token_state_pred": False},
+    "no_reload_k": {"state_bwd_reload_k": False},
+    "reload_k_always": {"state_bwd_reload_k": True},
+    # the gated dqkwg_bwd's gate term as rowsum(Q dQ) - rowsum(K dK) (no second Q K^T, no [64, 64]
+    # row and column sums; default since 2026-11-26), and the Z form before it; gated fwd+bwd only
+    "dg_grads": {"dqkwg_dg_grads": True},
+    "dg_z": {"dqkwg_dg_grads": False},
+    # register caps (TUNE["maxnreg"]): tri_inv64 at 255 registers runs 8 one-warp programs an SM,
+    # wy_bwd 2 four-warp ones; capped, more fit (16 / 21 at 128 / 96; wy_bwd 3 at 168), at the
+    # cost of spills (sm_90a: tri_inv64 1048 -> 3204 / 3872 B a thread, wy_bwd 32 -> 296 / 628)
+    "inv_r128": {"maxnreg": {"inv": 128}},
+    "inv_r96": {"maxnreg": {"inv": 96}},
+    "wy_bwd_r168": {"maxnreg": {"wy_bwd": 168}},
+    # the token-chunk output kernel capped at 160 registers: gated 195 -> 160 without spills
+    # (sm_90a), 3 programs an SM instead of 2; the default since 2026-12-03 (H200 gated fwd 0.949x /
+    # 0.950x at n_h 2 / 4). out_nocap: no cap anywhere, the default before
+    "out_r160": {"maxnreg": {"output_tok": 160}},
+    "out_nocap": {"maxnreg": {}},
+    # float32 inputs (--dtype fp32, TF32 off): every fp32 dot as three tf32 products on the tensor
+    # cores instead of exact fp32 FMAs, which sm_90a compiles to 32 registers and tens of KB of
+    # spills a thread (fifty-sixth session, function.TUNE["fp32_dot"]; not yet timed)
+    "fp32_tf32x3": {"fp32_dot": "tf32x3"},
+    "out_r168": {"maxnreg": {"output_tok": 168}},
+    "wy_bwd_r128": {"maxnreg": {"wy_bwd": 128}},
+    # twelfth session: the token-chunk output kernel in a forward with gradients (per-chunk states,
+    # dense query rows, n_h times fewer state tiles read; n_h > 1 only), and dqkwg_bwd's dO H^T on
+    # the bf16 tiles as stored
+    "tok_out_grad": {"token_chunk_output_grad": True},
+    "dqkwg_raw_h": {"dqkwg_raw_h": True},
+    "tok_out_raw_h": {"token_chunk_output_grad": True, "dqkwg_raw_h": True},
+    "s11_default": {"token_chunk_output_grad": False, "dqkwg_raw_h": False},
+    # thirteenth session: every 16-bit storage opt-in at once (A in fp16, Vn and the backward's dH
+    # in bf16; the recurrences stay fp32 in registers) -- the nearest this code gets to fla's 16-bit
+    # intermediates without changing a kernel: how much of the fwd+bwd gap to fla is storage?
+    "all16": {"a_16bit": True, "vn_16bit": True, "dhs_16bit": True},
+}
+# (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
+# every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)
+# (dqkwg_o1_dqh and state_small, 0.871x gated fwd+bwd on an H100 on 2026-11-25, are the kernels now)
+DEFAULT_VARIANTS = ["default", "per_chunk_fp32vn", "per_chunk", "fp32vn"]

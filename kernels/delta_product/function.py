@@ -141,7 +141,7 @@ TUNE = dict(
     maxnreg={"output_tok": 160},
     # float32 inputs with TF32 off (torch.backends.cuda.matmul.allow_tf32 False): the precision of
     # the kernels' dots. "ieee": exact fp32 products on the CUDA cores. On sm_90a (Triton 3.6's
-    # ptxas, K=V=128) those kernels compile to 32 registers a thread with 17-69 KB of spills
+    # ptxas, K=V=128) those kernels compile to 32 registers a thread with 17-74 KB of spills
     # (state_fwd_fused 45-51 KB, state_bwd_fused 60-69 KB, wy_bwd 71-74 KB; loops of 34-50 thousand
     # instructions): the fp32 path runs tens of times slower than the bf16 one (RESULTS.md,
     # 2026-11-22: an fp32 GatedDeltaNet layer forward 56.4 ms). "tf32x3": three tf32 products per

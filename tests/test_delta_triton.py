@@ -159,9 +159,12 @@ def test_fp32_dot_precision_setting(monkeypatch):
     assert fn._cfg(q32, q32, q32, 64)[4] == "ieee" and fn._cfg(q16, q16, q16, 64)[4] == "tf32"
     monkeypatch.setitem(fn.TUNE, "fp32_dot", "tf32x3")
     assert fn._cfg(q32, q32, q32, 64)[4] == "tf32x3" and fn._cfg(q16, q16, q16, 64)[4] == "tf32"
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    assert fn._cfg(q32, q32, q32, 64)[4] == "tf32"
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    saved = torch.backends.cuda.matmul.allow_tf32   # by hand: see test_float32_dots_follow_torch_tf32_switch
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert fn._cfg(q32, q32, q32, 64)[4] == "tf32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
     test_triton_interpreter_matches_loop(30, 16, 2, True, 2.0, [0, 7, 7, 19, 30], 16, 16, "default",
                                          monkeypatch)
     monkeypatch.setitem(fn.TUNE, "fp32_dot", "tf32")

@@ -100,7 +100,16 @@ def test_fp32_varlen_vs_fp64(n_h, gated, fp32_dot, monkeypatch):
     ``TUNE["fp32_dot"]``: exact fp32 dots, or three tf32 products a dot on the tensor cores."""
     from lrnn_scan.kernels.delta_product import function as fn
     monkeypatch.setitem(fn.TUNE, "fp32_dot", fp32_dot)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    # allow_tf32 by hand: pytest 9.2's monkeypatch cannot undo it (test_delta_triton.py)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        _fp32_varlen_vs_fp64(n_h, gated)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _fp32_varlen_vs_fp64(n_h, gated):
     T, H, K, V = 700, 2, 64, 128
     cu = torch.tensor([0, 1, 129, 130, 500, 700], device="cuda")
     ref_in, _ = _inputs(1, T, n_h, H, K, V, gated, 2.0, torch.float32, seed=11)

@@ -103,13 +103,13 @@ VARIANTS = {
     # (sm_90a), 3 programs an SM instead of 2; the default since 2026-12-03 (H200 gated fwd 0.949x /
     # 0.950x at n_h 2 / 4). out_nocap: no cap anywhere, the default before
     "out_r160": {"maxnreg": {"output_tok": 160}},
+    "out_r168": {"maxnreg": {"output_tok": 168}},
     "out_nocap": {"maxnreg": {}},
+    "wy_bwd_r128": {"maxnreg": {"wy_bwd": 128}},
     # float32 inputs (--dtype fp32, TF32 off): every fp32 dot as three tf32 products on the tensor
     # cores instead of exact fp32 FMAs, which sm_90a compiles to 32 registers and tens of KB of
     # spills a thread (fifty-sixth session, function.TUNE["fp32_dot"]; not yet timed)
     "fp32_tf32x3": {"fp32_dot": "tf32x3"},
-    "out_r168": {"maxnreg": {"output_tok": 168}},
-    "wy_bwd_r128": {"maxnreg": {"wy_bwd": 128}},
     # twelfth session: the token-chunk output kernel in a forward with gradients (per-chunk states,
     # dense query rows, n_h times fewer state tiles read; n_h > 1 only), and dqkwg_bwd's dO H^T on
     # the bf16 tiles as stored

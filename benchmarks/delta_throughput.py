@@ -16,7 +16,7 @@ each variant's bf16 error ratios against an fp64 reference (torch backend on the
 inputs; B=2, T=1024, H=``--check-H`` 4, β ≤ 2, with initial and final states, as
 tests/gpu/test_gpu_delta.py; bound 5e-3). Writes
 ``<out>/delta_variants.{csv,json}`` and a table in the results file. ``--dtype fp32`` runs that
-mode on float32 inputs with TF32 off (error bound 1e-4, as the GPU tests'; e.g. the ``fp32_tf32x3``
+mode on float32 inputs with TF32 off (error bound 1e-4, as the GPU tests'; e.g. the ``fp32_ieee``
 variant, ``TUNE["fp32_dot"]``). ``--variants ... --emulate`` runs
 only that error check, on the CPU (Triton interpreter with the GPU's rounding emulated, see
 ``delta_accuracy.emulate_gpu_rounding``; minutes per variant and configuration at the full check size).

@@ -161,7 +161,7 @@ class DeltaProduct(RecurrentLayer):
             qkv, conv_state = F.silu(qkv), None
         q, k, v = qkv.split([H * K, n * H * K, n * H * V], dim=-1)
         # In the projections' dtype (autocast would make F.normalize fp32), so the chunk kernels
-        # get 16-bit q/k (fp32 q/k take the fp32 "ieee" dot path; see benchmarks/RESULTS.md);
+        # get 16-bit q/k (fp32 q/k take the slower fp32-accurate dots, TUNE["fp32_dot"]);
         # one fused Triton pass each way on CUDA.
         q = _l2_normalize(q.unflatten(-1, (H, K)))
         k = _l2_normalize(k.unflatten(-1, (n, H, K)))

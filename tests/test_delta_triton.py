@@ -149,16 +149,16 @@ def test_maxnreg_caps_reach_the_launches_and_bad_caps_are_refused(monkeypatch):
 
 
 def test_fp32_dot_precision_setting(monkeypatch):
-    """TUNE["fp32_dot"]: the dots' precision for float32 inputs with TF32 off ("ieee" or "tf32x3";
-    16-bit inputs and TF32-allowed float32 take "tf32"); a bad value is refused with the key named.
-    The interpreter's dots ignore the precision, so the tf32x3 run must match the fp64 loop as
-    tightly as the default (its GPU accuracy: tests/gpu/test_gpu_delta.py)."""
+    """TUNE["fp32_dot"]: the dots' precision for float32 inputs with TF32 off ("tf32x3", the
+    default, or "ieee"; 16-bit inputs and TF32-allowed float32 take "tf32"); a bad value is refused
+    with the key named. The interpreter's dots ignore the precision, so the ieee run must match the
+    fp64 loop as tightly as the default (their GPU accuracy: tests/gpu/test_gpu_delta.py)."""
     from lrnn_scan.kernels.delta_product import function as fn
     q16 = torch.zeros(1, 4, 1, 16, dtype=torch.bfloat16)
     q32 = q16.float()
-    assert fn._cfg(q32, q32, q32, 64)[4] == "ieee" and fn._cfg(q16, q16, q16, 64)[4] == "tf32"
-    monkeypatch.setitem(fn.TUNE, "fp32_dot", "tf32x3")
     assert fn._cfg(q32, q32, q32, 64)[4] == "tf32x3" and fn._cfg(q16, q16, q16, 64)[4] == "tf32"
+    monkeypatch.setitem(fn.TUNE, "fp32_dot", "ieee")
+    assert fn._cfg(q32, q32, q32, 64)[4] == "ieee" and fn._cfg(q16, q16, q16, 64)[4] == "tf32"
     saved = torch.backends.cuda.matmul.allow_tf32   # by hand: see test_float32_dots_follow_torch_tf32_switch
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -306,9 +306,10 @@ def test_triton_l2norm_and_scale_match_torch_backend():
     assert ((f_t.double() - f_r).norm() / f_r.norm()).item() < 2e-5
 
 
-@pytest.mark.parametrize("allow_tf32,expect", [(False, "ieee"), (True, "tf32")])
+@pytest.mark.parametrize("allow_tf32,expect", [(False, "tf32x3"), (True, "tf32")])
 def test_float32_dots_follow_torch_tf32_switch(allow_tf32, expect):
-    """fp32 inputs: exact dots unless TF32 matmuls are allowed; 16-bit inputs always tf32."""
+    """fp32 inputs: fp32-accurate dots (TUNE["fp32_dot"], default three tf32 products) unless TF32
+    matmuls are allowed; 16-bit inputs always tf32."""
     from lrnn_scan.kernels.delta_product import function as fn
     # saved and restored by hand: allow_tf32 is a property of torch's cuBLAS module object, which
     # pytest 9.2's monkeypatch could not undo (it tried delattr; 9.0 could)

@@ -360,7 +360,7 @@ def test_delta_throughput_variants_name_existing_tune_keys():
     assert names and set(names) <= set(dt.VARIANTS), set(names) - set(dt.VARIANTS)
     # and its deltafp32 stage's
     fp32 = re.search(r"--dtype fp32 .*\n *--variants ([^-]*)--out", owed).group(1).split()
-    assert fp32 == ["default", "fp32_tf32x3"] and set(fp32) <= set(dt.VARIANTS)
+    assert fp32 == ["default", "fp32_ieee"] and set(fp32) <= set(dt.VARIANTS)
 
 
 def test_gpu_pair_splits_stage_lists_per_card(tmp_path):

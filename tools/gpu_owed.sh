@@ -179,7 +179,8 @@
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
 #        deltafp32 — issue 4: float32 inputs: the fp32 GPU checks and the timing of TUNE["fp32_dot"]
-#                   "ieee" against "tf32x3" (DELTA_NH, default "1 2")
+#                   "tf32x3" (default) against "ieee" (DELTA_NH, default "1 2"; ieee compiles
+#                   for minutes: on 2026-12-03 n_h 1 alone took a cold 600 s call)
 #        deltavar — issue 4: tests/gpu/test_gpu_delta.py (41 rows: 41 passed in 176 s on an H100
 #                   in the twelfth session), then delta_throughput.py --variants against the default
 #                   at DELTA_NH (default "2 4"). Default list: the eleventh session's defaults
@@ -321,7 +322,7 @@ case "$stage" in
     timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_gpu_delta.py \
       -k fp32 2>&1 | tee "$OUT/deltafp32_tests.log" | tail -8
     timeout ${STAGE_TIMEOUT:-400} python3 benchmarks/delta_throughput.py --dtype fp32 --nh ${DELTA_NH:-1 2} \
-      --variants default fp32_tf32x3 --out "$OUT" --results "$OUT/RESULTS_deltafp32.md" 2>&1 \
+      --variants default fp32_ieee --out "$OUT" --results "$OUT/RESULTS_deltafp32.md" 2>&1 \
       | tee "$OUT/deltafp32.log" | tail -30 ;;
   delta)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/delta_throughput.py --modes fwd --out "$OUT" \

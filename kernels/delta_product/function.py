@@ -140,17 +140,17 @@ TUNE = dict(
     # 150 / 154, fewer programs an SM
     maxnreg={"output_tok": 160},
     # float32 inputs with TF32 off (torch.backends.cuda.matmul.allow_tf32 False): the precision of
-    # the kernels' dots. "ieee": exact fp32 products on the CUDA cores. On sm_90a (Triton 3.6's
-    # ptxas, K=V=128) those kernels compile to 32 registers a thread with 17-74 KB of spills
-    # (state_fwd_fused 45-51 KB, state_bwd_fused 60-69 KB, wy_bwd 71-74 KB; loops of 34-50 thousand
-    # instructions): the fp32 path runs tens of times slower than the bf16 one (RESULTS.md,
-    # 2026-11-22: an fp32 GatedDeltaNet layer forward 56.4 ms). "tf32x3": three tf32 products per
-    # dot on the tensor cores (about fp32 accuracy, as summary.py's 16 x 16 tiles use): 255
-    # registers, 0.1-2.7 KB of spills, loops 4-9x shorter (fifty-sixth session, tools/aot_check.py).
-    # Opt-in until a GPU has checked its errors (tests/gpu/test_gpu_delta.py, fp32 bound 1e-4) and
-    # timed it (delta_throughput.py --dtype fp32 --variants default fp32_tf32x3). The blocked
+    # the kernels' dots. "tf32x3" (default): three tf32 products per dot on the tensor cores (about
+    # fp32 accuracy, as summary.py's 16 x 16 tiles use). "ieee": exact fp32 products on the CUDA
+    # cores; on sm_90a (Triton 3.6's ptxas, K=V=128) those kernels compile to 32 registers a thread
+    # with 17-74 KB of spills (state_bwd_fused 60-69 KB, wy_bwd 71-74 KB; loops of 34-50 thousand
+    # instructions) where tf32x3 takes 255 registers with 0.1-2.7 KB (fifty-sixth session,
+    # tools/aot_check.py). H200 (2026-12-03, delta_throughput.py --dtype fp32 --variants default
+    # fp32_tf32x3, B8 T4096 H16 K=V=128, n_h 1): forward 119.4 -> 6.62 ms ungated, 118.4 -> 7.52 ms
+    # gated; fwd+bwd 288.3 -> 18.2 ms ungated; worst error against fp64 1.4e-6 (ieee 8.3e-7), bound
+    # 1e-4; tests/gpu/test_gpu_delta.py::test_fp32_varlen_vs_fp64 passed under both. The blocked
     # inverse's off-diagonal merge stays ieee either way.
-    fp32_dot="ieee",
+    fp32_dot="tf32x3",
 )
 
 _FP32_DOTS = ("ieee", "tf32x3")

@@ -53,6 +53,12 @@ def chunk_delta_product(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor
         backend: ``"torch"``, ``"triton"`` (CUDA, or ``TRITON_INTERPRET=1``) or ``"auto"``
             (Triton on CUDA for 16-bit/32-bit inputs when ``chunk_size`` is a power of two
             >= 16, torch otherwise).
+            Triton precision: the state and accumulations are float32. For float32 inputs the
+            kernels' dots take three TF32 products each (about fp32 accuracy: relative errors
+            near 1e-6 against float64 on an H200), or one TF32 product when
+            ``torch.backends.cuda.matmul.allow_tf32`` is on, like torch's own matmuls; exact
+            fp32 dots, much slower, with
+            ``lrnn_scan.kernels.delta_product.function.TUNE["fp32_dot"] = "ieee"``.
         check_values: also check the values (a few device syncs, so off by default, as in fla): finite
             inputs, ``beta`` in ``[0, 2]``, ``g <= 0`` and unit keys unless ``use_qk_l2norm``;
             ``ValueError`` naming the argument. Unchecked, values outside these ranges run the

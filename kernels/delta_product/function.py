@@ -145,8 +145,8 @@ TUNE = dict(
     # cores; on sm_90a (Triton 3.6's ptxas, K=V=128) those kernels compile to 32 registers a thread
     # with 17-74 KB of spills (state_bwd_fused 60-69 KB, wy_bwd 71-74 KB; loops of 34-50 thousand
     # instructions) where tf32x3 takes 255 registers with 0.1-2.7 KB (fifty-sixth session,
-    # tools/aot_check.py). H200 (2026-12-03, delta_throughput.py --dtype fp32 --variants default
-    # fp32_tf32x3, B8 T4096 H16 K=V=128, n_h 1): forward 119.4 -> 6.62 ms ungated, 118.4 -> 7.52 ms
+    # tools/aot_check.py). H200 (2026-12-03, delta_throughput.py --dtype fp32, ieee against
+    # tf32x3, B8 T4096 H16 K=V=128, n_h 1): forward 119.4 -> 6.62 ms ungated, 118.4 -> 7.52 ms
     # gated; fwd+bwd 288.3 -> 18.2 ms ungated; worst error against fp64 1.4e-6 (ieee 8.3e-7), bound
     # 1e-4; tests/gpu/test_gpu_delta.py::test_fp32_varlen_vs_fp64 passed under both. The blocked
     # inverse's off-diagonal merge stays ieee either way.

@@ -17,7 +17,8 @@ inputs; B=2, T=1024, H=``--check-H`` 4, β ≤ 2, with initial and final states,
 tests/gpu/test_gpu_delta.py; bound 5e-3). Writes
 ``<out>/delta_variants.{csv,json}`` and a table in the results file. ``--dtype fp32`` runs that
 mode on float32 inputs with TF32 off (error bound 1e-4, as the GPU tests'; e.g. the ``fp32_ieee``
-variant, ``TUNE["fp32_dot"]``). ``--variants ... --emulate`` runs
+variant, ``TUNE["fp32_dot"]``). ``--variants ... --kernels`` adds a table of each kernel's GPU
+time in one fwd+bwd under each variant (``kernel_times.py``). ``--variants ... --emulate`` runs
 only that error check, on the CPU (Triton interpreter with the GPU's rounding emulated, see
 ``delta_accuracy.emulate_gpu_rounding``; minutes per variant and configuration at the full check size).
 
@@ -45,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.delta_accuracy import (  # noqa: E402
     ERR_BOUND, bf16_case, emulate_gpu_rounding, error_vs_fp64, fla_layout)
 from benchmarks.delta_variants import DEFAULT_VARIANTS, VARIANTS  # noqa: E402
+from benchmarks.kernel_times import kernel_rows, kernel_times  # noqa: E402
 
 # fla's measurements (peers.md; one H200, torch 2.11, Triton 3.6) — reference only, not this run
 PEERS_FLA_H200 = {  # (n_h, gated, mode) -> ms
@@ -291,6 +293,7 @@ def run_variants(a, fn, dev):
         f"ratio vs fp64 at B={cB} T={cT} H={cH}, β ≤ 2, bound {bound}",
         ["variant", "TUNE overrides", "n_h", "gated", "mode", "ms", "vs default", f"{a.dtype} error (worst)"]
         + (["vs fla (same run)"] if a.variants_fla else []))
+    k_rows = []     # --kernels: written after the timing table (printed as they come)
     rows = []
     for n_h in nhs:
         for gated in gates:
@@ -327,9 +330,24 @@ def run_variants(a, fn, dev):
                     print(f"n_h={n_h} gated={int(gated)} {mode:8s} {name:24s} {t:8.3f} ms  vs default {rel}"
                           + (f"  vs fla {rel_fla}" if a.variants_fla else "") + f"  err {e:.2e} ({which})",
                           flush=True)
+                if bwd and a.kernels:
+                    def pass_():
+                        torch.autograd.grad(call(), xs, do)
+                    per = {name: with_tune(name, lambda: kernel_times(pass_)) for name in names}
+                    for cells in kernel_rows(per):
+                        k_rows.append([n_h, int(gated)] + cells)
+                        print(f"[kernels] n_h={n_h} gated={int(gated)} " + " | ".join(cells), flush=True)
                 for x in xs:
                     x.requires_grad_(False)
                 torch.cuda.empty_cache()
+    if k_rows:
+        record_k = _results_writer(
+            res_path, f"delta_throughput.py --variants --kernels — {date} — {dev}, torch {torch.__version__}, "
+            f"Triton {triton.__version__}, B={B} T={T} H={H} K=V={K} {a.dtype}, chunk {a.chunk}: GPU µs per "
+            f"kernel of one fwd+bwd (torch.profiler, mean of 3 calls)",
+            ["n_h", "gated", "kernel"] + [f"{n} (µs)" for n in names])
+        for cells in k_rows:
+            record_k(cells)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "delta_variants.json").write_text(json.dumps(rows, indent=1))
@@ -368,6 +386,9 @@ def main():
     ap.add_argument("--variants", nargs="*", default=None, metavar="NAME",
                     help=f"time TUNE variants instead (no names: {' '.join(DEFAULT_VARIANTS)}; "
                     f"known: {' '.join(VARIANTS)})")
+    ap.add_argument("--kernels", action="store_true",
+                    help="with --variants: after each fwd+bwd timing, a table of every kernel's GPU "
+                    "time (torch.profiler, mean of 3 calls) under each variant")
     ap.add_argument("--variants-fla", action="store_true",
                     help="with --variants: time fla's chunk_gated_delta_product on the same inputs in "
                     "the same run too (a 'vs fla' column; --fla-unguarded applies)")

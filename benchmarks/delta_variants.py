@@ -122,6 +122,18 @@ VARIANTS = {
     # in bf16; the recurrences stay fp32 in registers) -- the nearest this code gets to fla's 16-bit
     # intermediates without changing a kernel: how much of the fwd+bwd gap to fla is storage?
     "all16": {"a_16bit": True, "vn_16bit": True, "dhs_16bit": True},
+    # fifty-eighth session: the kernels furthest from fla's counterparts in the H200 profile (n_h 2
+    # gated, us: dv_local 510 / 269, wy_bwd 1890 / 998, output_tok 566 / 317). dv_local over its
+    # V tile in steps of 32 or 64 columns (P formed once, dO loads pipelined by the stages);
+    # wy_bwd with 2 stages or 32-column V tiles; the output kernels over the whole V (P once)
+    "dvl_l32": {"dv_local_bvl": 32},
+    "dvl_l32s3": {"dv_local": (4, 3, 128), "dv_local_bvl": 32},
+    "dvl_l64": {"dv_local_bvl": 64},
+    "dvl_l64_8w": {"dv_local": (8, 2, 128), "dv_local_bvl": 64},
+    "wyb_s2": {"wy_bwd": (4, 2, 64)},
+    "wyb_bv32": {"wy_bwd": (4, 1, 32)},
+    "out_bv128": {"output": (4, 2, 128)},
+    "out_bv128_8w": {"output": (8, 2, 128)},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

@@ -50,6 +50,8 @@ VARIANTS = {
     "dqkwg_k2_dg_z": ({"dqkwg_ksplit": 2, "dqkwg_dg_grads": False}, lambda C, K, V: K > 16),
     # the sliced wy_bwd storing dbeta and dg before its second pass (needs K slices: K > 16)
     "wy_bwd_early_db": ({"wy_bwd_early_db": True}, lambda C, K, V: K > 16),
+    # dv_local over its V tile 16 columns a step (P formed once; the default: the tile in one pass)
+    "dv_local_bvl16": ({"dv_local_bvl": 16}, lambda C, K, V: V > 16),
 }
 
 
@@ -361,6 +363,18 @@ def test_dqkwg_ksplit_bad_value_is_refused(monkeypatch):
     o, _ = chunk_delta_product(*xs, chunk_size=16, backend="triton")
     monkeypatch.setitem(fn.TUNE, "dqkwg_ksplit", 3)
     with pytest.raises(ValueError, match="dqkwg_ksplit"):
+        o.sum().backward()
+
+
+@pytest.mark.parametrize("bad", [8, 48, True, "32"])
+def test_dv_local_bvl_bad_value_is_refused(bad, monkeypatch):
+    from lrnn_scan.kernels.delta_product import function as fn
+
+    q, k, v, beta, g, _ = make_inputs(1, 5, 1, 1, 16, 32, True, 2.0, dtype=torch.float32)
+    xs = [x.requires_grad_() for x in (q, k, v, beta, g)]
+    o, _ = chunk_delta_product(*xs, chunk_size=16, backend="triton")
+    monkeypatch.setitem(fn.TUNE, "dv_local_bvl", bad)
+    with pytest.raises(ValueError, match="dv_local_bvl"):
         o.sum().backward()
 
 

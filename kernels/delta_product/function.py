@@ -28,6 +28,10 @@ TUNE = dict(
     state_fwd=(4, 3, 64),  # 8 warps / BV 32 / 1 stage were all slower
     output=(4, 3, 64),
     dv_local=(4, 2, 128),  # was (4, 3, 64)
+    # dv_local_kernel's V tile in steps of this many columns, P formed once (state.py BVL); None:
+    # the whole tile in one pass. H200 profile (2026-12-03, n_h 2 gated, B8 T4096 H16 K=V=128
+    # bf16): the one pass took 510 us where fla's dv_local took 269 for as many bytes
+    dv_local_bvl=None,
     state_bwd=(4, 3, 64),  # (4, 1, 32): faster at n_h=2 gated, slower at n_h=1 ungated
     dqkwg=(8, 3, 32),      # (8, 1, 32): same split as state_bwd
     # the gated dqkwg_bwd's gate term as rowsum(Q ⊙ dQ) − rowsum(K ⊙ dK) off its own gradient tiles
@@ -234,6 +238,17 @@ def _bv(name, BVf):
     return min(BVf, TUNE[name][2])
 
 
+def _dv_local_bvl(BVl):
+    """Columns per step of ``dv_local_kernel``'s V tile (``TUNE["dv_local_bvl"]``): ``BVl`` for None,
+    else a power of two >= 16 (``tl.dot``), at most ``BVl``."""
+    n = TUNE["dv_local_bvl"]
+    if n is None:
+        return BVl
+    if isinstance(n, bool) or not isinstance(n, int) or n < 16 or n & (n - 1):
+        raise ValueError(f'TUNE["dv_local_bvl"] must be None or a power of two >= 16, got {n!r}')
+    return min(n, BVl)
+
+
 def _ksplit(BK):
     """K slices of ``dqkwg_bwd`` (``TUNE["dqkwg_ksplit"]``): a power of two, at most ``BK // 16``
     (``tl.dot`` needs 16 columns)."""
@@ -396,7 +411,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             BVl, BVs = _bv("dv_local", BVf), _bv("state_bwd_fused" if form else "state_bwd", BVf)
             dv_local_kernel[(cdiv(V, BVl), NC, H)](
                 qf, kf, gcum, do, dvn, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
-                BC=BC, BK=BK, BV=BVl, USE_G=use_g, DOT=dot, RAW=raw,
+                BC=BC, BK=BK, BV=BVl, USE_G=use_g, DOT=dot, RAW=raw, BVL=_dv_local_bvl(BVl),
                 num_warps=TUNE["dv_local"][0], num_stages=TUNE["dv_local"][1])
             if form:
                 state_bwd_fused_kernel[(cdiv(V, BVs), N * H)](

@@ -62,8 +62,11 @@ def state_fwd_kernel(k, W, U, gcum, h0, hs, vn, hT, start_ptr, len_ptr, seq_ptr,
 def dv_local_kernel(q, k, gcum, do, dvn, start_ptr, len_ptr, scale,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                     BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                    USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
-    """Parallel over chunks: the intra-chunk part ``P^T dO`` of ``dVn`` (written to ``dvn``)."""
+                    USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr, BVL: tl.constexpr):
+    """Parallel over chunks: the intra-chunk part ``P^T dO`` of ``dVn`` (written to ``dvn``).
+    ``P`` is formed once per program; its ``BV`` value columns go out ``BVL`` at a time
+    (``function.TUNE["dv_local_bvl"]``): below ``BV``, a loop whose ``dO`` loads the launch's
+    stages can run ahead of the dots and stores; at ``BV``, one straight pass."""
     iv = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)   # chunk: int64 offsets
     h = tl.program_id(2)
@@ -73,15 +76,14 @@ def dv_local_kernel(q, k, gcum, do, dvn, start_ptr, len_ptr, scale,
     rm = r < ln
     s = start + r
     ck = tl.arange(0, BK)
-    cv = iv * BV + tl.arange(0, BV)
     qm = rm & (s % NH == NH - 1)
     tok = s // NH
     qr = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
                  other=0.)
     kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :],
                  other=0.)
-    dout = tl.load(do + (tok * H + h)[:, None] * V + cv[None, :], mask=qm[:, None] & (cv < V)[None, :],
-                   other=0.).to(tl.float32)
+    if BVL == BV:   # one pass: its dO tile loaded before P is formed
+        dout = _dv_local_load_do(do, iv * BV, tok, qm, h, H, V, BV)
     if USE_G:
         G = tl.load(gcum + s * H + h, mask=rm, other=0.)
     else:
@@ -90,8 +92,25 @@ def dv_local_kernel(q, k, gcum, do, dvn, start_ptr, len_ptr, scale,
     gam = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf"))) * scale
     # Q K^T on the inputs' own dtype: exact for 16-bit inputs (fp32 accumulate), scale applied after
     P = dot_abt(qr, kr, DOT, RAW) * gam
-    tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], tl.dot(tl.trans(P), dout, input_precision=DOT),
-             mask=rm[:, None] & (cv < V)[None, :])
+    if BVL == BV:
+        cv = iv * BV + tl.arange(0, BV)
+        tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], tl.dot(tl.trans(P), dout, input_precision=DOT),
+                 mask=rm[:, None] & (cv < V)[None, :])
+    else:
+        Pt = tl.trans(P)
+        for v0 in range(iv * BV, iv * BV + BV, BVL):
+            cv = v0 + tl.arange(0, BVL)
+            dout = _dv_local_load_do(do, v0, tok, qm, h, H, V, BVL)
+            tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], tl.dot(Pt, dout, input_precision=DOT),
+                     mask=rm[:, None] & (cv < V)[None, :])
+
+
+@triton.jit
+def _dv_local_load_do(do, v0, tok, qm, h, H: tl.constexpr, V: tl.constexpr, BVL: tl.constexpr):
+    """``dO[:, v0 : v0 + BVL]`` of one chunk's query rows (zero elsewhere), as fp32."""
+    cv = v0 + tl.arange(0, BVL)
+    return tl.load(do + (tok * H + h)[:, None] * V + cv[None, :], mask=qm[:, None] & (cv < V)[None, :],
+                   other=0.).to(tl.float32)
 
 
 @triton.jit

@@ -134,6 +134,19 @@ VARIANTS = {
     "wyb_bv32": {"wy_bwd": (4, 1, 32)},
     "out_bv128": {"output": (4, 2, 128)},
     "out_bv128_8w": {"output": (8, 2, 128)},
+    # then around the first call's best (dvl_l32s3: dv_local 508 -> 370 us at n_h 2 gated, 274 ->
+    # 202 at n_h 1; wyb_bv32: wy_bwd 1885 -> 1849, 957 -> 940): steps, stages, warps; and the
+    # per-chunk output kernel (n_h 1) over the whole V in steps, P formed once (output_bvl)
+    "dvl_l16s3": {"dv_local": (4, 3, 128), "dv_local_bvl": 16},
+    "dvl_l32s4": {"dv_local": (4, 4, 128), "dv_local_bvl": 32},
+    "dvl_l32s3_2w": {"dv_local": (2, 3, 128), "dv_local_bvl": 32},
+    "dvl_l64s3": {"dv_local": (4, 3, 128), "dv_local_bvl": 64},
+    "wyb_bv16": {"wy_bwd": (4, 1, 16)},
+    "wyb_bv32s2": {"wy_bwd": (4, 2, 32)},
+    "wyb_bv32_8w": {"wy_bwd": (8, 1, 32)},
+    "out_l32": {"output": (4, 3, 128), "output_bvl": 32},
+    "out_l64": {"output": (4, 3, 128), "output_bvl": 64},
+    "out_l32_bv64": {"output": (4, 3, 64), "output_bvl": 32},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

@@ -122,31 +122,20 @@ VARIANTS = {
     # in bf16; the recurrences stay fp32 in registers) -- the nearest this code gets to fla's 16-bit
     # intermediates without changing a kernel: how much of the fwd+bwd gap to fla is storage?
     "all16": {"a_16bit": True, "vn_16bit": True, "dhs_16bit": True},
-    # fifty-eighth session: the kernels furthest from fla's counterparts in the H200 profile (n_h 2
-    # gated, us: dv_local 510 / 269, wy_bwd 1890 / 998, output_tok 566 / 317). dv_local over its
-    # V tile in steps of 32 or 64 columns (P formed once, dO loads pipelined by the stages);
-    # wy_bwd with 2 stages or 32-column V tiles; the output kernels over the whole V (P once)
-    "dvl_l32": {"dv_local_bvl": 32},
-    "dvl_l32s3": {"dv_local": (4, 3, 128), "dv_local_bvl": 32},
-    "dvl_l64": {"dv_local_bvl": 64},
-    "dvl_l64_8w": {"dv_local": (8, 2, 128), "dv_local_bvl": 64},
-    "wyb_s2": {"wy_bwd": (4, 2, 64)},
-    "wyb_bv32": {"wy_bwd": (4, 1, 32)},
-    "out_bv128": {"output": (4, 2, 128)},
-    "out_bv128_8w": {"output": (8, 2, 128)},
-    # then around the first call's best (dvl_l32s3: dv_local 508 -> 370 us at n_h 2 gated, 274 ->
-    # 202 at n_h 1; wyb_bv32: wy_bwd 1885 -> 1849, 957 -> 940): steps, stages, warps; and the
-    # per-chunk output kernel (n_h 1) over the whole V in steps, P formed once (output_bvl)
-    "dvl_l16s3": {"dv_local": (4, 3, 128), "dv_local_bvl": 16},
+    # fifty-eighth session (H200, B8 T4096 H16 K=V=128 bf16, torch.profiler per kernel; RESULTS.md
+    # "fifty-eighth"): the kernels furthest from fla's counterparts (n_h 2 gated, us, ours / fla:
+    # dv_local 510 / 269, wy_bwd 1890 / 998, output_tok 566 / 317). dv_local with P formed once and
+    # its V tile 32 columns a step on 2 warps, 3 stages, is the default since (kernel 0.65-0.70x,
+    # fwd+bwd 0.972-0.980x); dvl_one_pass is the default before, dvl_l32s4 the runner-up (16- and
+    # 64-column steps, 4 warps at 3 stages: 0.975-0.990x fwd+bwd). Lost or mixed, not kept as
+    # variants: wy_bwd at (4, 2, 64), (4, 1, 16), (4, 2, 32), (8, 1, 32) (fwd+bwd 1.000-1.200x);
+    # wy_bwd (4, 1, 32) 0.995-1.005x (its kernel 0.98x gated, 1.00x ungated); the output kernels
+    # at BV 128 (1.008-1.086x), and output_fwd_kernel with P formed once over 32 / 64-column steps
+    # (commit d1be03f: its kernel 0.97x ungated, 1.02x gated at n_h 1; "output" also sets the
+    # token-chunk kernel's tile, which lost 1.3x at BV 128)
+    "dvl_one_pass": {"dv_local": (4, 2, 128), "dv_local_bvl": None},
     "dvl_l32s4": {"dv_local": (4, 4, 128), "dv_local_bvl": 32},
-    "dvl_l32s3_2w": {"dv_local": (2, 3, 128), "dv_local_bvl": 32},
-    "dvl_l64s3": {"dv_local": (4, 3, 128), "dv_local_bvl": 64},
-    "wyb_bv16": {"wy_bwd": (4, 1, 16)},
-    "wyb_bv32s2": {"wy_bwd": (4, 2, 32)},
-    "wyb_bv32_8w": {"wy_bwd": (8, 1, 32)},
-    "out_l32": {"output": (4, 3, 128), "output_bvl": 32},
-    "out_l64": {"output": (4, 3, 128), "output_bvl": 64},
-    "out_l32_bv64": {"output": (4, 3, 64), "output_bvl": 32},
+    "wyb_bv32": {"wy_bwd": (4, 1, 32)},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

@@ -50,10 +50,10 @@ VARIANTS = {
     "dqkwg_k2_dg_z": ({"dqkwg_ksplit": 2, "dqkwg_dg_grads": False}, lambda C, K, V: K > 16),
     # the sliced wy_bwd storing dbeta and dg before its second pass (needs K slices: K > 16)
     "wy_bwd_early_db": ({"wy_bwd_early_db": True}, lambda C, K, V: K > 16),
-    # dv_local over its V tile 16 columns a step (P formed once; the default: the tile in one pass)
+    # dv_local over its V tile 16 columns a step, and in one pass (the default: 32 a step, so one
+    # pass where V <= 32)
     "dv_local_bvl16": ({"dv_local_bvl": 16}, lambda C, K, V: V > 16),
-    # the per-chunk output kernel (n_h = 1 here) over its V tile 16 columns a step, P formed once
-    "output_bvl16": ({"output_bvl": 16}, lambda C, K, V: V > 16),
+    "dv_local_one_pass": ({"dv_local_bvl": None}, lambda C, K, V: V > 32),
 }
 
 
@@ -368,16 +368,16 @@ def test_dqkwg_ksplit_bad_value_is_refused(monkeypatch):
         o.sum().backward()
 
 
-@pytest.mark.parametrize("key", ["dv_local_bvl", "output_bvl"])
 @pytest.mark.parametrize("bad", [8, 48, True, "32"])
-def test_column_steps_bad_value_is_refused(key, bad, monkeypatch):
+def test_dv_local_bvl_bad_value_is_refused(bad, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
 
     q, k, v, beta, g, _ = make_inputs(1, 5, 1, 1, 16, 32, True, 2.0, dtype=torch.float32)
     xs = [x.requires_grad_() for x in (q, k, v, beta, g)]
-    monkeypatch.setitem(fn.TUNE, key, bad)
-    with pytest.raises(ValueError, match=key):     # the output kernel in the forward, dv_local in the backward
-        chunk_delta_product(*xs, chunk_size=16, backend="triton")[0].sum().backward()
+    o, _ = chunk_delta_product(*xs, chunk_size=16, backend="triton")
+    monkeypatch.setitem(fn.TUNE, "dv_local_bvl", bad)
+    with pytest.raises(ValueError, match="dv_local_bvl"):
+        o.sum().backward()
 
 
 def test_state_bwd_reload_k_bad_value_is_refused(monkeypatch):

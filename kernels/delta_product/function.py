@@ -27,14 +27,13 @@ TUNE = dict(
     wu=(2, 2, 64),
     state_fwd=(4, 3, 64),  # 8 warps / BV 32 / 1 stage were all slower
     output=(4, 3, 64),
-    dv_local=(4, 2, 128),  # was (4, 3, 64)
-    # dv_local_kernel's V tile in steps of this many columns, P formed once (state.py BVL); None:
-    # the whole tile in one pass. H200 profile (2026-12-03, n_h 2 gated, B8 T4096 H16 K=V=128
-    # bf16): the one pass took 510 us where fla's dv_local took 269 for as many bytes
-    dv_local_bvl=None,
-    # output_fwd_kernel (the per-chunk output: n_h = 1, or no token chunks) over its V tile in steps
-    # of this many columns, P formed once (output.py BVL); None: the tile in one pass
-    output_bvl=None,
+    # dv_local_kernel: P formed once, its V tile of 128 columns taken 32 at a time (dv_local_bvl,
+    # state.py BVL), the dO loads run ahead by 3 stages. H200 (2026-12-03, fifty-eighth session,
+    # B8 T4096 H16 K=V=128 bf16, torch.profiler): the kernel 264 / 276 / 490 / 511 us -> 185 / 195
+    # / 321 / 333 at n_h 1 ungated / gated, 2 ungated / gated; fwd+bwd 0.972-0.980x. Before:
+    # (4, 2, 128) in one pass (None), and (4, 3, 64) before that; fla's dv_local: 269 us at n_h 2 gated
+    dv_local=(2, 3, 128),
+    dv_local_bvl=32,
     state_bwd=(4, 3, 64),  # (4, 1, 32): faster at n_h=2 gated, slower at n_h=1 ungated
     dqkwg=(8, 3, 32),      # (8, 1, 32): same split as state_bwd
     # the gated dqkwg_bwd's gate term as rowsum(Q ⊙ dQ) − rowsum(K ⊙ dK) off its own gradient tiles
@@ -241,14 +240,14 @@ def _bv(name, BVf):
     return min(BVf, TUNE[name][2])
 
 
-def _col_steps(key, BV):
-    """Columns per step of a kernel's V tile of ``BV`` (``TUNE[key]``: ``"dv_local_bvl"``,
-    ``"output_bvl"``): ``BV`` for None, else a power of two >= 16 (``tl.dot``), at most ``BV``."""
-    n = TUNE[key]
+def _dv_local_bvl(BV):
+    """Columns per step of ``dv_local_kernel``'s V tile of ``BV`` (``TUNE["dv_local_bvl"]``): ``BV``
+    for None (one pass), else a power of two >= 16 (``tl.dot``), at most ``BV``."""
+    n = TUNE["dv_local_bvl"]
     if n is None:
         return BV
     if isinstance(n, bool) or not isinstance(n, int) or n < 16 or n & (n - 1):
-        raise ValueError(f'TUNE["{key}"] must be None or a power of two >= 16, got {n!r}')
+        raise ValueError(f'TUNE["dv_local_bvl"] must be None or a power of two >= 16, got {n!r}')
     return min(n, BV)
 
 
@@ -382,7 +381,6 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             output_fwd_kernel[(cdiv(V, BVo), NC, H)](
                 qf, kf, gcum, hs, vn, o, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
                 BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw, RAW_H=raw_h,
-                BVL=_col_steps("output_bvl", BVo) % BVo,    # 0: one pass
                 num_warps=TUNE["output"][0], num_stages=TUNE["output"][1])
         keep = own and TUNE["save_states"] and NC > 0 and tch is None
         ctx.save_for_backward(qf, kf, vf, bf, gf, h0c, gcum, Ainv, W, U,
@@ -416,7 +414,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             dv_local_kernel[(cdiv(V, BVl), NC, H)](
                 qf, kf, gcum, do, dvn, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
                 BC=BC, BK=BK, BV=BVl, USE_G=use_g, DOT=dot, RAW=raw,
-                BVL=_col_steps("dv_local_bvl", BVl),
+                BVL=_dv_local_bvl(BVl),
                 num_warps=TUNE["dv_local"][0], num_stages=TUNE["dv_local"][1])
             if form:
                 state_bwd_fused_kernel[(cdiv(V, BVs), N * H)](

@@ -11,13 +11,10 @@ def output_fwd_kernel(q, k, gcum, hs, vn, o, start_ptr, len_ptr, scale,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                       BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
-                      RAW_H: tl.constexpr = False, BVL: tl.constexpr = 0):
+                      RAW_H: tl.constexpr = False):
     """``RAW_H`` (``function.TUNE["output_raw_h"]``; 16-bit ``q`` and ``H`` of one dtype): ``Q H`` on
     the stored 16-bit tiles as they are (exact products, fp32 accumulate, twice the tf32 MMA rate,
-    no fp32 copies), its rows scaled by ``scale·γ`` after the dot instead of ``Q``'s before.
-    ``BVL`` (``function.TUNE["output_bvl"]``, below ``BV``): ``P`` formed once and the program's
-    ``BV`` value columns taken ``BVL`` at a time, a loop whose ``H`` and ``Vn`` loads the launch's
-    stages can run ahead; 0: the tile in one pass."""
+    no fp32 copies), its rows scaled by ``scale·γ`` after the dot instead of ``Q``'s before."""
     iv = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)   # chunk: offsets (c·H + h)·K·V pass 2^31
     h = tl.program_id(2)
@@ -27,17 +24,13 @@ def output_fwd_kernel(q, k, gcum, hs, vn, o, start_ptr, len_ptr, scale,
     rm = r < ln
     s = start + r
     ck = tl.arange(0, BK)
+    cv = iv * BV + tl.arange(0, BV)
     qm = rm & (s % NH == NH - 1)
     tok = s // NH
     qr = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
                  other=0.)
     kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :],
                  other=0.)
-    if BVL > 0:
-        _output_cols_loop(q, qr, kr, gcum, hs, vn, o, c, h, s, rm, qm, tok, ck, iv * BV, scale, H, K, V,
-                          BC, BV, BVL, USE_G, DOT, RAW, RAW_H)
-        return
-    cv = iv * BV + tl.arange(0, BV)
     # H and Vn may be stored in 16 bits (function.TUNE); the products accumulate in fp32
     st = tl.load(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :],
                  mask=(ck < K)[:, None] & (cv < V)[None, :], other=0.)
@@ -61,40 +54,6 @@ def output_fwd_kernel(q, k, gcum, hs, vn, o, start_ptr, len_ptr, scale,
         out = tl.dot(qq, st, input_precision=DOT) + tl.dot(P, vnew, input_precision=DOT)
     tl.store(o + (tok * H + h)[:, None] * V + cv[None, :], out.to(o.dtype.element_ty),
              mask=qm[:, None] & (cv < V)[None, :])
-
-
-@triton.jit
-def _output_cols_loop(q, qr, kr, gcum, hs, vn, o, c, h, s, rm, qm, tok, ck, v_first, scale,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr,
-                      BV: tl.constexpr, BVL: tl.constexpr, USE_G: tl.constexpr, DOT: tl.constexpr,
-                      RAW: tl.constexpr, RAW_H: tl.constexpr):
-    """``output_fwd_kernel`` with ``BVL``: ``P`` and the query scaling once, then the columns
-    ``[v_first, v_first + BV)`` ``BVL`` at a time (same sums)."""
-    r = tl.arange(0, BC)
-    if USE_G:
-        G = tl.load(gcum + s * H + h, mask=rm, other=0.)
-    else:
-        G = tl.zeros([BC], dtype=tl.float32)
-    causal = r[:, None] >= r[None, :]
-    gam = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf"))) * scale
-    P = dot_abt(qr, kr, DOT, RAW) * gam
-    sg = scale * tl.exp(G)
-    if RAW_H:
-        qa = qr
-    else:
-        qa = qr.to(tl.float32) * sg[:, None]
-    for v0 in range(v_first, v_first + BV, BVL):
-        cv = v0 + tl.arange(0, BVL)
-        st = tl.load(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :],
-                     mask=(ck < K)[:, None] & (cv < V)[None, :], other=0.)
-        vnew = tl.load(vn + (s * H + h)[:, None] * V + cv[None, :], mask=rm[:, None] & (cv < V)[None, :],
-                       other=0.).to(tl.float32)
-        if RAW_H:
-            out = tl.dot(qa, st, input_precision=DOT) * sg[:, None] + tl.dot(P, vnew, input_precision=DOT)
-        else:
-            out = tl.dot(qa, st.to(tl.float32), input_precision=DOT) + tl.dot(P, vnew, input_precision=DOT)
-        tl.store(o + (tok * H + h)[:, None] * V + cv[None, :], out.to(o.dtype.element_ty),
-                 mask=qm[:, None] & (cv < V)[None, :])
 
 
 @triton.jit

@@ -136,6 +136,10 @@ VARIANTS = {
     "dvl_one_pass": {"dv_local": (4, 2, 128), "dv_local_bvl": None},
     "dvl_l32s4": {"dv_local": (4, 4, 128), "dv_local_bvl": 32},
     "wyb_bv32": {"wy_bwd": (4, 1, 32)},
+    # around the new default on 2 warps: 4 stages, 16- or 64-column steps
+    "dvl_2w_s4": {"dv_local": (2, 4, 128)},
+    "dvl_2w_l16": {"dv_local_bvl": 16},
+    "dvl_2w_l64": {"dv_local_bvl": 64},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

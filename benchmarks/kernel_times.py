@@ -34,7 +34,8 @@ def kernel_times(call, reps=3):
 
 
 def kernel_rows(times_by_variant, top=12):
-    """Rows ``[kernel, µs under each variant...]`` for the ``top`` kernels by the first variant's time, then a ``sum`` row over all kernels.
+    """Rows ``[kernel, µs under each variant...]`` for the ``top`` kernels by the first variant's
+    time, then a ``sum`` row over all kernels (those past ``top`` included).
     ``times_by_variant``: ``{variant: kernel_times(...)}`` in column order."""
     names = list(times_by_variant)
     first = times_by_variant[names[0]]

@@ -140,6 +140,12 @@ VARIANTS = {
     "dvl_2w_s4": {"dv_local": (2, 4, 128)},
     "dvl_2w_l16": {"dv_local_bvl": 16},
     "dvl_2w_l64": {"dv_local_bvl": 64},
+    # wy_bwd's K-slice passes as range loops (sm_90a: 192 / 249 registers without spills, ungated /
+    # gated, against 255 with 32 / 60 B of spills unrolled), alone, at 2 stages (222 / 237, none),
+    # and capped at 168 registers for 3 programs an SM (24 / 200 B of spills); not yet timed
+    "wyb_loop": {"wy_bwd_kloop": True},
+    "wyb_loop_s2": {"wy_bwd_kloop": True, "wy_bwd": (4, 2, 64)},
+    "wyb_loop_r168": {"wy_bwd_kloop": True, "maxnreg": {"output_tok": 160, "wy_bwd": 168}},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

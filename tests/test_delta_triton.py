@@ -54,6 +54,8 @@ VARIANTS = {
     # pass where V <= 32)
     "dv_local_bvl16": ({"dv_local_bvl": 16}, lambda C, K, V: V > 16),
     "dv_local_one_pass": ({"dv_local_bvl": None}, lambda C, K, V: V > 32),
+    # the sliced wy_bwd's passes as range loops (needs K slices: K > 16)
+    "wy_bwd_kloop": ({"wy_bwd_kloop": True}, lambda C, K, V: K > 16),
 }
 
 

@@ -60,6 +60,12 @@ TUNE = dict(
     # the bf16 launches 44 -> 0 B a thread ungated, 72 -> 24 gated (tools/aot_check.py, K=V=128),
     # but no faster: H200 2026-11-26 (ninth session) fwd+bwd 1.001-1.005x at n_h 1-4. Off
     wy_bwd_early_db=False,
+    # the sliced wy_bwd's two passes over its K slices as range loops instead of unrolled: sm_90a
+    # (Triton 3.6 ptxas, K=V=128 bf16 n_h 2, the GPU's 16-bit K K^T, fifty-eighth session on a CPU)
+    # 255 registers with 32 / 60 B of spills a thread (ungated / gated) -> 192 / 249 and none;
+    # capped at 168 registers (3 four-warp programs an SM instead of 2: 72 KiB of shared memory
+    # each) 24 / 200 B of spills against 296 / 368 unrolled. Not yet timed: opt-in (wyb_loop*)
+    wy_bwd_kloop=False,
     inter_16bit=False,     # W, U stored in the inputs' dtype: error ratio 5.5e-3 > 5e-3 bound, off
     # Vn stored in the inputs' 16-bit dtype (the state update keeps fp32 registers). "no_grad": only
     # in a forward without gradients, where the output kernel is its one reader (H200 2026-11-26, B8
@@ -458,6 +464,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                                    ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK,
                                    BV=_bv("wy_bwd", BVf), USE_G=use_g, DOT=dot, RAW=raw,
                                    KS=_wy_ksplit(BK), EARLY=bool(TUNE["wy_bwd_early_db"]),
+                                   LOOP=bool(TUNE["wy_bwd_kloop"]),
                                    num_warps=TUNE["wy_bwd"][0], num_stages=TUNE["wy_bwd"][1],
                                    **_regs("wy_bwd"))
         else:

@@ -146,6 +146,10 @@ VARIANTS = {
     "wyb_loop": {"wy_bwd_kloop": True},
     "wyb_loop_s2": {"wy_bwd_kloop": True, "wy_bwd": (4, 2, 64)},
     "wyb_loop_r168": {"wy_bwd_kloop": True, "maxnreg": {"output_tok": 160, "wy_bwd": 168}},
+    # W, U stored by wu_fwd and read by the state kernels (fla's split: W off the serial chain)
+    # under today's other defaults; "assoc" won on an H100 on 2026-11-24, before save_states and the
+    # lean backward (stored_wu above also turns inv_batched off)
+    "wu_stored": {"fuse_wu": False},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

@@ -331,9 +331,10 @@ case "$stage" in
     # DELTA_TESTS=0 skips the GPU tests; DELTA_VAR_FLA=1 times fla in the same run (a "vs fla" column)
     [ "${DELTA_TESTS:-1}" = 0 ] || timeout ${TEST_TIMEOUT:-320} python3 -m pytest -q -rfEs -p no:cacheprovider \
       tests/gpu/test_gpu_delta.py 2>&1 | tee "$OUT/deltavar_tests.log" | tail -8
-    # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default)
+    # DELTA_VARIANTS: which --variants (default: the sixth session's opt-ins against the default);
+    # DELTA_KERNELS=1 adds each kernel's time under each variant (--kernels); DELTA_MODES the passes
     timeout ${STAGE_TIMEOUT:-320} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-2 4} \
-      ${DELTA_VAR_FLA:+--variants-fla --fla-unguarded} \
+      ${DELTA_VAR_FLA:+--variants-fla --fla-unguarded} ${DELTA_KERNELS:+--kernels} --modes ${DELTA_MODES:-fwd fwd+bwd} \
       --variants ${DELTA_VARIANTS:-default s11_default dhs16 reload_k_always} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
   sweep)

@@ -7,15 +7,15 @@ from __future__ import annotations
 import torch
 
 
-def kernel_times(call, reps=3):
-    """``{kernel name: microseconds per call of call()}`` for every GPU kernel ``call`` launches,
-    averaged over ``reps`` profiled calls after two unprofiled ones (compilation, autotuning).
-    ``call`` runs the whole pass (e.g. a forward and its backward) and returns nothing useful."""
+def kernel_times(call, reps=3, warmup=2):
+    """``{kernel name: (microseconds, launches) per call of call()}`` for every GPU kernel ``call``
+    launches, averaged over ``reps`` profiled calls after ``warmup`` unprofiled ones (compilation,
+    autotuning). ``call`` runs the whole pass (e.g. a forward and its backward)."""
     from torch.profiler import ProfilerActivity, profile
 
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
-    for _ in range(2):
+    for _ in range(warmup):
         call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as p:
@@ -29,7 +29,8 @@ def kernel_times(call, reps=3):
         if us is None:
             us = ev.self_cuda_time_total
         if us > 0:
-            out[ev.key] = out.get(ev.key, 0.0) + us / reps
+            t, n = out.get(ev.key, (0.0, 0.0))
+            out[ev.key] = (t + us / reps, n + ev.count / reps)
     return out
 
 
@@ -37,12 +38,12 @@ def kernel_rows(times_by_variant, top=12):
     """Rows ``[kernel, µs under each variant...]`` for the ``top`` kernels by the first variant's
     time, then a ``sum`` row over all kernels (those past ``top`` included).
     ``times_by_variant``: ``{variant: kernel_times(...)}`` in column order."""
-    names = list(times_by_variant)
-    first = times_by_variant[names[0]]
-    keys = sorted(set().union(*times_by_variant.values()), key=lambda k: -first.get(k, 0.0))[:top]
+    us = {name: {k: v[0] for k, v in t.items()} for name, t in times_by_variant.items()}
+    first = next(iter(us.values()))
+    keys = sorted(set().union(*us.values()), key=lambda k: -first.get(k, 0.0))[:top]
     rows = []
     for key in keys + ["sum"]:
-        vals = [sum(t.values()) if key == "sum" else t.get(key, 0.0) for t in times_by_variant.values()]
+        vals = [sum(t.values()) if key == "sum" else t.get(key, 0.0) for t in us.values()]
         label = key if key == "sum" else f"`{key[:60]}`"
         rows.append([label] + [f"{v:.1f}" for v in vals])
     return rows

@@ -11,8 +11,8 @@ from benchmarks.kernel_times import kernel_rows, kernel_times  # noqa: E402
 
 
 def test_rows_follow_the_first_variant_and_sum_every_kernel():
-    times = {"default": {"wy_bwd_kernel": 1890.0, "dv_local_kernel": 510.0, "fill": 1.0},
-             "dvl_l32": {"wy_bwd_kernel": 1880.0, "dv_local_kernel": 300.0, "copy": 2.0}}
+    times = {"default": {"wy_bwd_kernel": (1890.0, 1.0), "dv_local_kernel": (510.0, 1.0), "fill": (1.0, 2.0)},
+             "dvl_l32": {"wy_bwd_kernel": (1880.0, 1.0), "dv_local_kernel": (300.0, 1.0), "copy": (2.0, 1.0)}}
     rows = kernel_rows(times, top=2)
     assert rows == [["`wy_bwd_kernel`", "1890.0", "1880.0"],
                     ["`dv_local_kernel`", "510.0", "300.0"],

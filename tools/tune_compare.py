@@ -25,6 +25,7 @@ from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lb2_compare import _finish, _rel, timed_rounds  # noqa: E402  (JSON writer, helpers)
+from benchmarks.kernel_times import kernel_times  # noqa: E402
 
 
 def _value(text):
@@ -64,23 +65,12 @@ def parse_tune(items):
 def kernel_breakdown(fns, reps=10):
     """Prints each column's GPU kernels (``torch.profiler``): microseconds per call and launches
     per call, largest first, to see which pass of a multi-pass call takes the time."""
-    from torch.profiler import ProfilerActivity, profile
     for name, fn in fns.items():
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                fn()
-            torch.cuda.synchronize()
-        rows = []
-        for e in prof.key_averages():
-            us = getattr(e, "self_device_time_total", None)
-            us = e.self_cuda_time_total if us is None else us
-            if us > 0:
-                rows.append((us / reps, e.count / reps, e.key))
+        rows = sorted(((us, n, key) for key, (us, n) in kernel_times(fn, reps=reps, warmup=1).items()),
+                      reverse=True)
         total = sum(r[0] for r in rows)
         print(f"kernels of {name}: {total:.1f} us a call")
-        for us, n, key in sorted(rows, reverse=True):
+        for us, n, key in rows:
             print(f"  {us:9.1f} us  {n:4.1f}x  {key[:110]}")
 
 

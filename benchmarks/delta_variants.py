@@ -150,6 +150,10 @@ VARIANTS = {
     # under today's other defaults; "assoc" won on an H100 on 2026-11-24, before save_states and the
     # lean backward (stored_wu above also turns inv_batched off)
     "wu_stored": {"fuse_wu": False},
+    # dqkwg_bwd in two K slices on 4 warps at 2 stages (sm_90a, bf16 n_h 2: 244 registers without
+    # spills ungated, 56 B gated, 64 / 56 KiB of shared memory: two programs an SM where the 8-warp
+    # default runs one); dqkwg_k2 / dqkwg_k2_4w above are the 8-warp and 3-stage forms
+    "dqkwg_k2_4w_s2": {"dqkwg_ksplit": 2, "dqkwg": (4, 2, 32)},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

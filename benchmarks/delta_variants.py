@@ -140,12 +140,8 @@ VARIANTS = {
     "dvl_2w_s4": {"dv_local": (2, 4, 128)},
     "dvl_2w_l16": {"dv_local_bvl": 16},
     "dvl_2w_l64": {"dv_local_bvl": 64},
-    # wy_bwd's K-slice passes as range loops (sm_90a: 192 / 249 registers without spills, ungated /
-    # gated, against 255 with 32 / 60 B of spills unrolled), alone, at 2 stages (222 / 237, none),
-    # and capped at 168 registers for 3 programs an SM (24 / 200 B of spills); not yet timed
-    "wyb_loop": {"wy_bwd_kloop": True},
-    "wyb_loop_s2": {"wy_bwd_kloop": True, "wy_bwd": (4, 2, 64)},
-    "wyb_loop_r168": {"wy_bwd_kloop": True, "maxnreg": {"output_tok": 160, "wy_bwd": 168}},
+    # (wyb_loop, wyb_loop_s2, wyb_loop_r168: wy_bwd's K-slice passes as range loops, 1.008-1.012x,
+    # 1.036-1.049x with a wrong dβ at n_h 2 ungated, 0.989-1.011x on an H200, 2026-12-03; removed)
     # W, U stored by wu_fwd and read by the state kernels (fla's split: W off the serial chain)
     # under today's other defaults; "assoc" won on an H100 on 2026-11-24, before save_states and the
     # lean backward (stored_wu above also turns inv_batched off)
@@ -154,6 +150,20 @@ VARIANTS = {
     # spills ungated, 56 B gated, 64 / 56 KiB of shared memory: two programs an SM where the 8-warp
     # default runs one); dqkwg_k2 / dqkwg_k2_4w above are the 8-warp and 3-stage forms
     "dqkwg_k2_4w_s2": {"dqkwg_ksplit": 2, "dqkwg": (4, 2, 32)},
+    # around the default since 2026-12-03 (two K slices on 4 warps, 3 stages, V 32 columns a step):
+    # the default before (one slice, 8 warps), four slices, 4 stages, 16 / 64 V columns a step
+    "dqkwg_k1_8w": {"dqkwg_ksplit": 1, "dqkwg": (8, 3, 32)},
+    "dqkwg_k4_4w": {"dqkwg_ksplit": 4, "dqkwg": (4, 3, 32)},
+    "dqkwg_k2_4w_s4": {"dqkwg_ksplit": 2, "dqkwg": (4, 4, 32)},
+    "dqkwg_k2_4w_bv16": {"dqkwg_ksplit": 2, "dqkwg": (4, 3, 16)},
+    "dqkwg_k2_4w_bv64": {"dqkwg_ksplit": 2, "dqkwg": (4, 3, 64)},
+    # wy_bwd on 2 warps (255 registers x 64 threads: four programs an SM by registers, three by
+    # its 72 KiB of shared memory, against two on 4 warps), with 32 V columns a step, and in 8 K
+    # slices of 16 columns (fewer live fp32 [C, BK / KS] tiles)
+    "wyb_2w": {"wy_bwd": (2, 1, 64)},
+    "wyb_2w_bv32": {"wy_bwd": (2, 1, 32)},
+    "wyb_k8": {"wy_bwd_ksplit": 8},
+    "wyb_2w_k8": {"wy_bwd_ksplit": 8, "wy_bwd": (2, 1, 64)},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

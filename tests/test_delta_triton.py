@@ -31,8 +31,9 @@ VARIANTS = {
     "assoc_inv_serial": ({"fuse_wu": "assoc", "inv_batched": False}, _C64),
     "wu_no_split": ({"fuse_wu": "wu", "wy_split": False}, _C64),     # wy_fwd with STORE_WU off
     "recompute_states": ({"save_states": False}, _ALL),               # backward recomputes hs, Vn
-    # dqkwg_bwd over two K slices, partial dG summed (needs K padded to >= 32)
-    "dqkwg_k2": ({"dqkwg_ksplit": 2}, lambda C, K, V: K > 16),
+    # dqkwg_bwd in one K slice on 8 warps (the default until 2026-12-03: two slices, partial dG
+    # summed, on 4 warps; capped at one where K = 16)
+    "dqkwg_k1": ({"dqkwg_ksplit": 1, "dqkwg": (8, 3, 32)}, lambda C, K, V: K > 16),
     # the "assoc" backward in its first order (the lean order, Q and dO loaded late and dots
     # accumulated into the state, is the default since 2026-11-25: 0.87-0.91x fwd+bwd on an H100)
     "assoc_not_lean": ({"state_bwd_lean": False, "state_bwd_fused": (4, 3, 64)}, _ALL),
@@ -47,15 +48,13 @@ VARIANTS = {
     # the gated dqkwg_bwd's gate term as rowsum(Z) - colsum(Z) + ... (the default reads it off its
     # own dq, dk tiles since 2026-11-26), one K slice and two
     "dqkwg_dg_z": ({"dqkwg_dg_grads": False}, _ALL),
-    "dqkwg_k2_dg_z": ({"dqkwg_ksplit": 2, "dqkwg_dg_grads": False}, lambda C, K, V: K > 16),
+    "dqkwg_k1_dg_z": ({"dqkwg_ksplit": 1, "dqkwg_dg_grads": False}, lambda C, K, V: K > 16),
     # the sliced wy_bwd storing dbeta and dg before its second pass (needs K slices: K > 16)
     "wy_bwd_early_db": ({"wy_bwd_early_db": True}, lambda C, K, V: K > 16),
     # dv_local over its V tile 16 columns a step, and in one pass (the default: 32 a step, so one
     # pass where V <= 32)
     "dv_local_bvl16": ({"dv_local_bvl": 16}, lambda C, K, V: V > 16),
     "dv_local_one_pass": ({"dv_local_bvl": None}, lambda C, K, V: V > 32),
-    # the sliced wy_bwd's passes as range loops (needs K slices: K > 16)
-    "wy_bwd_kloop": ({"wy_bwd_kloop": True}, lambda C, K, V: K > 16),
 }
 
 

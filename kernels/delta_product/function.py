@@ -35,7 +35,14 @@ TUNE = dict(
     dv_local=(2, 3, 128),
     dv_local_bvl=32,
     state_bwd=(4, 3, 64),  # (4, 1, 32): faster at n_h=2 gated, slower at n_h=1 ungated
-    dqkwg=(8, 3, 32),      # (8, 1, 32): same split as state_bwd
+    # dqkwg_bwd in two K slices on 4 warps (a third grid axis; dO Vn^T recomputed per slice, the
+    # partial dG summed): sm_90a bf16 n_h 2 (Triton 3.6 ptxas) 204 / 254 registers and 136 / 120
+    # KiB of shared memory a program (one an SM) at one slice on 8 warps -> two slices on 4 warps
+    # at 3 stages. H200 (2026-12-03, fifty-ninth session, B8 T4096 H16 K=V=128 bf16): the kernel
+    # 1913 / 2271 -> 1619 / 2022 us at n_h 2 ungated / gated, fwd+bwd 0.960-0.973x at n_h 1-2.
+    # Lost there: two slices on 8 warps 1.057-1.096x, on 4 warps at 2 stages 0.991-1.005x. The
+    # default before: (8, 3, 32) at one slice (2 slices on 8 warps lost on an H100, 2026-11-25)
+    dqkwg=(4, 3, 32),
     # the gated dqkwg_bwd's gate term as rowsum(Q ⊙ dQ) − rowsum(K ⊙ dK) off its own gradient tiles
     # (dqkwg_bwd.py DG_GRADS): no second Q K^T dot, no [64, 64] row and column sums (the gated
     # tail's cross-warp reductions, TUNING.md): sm_90a SASS of the gated bf16 launch 2464 -> 2136
@@ -48,9 +55,7 @@ TUNE = dict(
     # (twelfth session), B8 T4096 H16 K=V=128 bf16, fwd+bwd 0.983-0.998x at n_h 2-4 alone, with
     # token_chunk_output_grad 0.967-0.998x (TUNING_LOG.md); same error ratios
     dqkwg_raw_h=True,
-    dqkwg_ksplit=1,        # K slices of dqkwg_bwd (a third grid axis; 16 columns at least per slice):
-                           # fewer fp32 accumulators per program, dO Vn^T recomputed per slice. H100
-                           # 2026-11-25, K=128: 2 slices 1.005-1.058x the fwd+bwd time (TUNING.md)
+    dqkwg_ksplit=2,        # capped at BK // 16 (tl.dot needs 16 columns a slice)
     # wy_bwd's key side in 4 K slices, two passes (wy_bwd.py KS), 4 warps: fewer live fp32 [C, K]
     # tiles, 72 KiB shared memory (two CTAs per SM). H100 2026-11-25 (seventh session), B8 T4096
     # H16 K=V=128 bf16: fwd+bwd 0.899-0.908x the time of (ksplit 1, 8 warps) at n_h 1-2
@@ -60,12 +65,6 @@ TUNE = dict(
     # the bf16 launches 44 -> 0 B a thread ungated, 72 -> 24 gated (tools/aot_check.py, K=V=128),
     # but no faster: H200 2026-11-26 (ninth session) fwd+bwd 1.001-1.005x at n_h 1-4. Off
     wy_bwd_early_db=False,
-    # the sliced wy_bwd's two passes over its K slices as range loops instead of unrolled: sm_90a
-    # (Triton 3.6 ptxas, K=V=128 bf16 n_h 2, the GPU's 16-bit K K^T, fifty-eighth session on a CPU)
-    # 255 registers with 32 / 60 B of spills a thread (ungated / gated) -> 192 / 249 and none;
-    # capped at 168 registers (3 four-warp programs an SM instead of 2: 72 KiB of shared memory
-    # each) 24 / 200 B of spills against 296 / 368 unrolled. Not yet timed: opt-in (wyb_loop*)
-    wy_bwd_kloop=False,
     inter_16bit=False,     # W, U stored in the inputs' dtype: error ratio 5.5e-3 > 5e-3 bound, off
     # Vn stored in the inputs' 16-bit dtype (the state update keeps fp32 registers). "no_grad": only
     # in a forward without gradients, where the output kernel is its one reader (H200 2026-11-26, B8
@@ -464,7 +463,6 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                                    ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK,
                                    BV=_bv("wy_bwd", BVf), USE_G=use_g, DOT=dot, RAW=raw,
                                    KS=_wy_ksplit(BK), EARLY=bool(TUNE["wy_bwd_early_db"]),
-                                   LOOP=bool(TUNE["wy_bwd_kloop"]),
                                    num_warps=TUNE["wy_bwd"][0], num_stages=TUNE["wy_bwd"][1],
                                    **_regs("wy_bwd"))
         else:

@@ -14,12 +14,11 @@ def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                   BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr, KS: tl.constexpr = 1,
-                  EARLY: tl.constexpr = False, LOOP: tl.constexpr = False):
+                  EARLY: tl.constexpr = False):
     """``KS > 1`` (``function.TUNE["wy_bwd_ksplit"]``): the key-side work in ``KS`` slices of
     ``BK // KS`` columns, in two passes (``_wy_bwd_k_sliced``) instead of ``[C, BK]`` fp32 tiles of
     ``K``, ``dW``, ``A^T dW`` and ``dK`` live at once. ``EARLY`` (``KS > 1``,
-    ``function.TUNE["wy_bwd_early_db"]``): dβ and dg stored before the second pass. ``LOOP``
-    (``KS > 1``, ``function.TUNE["wy_bwd_kloop"]``): the slices in ``range`` loops, not unrolled."""
+    ``function.TUNE["wy_bwd_early_db"]``): dβ and dg stored before the second pass."""
     c = tl.program_id(0).to(tl.int64)   # chunk: int64 offsets
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
@@ -49,7 +48,7 @@ def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
         dA += tl.dot(dvnew, tl.trans(vv * b[:, None]), input_precision=DOT)
     if KS > 1:
         _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, A, dA, dbb, b, eg, G, s, rm, r, h, H, K, NH,
-                         BK // KS, KS, USE_G, DOT, RAW, EARLY, LOOP)
+                         BK // KS, KS, USE_G, DOT, RAW, EARLY)
         return
     kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
     kk = kr.to(tl.float32)
@@ -91,21 +90,18 @@ def _wy_bwd_store_db_dg(db, dg, dGp, dbb, dS, kkt, beg, kdw, s, rm, h, H: tl.con
 def _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, A, dA, dbb, b, eg, G, s, rm, r, h,
                      H: tl.constexpr, K: tl.constexpr, NH: tl.constexpr, BKS: tl.constexpr,
                      KS: tl.constexpr, USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
-                     EARLY: tl.constexpr, LOOP: tl.constexpr):
+                     EARLY: tl.constexpr):
     """The key-side part of ``wy_bwd_kernel`` over ``KS`` column slices. Pass 1 sums what needs all
     of ``K``: ``k·(A^T dW)`` per row, ``dA``, ``K K^T``. Pass 2 forms ``dK`` slice by slice from
     ``dK_part + diag(βγ) A^T dW + (dS + dS^T) K``, recomputing the ``A^T dW`` slice (one more
-    ``[C, C] x [C, BKS]`` dot per slice) instead of keeping it. ``LOOP``: both passes as ``range``
-    loops instead of unrolled."""
+    ``[C, C] x [C, BKS]`` dot per slice) instead of keeping it. Both passes unrolled: as ``range``
+    loops (sm_90a: no spills) they were 1.008-1.012x the fwd+bwd time on an H200, and at 2 stages
+    their dβ came out wrong (TUNING_LOG.md, 2026-12-03)."""
     kdw = tl.zeros([r.shape[0]], dtype=tl.float32)
     kkt = tl.zeros([r.shape[0], r.shape[0]], dtype=tl.float32)
     beg = b * eg
-    if LOOP:
-        for j in range(KS):
-            kdw, dA, kkt = _wy_k_sums(j, kdw, dA, kkt, k, dW, A, beg, s, rm, h, H, K, BKS, DOT, RAW)
-    else:
-        for j in tl.static_range(KS):
-            kdw, dA, kkt = _wy_k_sums(j, kdw, dA, kkt, k, dW, A, beg, s, rm, h, H, K, BKS, DOT, RAW)
+    for j in tl.static_range(KS):
+        kdw, dA, kkt = _wy_k_sums(j, kdw, dA, kkt, k, dW, A, beg, s, rm, h, H, K, BKS, DOT, RAW)
     dbb += eg * kdw
     dL = -tl.dot(tl.dot(tl.trans(A), dA, input_precision=DOT), tl.trans(A), input_precision=DOT)
     strict = r[:, None] > r[None, :]
@@ -119,12 +115,8 @@ def _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, A, dA, dbb, b, eg, G, s, r
         # thread ungated, 72 -> 24 gated)
         _wy_bwd_store_db_dg(db, dg, dGp, dbb, dS, kkt, beg, kdw, s, rm, h, H, NH, USE_G)
     dSS = dS + tl.trans(dS)
-    if LOOP:
-        for j in range(KS):
-            _wy_k_store_dk(j, k, dW, dk_part, dk, A, beg, dSS, s, rm, h, H, K, BKS, DOT)
-    else:
-        for j in tl.static_range(KS):
-            _wy_k_store_dk(j, k, dW, dk_part, dk, A, beg, dSS, s, rm, h, H, K, BKS, DOT)
+    for j in tl.static_range(KS):
+        _wy_k_store_dk(j, k, dW, dk_part, dk, A, beg, dSS, s, rm, h, H, K, BKS, DOT)
     if not EARLY:
         _wy_bwd_store_db_dg(db, dg, dGp, dbb, dS, kkt, beg, kdw, s, rm, h, H, NH, USE_G)
 

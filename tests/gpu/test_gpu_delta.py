@@ -37,8 +37,9 @@ def _ratio(a, b):
 @pytest.mark.parametrize("n_h,gated,beta_max,tune", [
     (1, False, 1.0, {}), (1, True, 2.0, {}), (2, True, 2.0, {}), (3, False, 2.0, {}), (4, True, 1.0, {}),
     # the gated dqkwg_bwd (fla #640 is a Hopper miscompile of its gated kernel with Triton 3.4-3.7.0)
-    # with two K slices, and the "wu" form of the fused state kernels (scaled key copies)
-    (2, True, 2.0, {"dqkwg_ksplit": 2}), (3, True, 2.0, {"fuse_wu": "wu"}),
+    # in one K slice on 8 warps (the default until 2026-12-03: two slices on 4 warps), and the
+    # "wu" form of the fused state kernels (scaled key copies)
+    (2, True, 2.0, {"dqkwg_ksplit": 1, "dqkwg": (8, 3, 32)}), (3, True, 2.0, {"fuse_wu": "wu"}),
     # the backward state kernel in its first order at 3 stages (the default until 2026-11-25's
     # seventh session, when the lean order at 1 stage measured 0.87-0.91x fwd+bwd)
     (1, True, 2.0, {"state_bwd_lean": False, "state_bwd_fused": (4, 3, 64)}),
@@ -59,7 +60,7 @@ def _ratio(a, b):
     # the gated dqkwg_bwd's gate term from Z = dP~ ⊙ Q K^T (exact bf16 products; the default reads
     # it off its own dq, dk tiles since 2026-11-26, ninth session), one K slice and two
     (1, True, 2.0, {"dqkwg_dg_grads": False}), (4, True, 1.0, {"dqkwg_dg_grads": False}),
-    (2, True, 2.0, {"dqkwg_dg_grads": False, "dqkwg_ksplit": 2}),
+    (2, True, 2.0, {"dqkwg_dg_grads": False, "dqkwg_ksplit": 1}),
     # register caps on tri_inv64 and wy_bwd (opt-in since the tenth session, 2026-11-26): more
     # programs an SM, more spills
     (1, True, 2.0, {"maxnreg": {"inv": 128, "wy_bwd": 168}}),

@@ -157,13 +157,16 @@ VARIANTS = {
     "dqkwg_k2_4w_s4": {"dqkwg_ksplit": 2, "dqkwg": (4, 4, 32)},
     "dqkwg_k2_4w_bv16": {"dqkwg_ksplit": 2, "dqkwg": (4, 3, 16)},
     "dqkwg_k2_4w_bv64": {"dqkwg_ksplit": 2, "dqkwg": (4, 3, 64)},
-    # wy_bwd on 2 warps (255 registers x 64 threads: four programs an SM by registers, three by
-    # its 72 KiB of shared memory, against two on 4 warps), with 32 V columns a step, and in 8 K
-    # slices of 16 columns (fewer live fp32 [C, BK / KS] tiles)
-    "wyb_2w": {"wy_bwd": (2, 1, 64)},
-    "wyb_2w_bv32": {"wy_bwd": (2, 1, 32)},
+    # wy_bwd in 8 K slices of 16 columns (sm_90a, bf16 K=V=128 n_h 2, Triton 3.6: 208 / 255
+    # registers ungated / gated, 0 / 32 B of spills, against 255 with 32 / 60 B at 4 slices), with
+    # 32 V columns a step (180 / 255, no spills, 54 KiB of shared memory against 72), and capped at
+    # 168 registers (three programs an SM instead of two; 64 columns: 188 / 164 B of spills).
+    # On 2 warps wy_bwd spills 2.7-5.1 KB a thread (not timed)
     "wyb_k8": {"wy_bwd_ksplit": 8},
-    "wyb_2w_k8": {"wy_bwd_ksplit": 8, "wy_bwd": (2, 1, 64)},
+    "wyb_k8_bv32": {"wy_bwd_ksplit": 8, "wy_bwd": (4, 1, 32)},
+    "wyb_k8_r168": {"wy_bwd_ksplit": 8, "maxnreg": {"output_tok": 160, "wy_bwd": 168}},
+    "wyb_k8_bv32_r168": {"wy_bwd_ksplit": 8, "wy_bwd": (4, 1, 32),
+                         "maxnreg": {"output_tok": 160, "wy_bwd": 168}},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

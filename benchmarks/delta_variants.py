@@ -161,7 +161,8 @@ VARIANTS = {
     # registers ungated / gated, 0 / 32 B of spills, against 255 with 32 / 60 B at 4 slices), with
     # 32 V columns a step (180 / 255, no spills, 54 KiB of shared memory against 72), and capped at
     # 168 registers (three programs an SM instead of two; 64 columns: 188 / 164 B of spills).
-    # On 2 warps wy_bwd spills 2.7-5.1 KB a thread (not timed)
+    # On 2 warps wy_bwd spills 2.7-5.1 KB a thread (not timed). H200 2026-12-03: all four lost,
+    # fwd+bwd 1.050-1.073x, the cap 1.048-1.055x, 32 columns and the cap 1.022-1.031x
     "wyb_k8": {"wy_bwd_ksplit": 8},
     "wyb_k8_bv32": {"wy_bwd_ksplit": 8, "wy_bwd": (4, 1, 32)},
     "wyb_k8_r168": {"wy_bwd_ksplit": 8, "maxnreg": {"output_tok": 160, "wy_bwd": 168}},

@@ -40,8 +40,9 @@ TUNE = dict(
     # KiB of shared memory a program (one an SM) at one slice on 8 warps -> two slices on 4 warps
     # at 3 stages. H200 (2026-12-03, fifty-ninth session, B8 T4096 H16 K=V=128 bf16): the kernel
     # 1913 / 2271 -> 1619 / 2022 us at n_h 2 ungated / gated, fwd+bwd 0.960-0.973x at n_h 1-2.
-    # Lost there: two slices on 8 warps 1.057-1.096x, on 4 warps at 2 stages 0.991-1.005x. The
-    # default before: (8, 3, 32) at one slice (2 slices on 8 warps lost on an H100, 2026-11-25)
+    # At K=V=64 neutral (the old default 0.989-1.009x). Lost at K=128: two slices on 8 warps
+    # 1.057-1.096x, on 4 warps at 2 stages 0.991-1.005x. The default before: (8, 3, 32) at one
+    # slice (2 slices on 8 warps lost on an H100, 2026-11-25)
     dqkwg=(4, 3, 32),
     # the gated dqkwg_bwd's gate term as rowsum(Q ⊙ dQ) − rowsum(K ⊙ dK) off its own gradient tiles
     # (dqkwg_bwd.py DG_GRADS): no second Q K^T dot, no [64, 64] row and column sums (the gated

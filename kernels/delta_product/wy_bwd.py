@@ -101,7 +101,14 @@ def _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, A, dA, dbb, b, eg, G, s, r
     kkt = tl.zeros([r.shape[0], r.shape[0]], dtype=tl.float32)
     beg = b * eg
     for j in tl.static_range(KS):
-        kdw, dA, kkt = _wy_k_sums(j, kdw, dA, kkt, k, dW, A, beg, s, rm, h, H, K, BKS, DOT, RAW)
+        ck = j * BKS + tl.arange(0, BKS)
+        mk = rm[:, None] & (ck < K)[None, :]
+        kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
+        kk = kr.to(tl.float32)
+        dw = tl.load(dW + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
+        kdw += tl.sum(kk * tl.dot(tl.trans(A), dw, input_precision=DOT), 1)
+        dA += tl.dot(dw, tl.trans(kk * beg[:, None]), input_precision=DOT)
+        kkt += dot_abt(kr, kr, DOT, RAW)                      # exact for 16-bit keys (fp32 acc)
     dbb += eg * kdw
     dL = -tl.dot(tl.dot(tl.trans(A), dA, input_precision=DOT), tl.trans(A), input_precision=DOT)
     strict = r[:, None] > r[None, :]
@@ -116,35 +123,13 @@ def _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, A, dA, dbb, b, eg, G, s, r
         _wy_bwd_store_db_dg(db, dg, dGp, dbb, dS, kkt, beg, kdw, s, rm, h, H, NH, USE_G)
     dSS = dS + tl.trans(dS)
     for j in tl.static_range(KS):
-        _wy_k_store_dk(j, k, dW, dk_part, dk, A, beg, dSS, s, rm, h, H, K, BKS, DOT)
+        ck = j * BKS + tl.arange(0, BKS)
+        mk = rm[:, None] & (ck < K)[None, :]
+        kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.).to(tl.float32)
+        dw = tl.load(dW + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
+        dkk = tl.load(dk_part + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
+        dkk += beg[:, None] * tl.dot(tl.trans(A), dw, input_precision=DOT)
+        dkk += tl.dot(dSS, kk, input_precision=DOT)
+        tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
     if not EARLY:
         _wy_bwd_store_db_dg(db, dg, dGp, dbb, dS, kkt, beg, kdw, s, rm, h, H, NH, USE_G)
-
-
-@triton.jit
-def _wy_k_sums(j, kdw, dA, kkt, k, dW, A, beg, s, rm, h, H: tl.constexpr, K: tl.constexpr,
-               BKS: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr):
-    """Pass 1 on key slice ``j``: adds its part of ``k·(A^T dW)``, ``dA`` and ``K K^T``."""
-    ck = j * BKS + tl.arange(0, BKS)
-    mk = rm[:, None] & (ck < K)[None, :]
-    kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
-    kk = kr.to(tl.float32)
-    dw = tl.load(dW + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
-    kdw += tl.sum(kk * tl.dot(tl.trans(A), dw, input_precision=DOT), 1)
-    dA += tl.dot(dw, tl.trans(kk * beg[:, None]), input_precision=DOT)
-    kkt += dot_abt(kr, kr, DOT, RAW)                      # exact for 16-bit keys (fp32 acc)
-    return kdw, dA, kkt
-
-
-@triton.jit
-def _wy_k_store_dk(j, k, dW, dk_part, dk, A, beg, dSS, s, rm, h, H: tl.constexpr, K: tl.constexpr,
-                   BKS: tl.constexpr, DOT: tl.constexpr):
-    """Pass 2 on key slice ``j``: ``dK = dK_part + diag(βγ) A^T dW + (dS + dS^T) K``, stored."""
-    ck = j * BKS + tl.arange(0, BKS)
-    mk = rm[:, None] & (ck < K)[None, :]
-    kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.).to(tl.float32)
-    dw = tl.load(dW + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
-    dkk = tl.load(dk_part + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
-    dkk += beg[:, None] * tl.dot(tl.trans(A), dw, input_precision=DOT)
-    dkk += tl.dot(dSS, kk, input_precision=DOT)
-    tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)

@@ -358,14 +358,15 @@ def test_fused_variant_skips_wu_and_backward_follows_forward(monkeypatch):
         chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")
 
 
-def test_dqkwg_ksplit_bad_value_is_refused(monkeypatch):
+@pytest.mark.parametrize("key", ["dqkwg_ksplit", "wy_bwd_ksplit"])
+def test_ksplit_bad_value_is_refused(key, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
 
     q, k, v, beta, g, _ = make_inputs(1, 5, 1, 1, 32, 16, True, 2.0, dtype=torch.float32)
     xs = [x.requires_grad_() for x in (q, k, v, beta, g)]
     o, _ = chunk_delta_product(*xs, chunk_size=16, backend="triton")
-    monkeypatch.setitem(fn.TUNE, "dqkwg_ksplit", 3)
-    with pytest.raises(ValueError, match="dqkwg_ksplit"):
+    monkeypatch.setitem(fn.TUNE, key, 3)
+    with pytest.raises(ValueError, match=key):
         o.sum().backward()
 
 

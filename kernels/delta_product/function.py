@@ -257,21 +257,12 @@ def _dv_local_bvl(BV):
     return min(n, BV)
 
 
-def _ksplit(BK):
-    """K slices of ``dqkwg_bwd`` (``TUNE["dqkwg_ksplit"]``): a power of two, at most ``BK // 16``
-    (``tl.dot`` needs 16 columns)."""
-    ks = TUNE["dqkwg_ksplit"]
+def _ksplit(key, BK):
+    """K slices from ``TUNE[key]`` (``"dqkwg_ksplit"``: ``dqkwg_bwd``; ``"wy_bwd_ksplit"``:
+    ``wy_bwd``'s key-side work): a power of two, at most ``BK // 16`` (``tl.dot`` needs 16 columns)."""
+    ks = TUNE[key]
     if not isinstance(ks, int) or ks < 1 or ks & (ks - 1):
-        raise ValueError(f'TUNE["dqkwg_ksplit"] must be a power of two >= 1, got {ks!r}')
-    return max(1, min(ks, BK // 16))
-
-
-def _wy_ksplit(BK):
-    """K slices of ``wy_bwd``'s key-side work (``TUNE["wy_bwd_ksplit"]``): a power of two, at most
-    ``BK // 16``."""
-    ks = TUNE["wy_bwd_ksplit"]
-    if not isinstance(ks, int) or ks < 1 or ks & (ks - 1):
-        raise ValueError(f'TUNE["wy_bwd_ksplit"] must be a power of two >= 1, got {ks!r}')
+        raise ValueError(f'TUNE["{key}"] must be a power of two >= 1, got {ks!r}')
     return max(1, min(ks, BK // 16))
 
 
@@ -449,7 +440,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         dg = _empty((B * T, H), dev, gdt) if use_g else db
         if NC > 0:
             dW = _empty((Ls, H, K), dev, torch.float32)
-            ks = _ksplit(BK)
+            ks = _ksplit("dqkwg_ksplit", BK)
             dGp = _empty((ks, Ls, H), dev, torch.float32) if use_g else dk_part
             dqkwg_bwd_kernel[(NC, H, ks)](qf, kf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
                                           ch["start"], ch["length"], scale, Ls * H, H=H, K=K, V=V,
@@ -463,7 +454,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             wy_bwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
                                    ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK,
                                    BV=_bv("wy_bwd", BVf), USE_G=use_g, DOT=dot, RAW=raw,
-                                   KS=_wy_ksplit(BK), EARLY=bool(TUNE["wy_bwd_early_db"]),
+                                   KS=_ksplit("wy_bwd_ksplit", BK), EARLY=bool(TUNE["wy_bwd_early_db"]),
                                    num_warps=TUNE["wy_bwd"][0], num_stages=TUNE["wy_bwd"][1],
                                    **_regs("wy_bwd"))
         else:

@@ -168,13 +168,6 @@ VARIANTS = {
     "wyb_k8_r168": {"wy_bwd_ksplit": 8, "maxnreg": {"output_tok": 160, "wy_bwd": 168}},
     "wyb_k8_bv32_r168": {"wy_bwd_ksplit": 8, "wy_bwd": (4, 1, 32),
                          "maxnreg": {"output_tok": 160, "wy_bwd": 168}},
-    # dqkwg_bwd's and wy_bwd's dots on fp32 tiles with fp16 operands (mm.pdot): each tile scaled by
-    # a power of two first, and as is (a measurement of what the scaling costs: no range guard)
-    "dot16": {"dot16": "scaled", "dot16_kernels": ("dqkwg_bwd", "wy_bwd")},
-    "dot16_unscaled": {"dot16": "unscaled", "dot16_kernels": ("dqkwg_bwd", "wy_bwd")},
-    "dot16_dq": {"dot16": "scaled", "dot16_kernels": ("dqkwg_bwd",)},
-    "dot16_dq_unscaled": {"dot16": "unscaled", "dot16_kernels": ("dqkwg_bwd",)},
-    "dot16_dq_rows": {"dot16": "rows", "dot16_kernels": ("dqkwg_bwd",)},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

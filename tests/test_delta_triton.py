@@ -431,17 +431,16 @@ def test_save_states_skips_the_recompute_with_identical_gradients(fuse, monkeypa
         assert torch.equal(a, b)
 
 
-def _bf16_errors(n_h, gated, v_scale=1.0, do_scale=1.0):
-    """Relative errors of every output and gradient, bf16 inputs (rounded values as the fp64 reference);
-    values and initial state times ``v_scale``, output cotangents times ``do_scale``."""
+def _bf16_errors(n_h, gated):
+    """Relative errors of every output and gradient, bf16 inputs (rounded values as the fp64 reference)."""
     q, k, v, beta, g, h0 = make_inputs(1, 70, n_h, 1, 32, 32, gated, 2.0, dtype=torch.float32, seed=5)
-    v, h0 = v * v_scale, h0 * v_scale
     lo = [x.bfloat16() if x is not None else None for x in (q, k, v, beta, g)] + [h0 * 0.1]
     xs = [x.requires_grad_() for x in lo if x is not None]
     o, f = chunk_delta_product(*lo[:5], initial_state=lo[5], output_final_state=True, chunk_size=64,
                                backend="triton")
     gen = torch.Generator().manual_seed(3)
-    do, dh = (torch.randn(x.shape, generator=gen, dtype=torch.float64) * do_scale for x in (o, f))
+    do, dh = torch.randn(o.shape, generator=gen, dtype=torch.float64), torch.randn(f.shape, generator=gen,
+                                                                                    dtype=torch.float64)
     grads = torch.autograd.grad((o.double() * do).sum() + (f.double() * dh).sum(), xs)
     xd = [x.detach().double().requires_grad_() for x in xs]
     it = iter(xd)
@@ -484,8 +483,7 @@ def test_vn_16bit_only_without_gradients(n_h, monkeypatch):
 
 @pytest.mark.parametrize("over", [{"fuse_wu": "wu"}, {"fuse_wu": "assoc", "inv_batched": True},
                                   {"a_16bit": True}, {"fuse_wu": "assoc", "a_16bit": True},
-                                  {"dhs_16bit": True},
-                                  {"dot16": "scaled", "dot16_kernels": ("dqkwg_bwd", "wy_bwd")}])
+                                  {"dhs_16bit": True}])
 def test_bf16_inputs_variants_as_exact_as_default(over, monkeypatch):
     """bf16 inputs (fp32 inputs never take a 16-bit A): each opt-in variant within 10 % (+2e-4) of the
     default path's error on every output and gradient. The GPU bound is 5e-3 at full size; the
@@ -499,47 +497,6 @@ def test_bf16_inputs_variants_as_exact_as_default(over, monkeypatch):
     assert all(e < 2e-2 for e in base), base
     for b, e in zip(base, var):
         assert e == e and e <= 1.1 * b + 2e-4, (base, var)
-
-
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # "unscaled" overflows fp16, as it should
-@pytest.mark.parametrize("mode", ["scaled", "rows"])
-@pytest.mark.parametrize("n_h,gated,v_scale,do_scale", [(3, False, 1e4, 1e-7), (2, True, 1e-4, 1e6)])
-def test_dot16_scaled_holds_at_any_magnitude(n_h, gated, v_scale, do_scale, mode, monkeypatch):
-    """TUNE["dot16"] = "scaled" (the backward's fp16 dot operands, each tile scaled by a power of two
-    first) keeps the default's accuracy where values and cotangents sit far outside fp16's range
-    (6e-5 ... 65504): the state and pseudo-values of v = 1e4 overflow fp16, cotangents of 1e-7
-    underflow it. "unscaled" (fp16 as is, a measurement variant) loses them, which shows the case
-    reaches fp16's limits. "rows" scales each row of dqkwg_bwd's loop operands instead (wy_bwd then
-    takes "scaled")."""
-    from lrnn_scan.kernels.delta_product import function as fn
-    monkeypatch.setitem(fn.TUNE, "dot16_kernels", ("dqkwg_bwd", "wy_bwd"))
-    base = _bf16_errors(n_h, gated, v_scale, do_scale)
-    monkeypatch.setitem(fn.TUNE, "dot16", mode)
-    var = _bf16_errors(n_h, gated, v_scale, do_scale)
-    assert all(e < 2e-2 for e in base), base
-    for b, e in zip(base, var):
-        assert e == e and e <= 1.15 * b + 2e-4, (base, var)
-    monkeypatch.setitem(fn.TUNE, "dot16", "unscaled")
-    bad = _bf16_errors(n_h, gated, v_scale, do_scale)
-    assert not all(e == e and e < 2e-2 for e in bad), bad
-
-
-def test_dot16_bad_value_is_refused(monkeypatch):
-    """TUNE["dot16"] outside False / "scaled" / "rows" / "unscaled" is refused with the key named; float32
-    inputs keep their fp32-accurate dots whatever it says."""
-    from lrnn_scan.kernels.delta_product import function as fn
-    monkeypatch.setitem(fn.TUNE, "dot16", "scaled")
-    monkeypatch.setitem(fn.TUNE, "dot16_kernels", ("dqkwg_bwd", "wy_bwd"))
-    assert fn._d16(torch.bfloat16, "wy_bwd") == 2 and fn._d16(torch.float16, "dqkwg_bwd") == 2
-    assert fn._d16(torch.float32, "wy_bwd") == 0
-    monkeypatch.setitem(fn.TUNE, "dot16_kernels", ("dqkwg_bwd",))
-    assert fn._d16(torch.bfloat16, "wy_bwd") == 0 and fn._d16(torch.bfloat16, "dqkwg_bwd") == 2
-    monkeypatch.setitem(fn.TUNE, "dot16", "fp16")
-    q, k, v, beta, _, _ = make_inputs(1, 20, 1, 1, 16, 16, False, 1.0, dtype=torch.float32)
-    xs = [x.bfloat16().requires_grad_() for x in (q, k, v, beta)]
-    o = chunk_delta_product(*xs, chunk_size=16, backend="triton")[0]
-    with pytest.raises(ValueError, match=r'TUNE\["dot16"\]'):
-        o.float().sum().backward()
 
 
 def test_custom_op_path_ignores_fused_switches(monkeypatch):

@@ -29,7 +29,7 @@ gated fwd+bwd time on an H200, TUNING.md): with ``Q~ = scale Q`` and this progra
 import triton
 import triton.language as tl
 
-from .mm import dot_abt, f16_rows, pdot, pre16
+from .mm import dot_abt
 
 
 @triton.jit
@@ -37,16 +37,14 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
                      GSTRIDE, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                      BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
-                     DG_GRADS: tl.constexpr = False, RAW_H: tl.constexpr = False,
-                     D16: tl.constexpr = 0):
+                     DG_GRADS: tl.constexpr = False, RAW_H: tl.constexpr = False):
     """``DG_GRADS`` (``function.TUNE["dqkwg_dg_grads"]``): the gate term read off this program's
     own gradients, ``dG = rowsum(Q ⊙ dQ) − rowsum(K ⊙ dK)`` (module docstring), instead of
     ``γ ⊙ rowsum(Q ⊙ dO H^T) + rowsum(Z) − colsum(Z) − <K~, dK~>`` with ``Z = dP~ ⊙ Q K^T``: no
     second ``Q K^T`` dot and no ``[BC, BC]`` row and column sums. ``RAW_H``
     (``TUNE["dqkwg_raw_h"]``; ``dO`` and the stored ``H`` both 16-bit of one dtype): ``dO H^T`` on
     the two tiles as loaded (exact products, fp32 accumulate, as the tf32 dot of their fp32
-    copies gives, at twice its MMA rate). ``D16`` (``TUNE["dot16"]``): the dots on fp32 tiles take
-    fp16 operands (``mm.pdot``)."""
+    copies gives, at twice its MMA rate)."""
     c = tl.program_id(0).to(tl.int64)   # chunk: offsets (c·H + h)·K·V pass 2^31
     h = tl.program_id(1)
     ks = tl.program_id(2)            # K slice (0 unless the grid splits K)
@@ -77,33 +75,13 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
         dout_in = tl.load(do + (tok * H + h)[:, None] * V + cv[None, :], mask=qm[:, None] & (cv < V)[None, :],
                           other=0.)
         dout = dout_in.to(tl.float32)
-        if D16 == 3:
-            # every loop dot is a b^T: one scale a row of each operand (mm.f16_rows)
-            vn2, ivn = f16_rows(vnew)
-            do2, ido = f16_rows(dout)
-            st2, ist = f16_rows(st)
-            dst2, idst = f16_rows(dst)
-            dvn2, idvn = f16_rows(dvnew)
-            dP += tl.dot(do2, tl.trans(vn2)) * (ido[:, None] * ivn[None, :])
-            if RAW_H:
-                dqh += tl.dot(dout_in, tl.trans(st_in), input_precision=DOT)
-            else:
-                dqh += tl.dot(do2, tl.trans(st2)) * (ido[:, None] * ist[None, :])
-            dkt += tl.dot(vn2, tl.trans(dst2)) * (ivn[:, None] * idst[None, :])
-            dw -= tl.dot(dvn2, tl.trans(st2)) * (idvn[:, None] * ist[None, :])
+        dP += tl.dot(dout, tl.trans(vnew), input_precision=DOT)
+        if RAW_H:
+            dqh += tl.dot(dout_in, tl.trans(st_in), input_precision=DOT)
         else:
-            vn2, ivn = pre16(vnew, D16)
-            do2, ido = pre16(dout, D16)
-            st2, ist = pre16(st, D16)
-            dP += pdot(do2, ido, tl.trans(vn2), ivn, DOT, D16)
-            if RAW_H:
-                dqh += tl.dot(dout_in, tl.trans(st_in), input_precision=DOT)
-            else:
-                dqh += pdot(do2, ido, tl.trans(st2), ist, DOT, D16)
-            dst2, idst = pre16(dst, D16)
-            dkt += pdot(vn2, ivn, tl.trans(dst2), idst, DOT, D16)
-            dvn2, idvn = pre16(dvnew, D16)
-            dw -= pdot(dvn2, idvn, tl.trans(st2), ist, DOT, D16)
+            dqh += tl.dot(dout, tl.trans(st), input_precision=DOT)
+        dkt += tl.dot(vnew, tl.trans(dst), input_precision=DOT)
+        dw -= tl.dot(dvnew, tl.trans(st), input_precision=DOT)
         sdh += tl.sum(st * dst, 1)
     # rowsum((Q H) ⊙ dO) = rowsum(Q ⊙ (dO H^T)), from the accumulated dO H^T: one dot fewer per
     # V tile, and Q is not live in the loop; dW is stored at once (one [BC, BK] tile less live)
@@ -124,12 +102,8 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
     eg = tl.exp(G)
     edec = tl.exp(gC - G)
     dPg = dP * gam
-    DT: tl.constexpr = 2 if D16 == 3 else D16      # these dots contract rows: one scale a tile
-    dPg2, idPg = pre16(dPg, DT)
-    kk2, ikk = pre16(kk, DT)
-    qq2, iqq = pre16(qq, DT)
-    dqq = eg[:, None] * dqh + pdot(dPg2, idPg, kk2, ikk, DOT, DT)
-    dkk = pdot(tl.trans(dPg2), idPg, qq2, iqq, DOT, DT) + dkt * edec[:, None]
+    dqq = eg[:, None] * dqh + tl.dot(dPg, kk, input_precision=DOT)
+    dkk = tl.dot(tl.trans(dPg), qq, input_precision=DOT) + dkt * edec[:, None]
     tl.store(dq + (tok * H + h)[:, None] * K + ck[None, :], dqq * scale, mask=qm[:, None] & (ck < K)[None, :])
     tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
     if USE_G:

@@ -79,17 +79,6 @@ TUNE = dict(
     # ninth session: 0.984 / 0.988 (n_h 1), 0.990 / 1.018 (n_h 2), 0.990 / 1.012 (n_h 4), and with
     # state_bwd_reload_k no gain over it alone. Off (a mixed result for a larger error)
     dhs_16bit=False,
-    # the backward's dots on fp32 tiles (dqkwg_bwd, wy_bwd) with fp16 operands instead of tf32, 16-bit
-    # inputs only (mm.pdot): "scaled" takes each tile's max|x| to [2^14, 2^15) by a power of two
-    # first (fp16's range then never binds); "rows" the same a row in dqkwg_bwd's loop, whose dots
-    # are all a b^T (mm.f16_rows); "unscaled" (a measurement: no range guard). fp16 rounds to
-    # nearest where tf32 truncates: with every tf32 dot so emulated (CPU, n_h 3 ungated, B2 T512
-    # H2) the worst bf16 error went 4.24e-3 -> 2.92e-3 (bf16 operands: 7.47e-3). False: tf32
-    dot16=False,
-    # which kernels dot16 applies to. wy_bwd's fp16 form made out-of-range shared-memory accesses
-    # on an H200 (Triton 3.6, compute-sanitizer, 2026-12-03) before it read A^T as such; with that
-    # change it has not run on a GPU yet, so it is not in the default list
-    dot16_kernels=("dqkwg_bwd",),
     hs_16bit=True,         # chunk-start states stored in 16 bits for read-out and backward only;
                            # the recurrence stays fp32 in registers (error 4.68e-3 -> 4.71e-3)
     # W, U formed in the state kernels (state_fused.py) instead of stored by wu_fwd. Measured on an
@@ -277,21 +266,6 @@ def _ksplit(key, BK):
     return max(1, min(ks, BK // 16))
 
 
-_DOT16 = {False: 0, "unscaled": 1, "scaled": 2, "rows": 3}
-
-
-def _d16(x_dtype, kernel):
-    """``D16`` of backward kernel ``kernel`` (``mm.pdot``): 0 (tf32), or ``TUNE["dot16"]``'s fp16
-    form for 16-bit inputs where ``TUNE["dot16_kernels"]`` names the kernel (float32 inputs keep
-    their fp32-accurate dots)."""
-    d = TUNE["dot16"]
-    if d not in _DOT16:
-        raise ValueError(f'TUNE["dot16"] must be one of {list(_DOT16)}, got {d!r}')
-    on = kernel in TUNE["dot16_kernels"] and x_dtype in (torch.float16, torch.bfloat16)
-    # "rows" (a scale a row) is dqkwg_bwd's loop alone; elsewhere it means "scaled"
-    return min(_DOT16[d], 3 if kernel == "dqkwg_bwd" else 2) if on else 0
-
-
 def _store_dtype(x_dtype, key, no_grad=False):
     """float32, or the inputs' 16-bit dtype where TUNE[key] asks for it (halves those bytes):
     ``True``, or ``"no_grad"`` in a forward whose results no backward reads."""
@@ -473,7 +447,6 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                                           NH=n_h, BC=BC, BK=BK // ks, BV=_bv("dqkwg", BVf), USE_G=use_g,
                                           DOT=dot, RAW=raw, DG_GRADS=bool(TUNE["dqkwg_dg_grads"]),
                                           RAW_H=bool(TUNE["dqkwg_raw_h"]) and raw and hs.dtype == do.dtype,
-                                          D16=_d16(kf.dtype, "dqkwg_bwd"),
                                           num_warps=TUNE["dqkwg"][0],
                                           num_stages=TUNE["dqkwg"][1])
             if use_g:
@@ -482,7 +455,6 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                                    ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK,
                                    BV=_bv("wy_bwd", BVf), USE_G=use_g, DOT=dot, RAW=raw,
                                    KS=_ksplit("wy_bwd_ksplit", BK), EARLY=bool(TUNE["wy_bwd_early_db"]),
-                                   D16=_d16(kf.dtype, "wy_bwd"),
                                    num_warps=TUNE["wy_bwd"][0], num_stages=TUNE["wy_bwd"][1],
                                    **_regs("wy_bwd"))
         else:

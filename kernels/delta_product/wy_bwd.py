@@ -6,7 +6,7 @@ sum of ``dG`` inside the chunk, read at each token's first sub-step). README.md 
 import triton
 import triton.language as tl
 
-from .mm import dot_abt, pdot, pre16
+from .mm import dot_abt
 
 
 @triton.jit
@@ -14,12 +14,11 @@ def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                   BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr, KS: tl.constexpr = 1,
-                  EARLY: tl.constexpr = False, D16: tl.constexpr = 0):
+                  EARLY: tl.constexpr = False):
     """``KS > 1`` (``function.TUNE["wy_bwd_ksplit"]``): the key-side work in ``KS`` slices of
     ``BK // KS`` columns, in two passes (``_wy_bwd_k_sliced``) instead of ``[C, BK]`` fp32 tiles of
     ``K``, ``dW``, ``A^T dW`` and ``dK`` live at once. ``EARLY`` (``KS > 1``,
-    ``function.TUNE["wy_bwd_early_db"]``): dβ and dg stored before the second pass. ``D16``
-    (``function.TUNE["dot16"]``): the dots on fp32 tiles take fp16 operands (``mm.pdot``)."""
+    ``function.TUNE["wy_bwd_early_db"]``): dβ and dg stored before the second pass."""
     c = tl.program_id(0).to(tl.int64)   # chunk: int64 offsets
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
@@ -30,19 +29,12 @@ def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
     ck = tl.arange(0, BK)
     mk = rm[:, None] & (ck < K)[None, :]
     b = tl.load(beta + s * H + h, mask=rm, other=0.).to(tl.float32)
-    if D16 == 0:
-        At = tl.trans(tl.load(Ainv + ((c * H + h) * BC + r[:, None]) * BC + r[None, :]).to(tl.float32))
-    else:
-        # A^T read as such: with fp16 operands the form that transposed the A tile in registers
-        # made out-of-range shared-memory accesses on an H200 (Triton 3.6, compute-sanitizer,
-        # 2026-12-03); the default keeps the form every GPU run has tested (same PTX as before)
-        At = tl.load(Ainv + ((c * H + h) * BC + r[None, :]) * BC + r[:, None]).to(tl.float32)
+    A = tl.load(Ainv + ((c * H + h) * BC + r[:, None]) * BC + r[None, :]).to(tl.float32)  # fp16: a_16bit
     if USE_G:
         G = tl.load(gcum + s * H + h, mask=rm, other=0.)
     else:
         G = tl.zeros([BC], dtype=tl.float32)
     eg = tl.exp(G)
-    At2, iA = pre16(At, D16)                # A^T (A: fp16 with a_16bit), scaled once for every A^T x
     dA = tl.zeros([BC, BC], dtype=tl.float32)
     dbb = tl.zeros([BC], dtype=tl.float32)
     for v0 in range(0, V, BV):
@@ -50,48 +42,34 @@ def wy_bwd_kernel(k, v, beta, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
         mv = rm[:, None] & (cv < V)[None, :]
         dvnew = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.)
         vv = tl.load(v + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.).to(tl.float32)
-        dU2, iU = pre16(dvnew, D16)
-        AtdU = pdot(At2, iA, dU2, iU, DOT, D16)
+        AtdU = tl.dot(tl.trans(A), dvnew, input_precision=DOT)
         tl.store(dv + (s * H + h)[:, None] * V + cv[None, :], b[:, None] * AtdU, mask=mv)
         dbb += tl.sum(vv * AtdU, 1)
-        vb2, ivb = pre16(vv * b[:, None], D16)
-        dA += pdot(dU2, iU, tl.trans(vb2), ivb, DOT, D16)
+        dA += tl.dot(dvnew, tl.trans(vv * b[:, None]), input_precision=DOT)
     if KS > 1:
-        _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, At2, iA, dA, dbb, b, eg, G, s, rm, r, h, H, K,
-                         NH, BK // KS, KS, USE_G, DOT, RAW, EARLY, D16)
+        _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, A, dA, dbb, b, eg, G, s, rm, r, h, H, K, NH,
+                         BK // KS, KS, USE_G, DOT, RAW, EARLY)
         return
     kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
     kk = kr.to(tl.float32)
     dw = tl.load(dW + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
     dkk = tl.load(dk_part + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
-    dw2, iw = pre16(dw, D16)
-    AtdW = pdot(At2, iA, dw2, iw, DOT, D16)
+    AtdW = tl.dot(tl.trans(A), dw, input_precision=DOT)
     kdw = tl.sum(kk * AtdW, 1)
     dkk += (b * eg)[:, None] * AtdW
     dbb += eg * kdw
-    kb2, ikb = pre16(kk * (b * eg)[:, None], D16)
-    dA += pdot(dw2, iw, tl.trans(kb2), ikb, DOT, D16)
+    dA += tl.dot(dw, tl.trans(kk * (b * eg)[:, None]), input_precision=DOT)
     # A = (I + L)^{-1}: dL = -A^T dA A^T (strict lower part), L = diag(β)(Γ ⊙ K K^T)
-    dL = -_at_x_a(At2, iA, dA, DOT, D16)
+    dL = -tl.dot(tl.dot(tl.trans(A), dA, input_precision=DOT), tl.trans(A), input_precision=DOT)
     strict = r[:, None] > r[None, :]
     gam = tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
     kkt = dot_abt(kr, kr, DOT, RAW)                            # exact for 16-bit keys (fp32 acc)
     E = tl.where(strict, dL, 0.) * gam
     dbb += tl.sum(E * kkt, 1)
     dS = E * b[:, None]
-    dSS2, iSS = pre16(dS + tl.trans(dS), D16)
-    kk2, ikk = pre16(kk, D16)
-    dkk += pdot(dSS2, iSS, kk2, ikk, DOT, D16)
+    dkk += tl.dot(dS + tl.trans(dS), kk, input_precision=DOT)
     tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
     _wy_bwd_store_db_dg(db, dg, dGp, dbb, dS, kkt, b * eg, kdw, s, rm, h, H, NH, USE_G)
-
-
-@triton.jit
-def _at_x_a(At2, iA, X, DOT: tl.constexpr, D16: tl.constexpr):
-    """``A^T X A^T`` from ``A^T``'s ``pre16`` operand."""
-    X2, iX = pre16(X, D16)
-    Y2, iY = pre16(pdot(At2, iA, X2, iX, DOT, D16), D16)
-    return pdot(Y2, iY, At2, iA, DOT, D16)
 
 
 @triton.jit
@@ -109,10 +87,10 @@ def _wy_bwd_store_db_dg(db, dg, dGp, dbb, dS, kkt, beg, kdw, s, rm, h, H: tl.con
 
 
 @triton.jit
-def _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, At2, iA, dA, dbb, b, eg, G, s, rm, r, h,
+def _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, A, dA, dbb, b, eg, G, s, rm, r, h,
                      H: tl.constexpr, K: tl.constexpr, NH: tl.constexpr, BKS: tl.constexpr,
                      KS: tl.constexpr, USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
-                     EARLY: tl.constexpr, D16: tl.constexpr):
+                     EARLY: tl.constexpr):
     """The key-side part of ``wy_bwd_kernel`` over ``KS`` column slices. Pass 1 sums what needs all
     of ``K``: ``k·(A^T dW)`` per row, ``dA``, ``K K^T``. Pass 2 forms ``dK`` slice by slice from
     ``dK_part + diag(βγ) A^T dW + (dS + dS^T) K``, recomputing the ``A^T dW`` slice (one more
@@ -128,13 +106,11 @@ def _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, At2, iA, dA, dbb, b, eg, G
         kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
         kk = kr.to(tl.float32)
         dw = tl.load(dW + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
-        dw2, iw = pre16(dw, D16)
-        kdw += tl.sum(kk * pdot(At2, iA, dw2, iw, DOT, D16), 1)
-        kb2, ikb = pre16(kk * beg[:, None], D16)
-        dA += pdot(dw2, iw, tl.trans(kb2), ikb, DOT, D16)
+        kdw += tl.sum(kk * tl.dot(tl.trans(A), dw, input_precision=DOT), 1)
+        dA += tl.dot(dw, tl.trans(kk * beg[:, None]), input_precision=DOT)
         kkt += dot_abt(kr, kr, DOT, RAW)                      # exact for 16-bit keys (fp32 acc)
     dbb += eg * kdw
-    dL = -_at_x_a(At2, iA, dA, DOT, D16)
+    dL = -tl.dot(tl.dot(tl.trans(A), dA, input_precision=DOT), tl.trans(A), input_precision=DOT)
     strict = r[:, None] > r[None, :]
     gam = tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
     E = tl.where(strict, dL, 0.) * gam
@@ -145,17 +121,15 @@ def _wy_bwd_k_sliced(k, dW, dGp, dk_part, dk, db, dg, At2, iA, dA, dbb, b, eg, G
         # live through it (sm_90a, Triton 3.6 ptxas, K=V=128, bf16 launches: spills 44 -> 0 B a
         # thread ungated, 72 -> 24 gated)
         _wy_bwd_store_db_dg(db, dg, dGp, dbb, dS, kkt, beg, kdw, s, rm, h, H, NH, USE_G)
-    dSS2, iSS = pre16(dS + tl.trans(dS), D16)
+    dSS = dS + tl.trans(dS)
     for j in tl.static_range(KS):
         ck = j * BKS + tl.arange(0, BKS)
         mk = rm[:, None] & (ck < K)[None, :]
         kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.).to(tl.float32)
         dw = tl.load(dW + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
         dkk = tl.load(dk_part + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
-        dw2, iw = pre16(dw, D16)
-        dkk += beg[:, None] * pdot(At2, iA, dw2, iw, DOT, D16)
-        kk2, ikk = pre16(kk, D16)
-        dkk += pdot(dSS2, iSS, kk2, ikk, DOT, D16)
+        dkk += beg[:, None] * tl.dot(tl.trans(A), dw, input_precision=DOT)
+        dkk += tl.dot(dSS, kk, input_precision=DOT)
         tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
     if not EARLY:
         _wy_bwd_store_db_dg(db, dg, dGp, dbb, dS, kkt, beg, kdw, s, rm, h, H, NH, USE_G)

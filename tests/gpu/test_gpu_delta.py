@@ -69,11 +69,7 @@ def _ratio(a, b):
     # the stored bf16 tiles (both opt-in since the twelfth session, 2026-11-26)
     (2, True, 2.0, {"token_chunk_output_grad": True}), (3, False, 2.0, {"token_chunk_output_grad": True}),
     (1, False, 2.0, {"dqkwg_raw_h": True}), (2, True, 1.0, {"dqkwg_raw_h": True}),
-    (4, True, 2.0, {"token_chunk_output_grad": True, "dqkwg_raw_h": True}),
-    # dqkwg_bwd's and wy_bwd's dots on fp16 operands, each tile scaled by a power of two (opt-in
-    # since the sixtieth session, 2026-12-03)
-    (3, False, 2.0, {"dot16": "scaled"}), (2, True, 2.0, {"dot16": "scaled"}),
-    (3, False, 2.0, {"dot16": "scaled", "dot16_kernels": ("dqkwg_bwd", "wy_bwd")})])
+    (4, True, 2.0, {"token_chunk_output_grad": True, "dqkwg_raw_h": True})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     for key, val in tune.items():

@@ -34,6 +34,9 @@ VARIANTS = {
     # dqkwg_bwd in one K slice on 8 warps (the default until 2026-12-03: two slices, partial dG
     # summed, on 4 warps; capped at one where K = 16)
     "dqkwg_k1": ({"dqkwg_ksplit": 1, "dqkwg": (8, 3, 32)}, lambda C, K, V: K > 16),
+    # its K slices on a third grid axis (the default since 2026-12-03's sixtieth session puts the
+    # slices of a chunk next to each other in launch order: grid (NC·ks, H))
+    "dqkwg_third_axis": ({"dqkwg_slices_adjacent": False}, lambda C, K, V: K > 16),
     # the "assoc" backward in its first order (the lean order, Q and dO loaded late and dots
     # accumulated into the state, is the default since 2026-11-25: 0.87-0.91x fwd+bwd on an H100)
     "assoc_not_lean": ({"state_bwd_lean": False, "state_bwd_fused": (4, 3, 64)}, _ALL),

@@ -181,8 +181,9 @@
 #        deltafp32 — issue 4: float32 inputs: the fp32 GPU checks and the timing of TUNE["fp32_dot"]
 #                   "tf32x3" (default) against "ieee" (DELTA_NH, default "1 2"; ieee compiles
 #                   for minutes: on 2026-12-03 n_h 1 alone took a cold 600 s call)
-#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (45 tests: 169 s warm on an H200 in the
-#                   fifty-eighth session; cold, after a default changed, 44 of them took the
+#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (47 tests since the sixtieth session;
+#                   45 of them: 169 s warm on an H200 in the fifty-eighth session, 87 s in the
+#                   sixtieth; cold, after a default changed, 44 of them took the
 #                   fifty-ninth's 250 s TEST_TIMEOUT: keep the default 320), then
 #                   delta_throughput.py --variants against the default
 #                   at DELTA_NH (default "2 4"). Default list: the eleventh session's defaults

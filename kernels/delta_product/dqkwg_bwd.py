@@ -37,17 +37,26 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
                      GSTRIDE, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                      BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
-                     DG_GRADS: tl.constexpr = False, RAW_H: tl.constexpr = False):
+                     DG_GRADS: tl.constexpr = False, RAW_H: tl.constexpr = False,
+                     KS_ADJ: tl.constexpr = 0):
     """``DG_GRADS`` (``function.TUNE["dqkwg_dg_grads"]``): the gate term read off this program's
     own gradients, ``dG = rowsum(Q ⊙ dQ) − rowsum(K ⊙ dK)`` (module docstring), instead of
     ``γ ⊙ rowsum(Q ⊙ dO H^T) + rowsum(Z) − colsum(Z) − <K~, dK~>`` with ``Z = dP~ ⊙ Q K^T``: no
     second ``Q K^T`` dot and no ``[BC, BC]`` row and column sums. ``RAW_H``
     (``TUNE["dqkwg_raw_h"]``; ``dO`` and the stored ``H`` both 16-bit of one dtype): ``dO H^T`` on
     the two tiles as loaded (exact products, fp32 accumulate, as the tf32 dot of their fp32
-    copies gives, at twice its MMA rate)."""
-    c = tl.program_id(0).to(tl.int64)   # chunk: offsets (c·H + h)·K·V pass 2^31
+    copies gives, at twice its MMA rate). ``KS_ADJ > 0`` (``TUNE["dqkwg_slices_adjacent"]``): the grid
+    is ``(NC · KS_ADJ, H)`` with the ``KS_ADJ`` K slices of a chunk next to each other in launch order,
+    so that the second slice's reads of ``Vn``, ``dVn`` and ``dO`` can find them in L2 (with the
+    slices on a third grid axis, ``NC · H`` programs run between them): 0.93-0.94x the kernel's
+    time on an H200 (sixtieth session, TUNING_LOG.md)."""
+    if KS_ADJ > 0:
+        c = (tl.program_id(0) // KS_ADJ).to(tl.int64)
+        ks = tl.program_id(0) % KS_ADJ
+    else:
+        c = tl.program_id(0).to(tl.int64)   # chunk: offsets (c·H + h)·K·V pass 2^31
+        ks = tl.program_id(2)               # K slice (0 unless the grid splits K)
     h = tl.program_id(1)
-    ks = tl.program_id(2)            # K slice (0 unless the grid splits K)
     start = tl.load(start_ptr + c)
     ln = tl.load(len_ptr + c)
     r = tl.arange(0, BC)

@@ -57,6 +57,12 @@ TUNE = dict(
     # token_chunk_output_grad 0.967-0.998x (TUNING_LOG.md); same error ratios
     dqkwg_raw_h=True,
     dqkwg_ksplit=2,        # capped at BK // 16 (tl.dot needs 16 columns a slice)
+    # the K slices of one chunk next to each other in launch order (grid (NC·ks, H) instead of
+    # (NC, H, ks), where NC·H programs ran between them): the second slice's Vn, dVn, dO reads can
+    # hit L2. H200 (2026-12-03, sixtieth session, B8 T4096 H16 K=V=128 bf16): the kernel 1627 /
+    # 2049 -> 1520 / 1926 us at n_h 2 ungated / gated, fwd+bwd 0.981-0.987x at n_h 1, 2, 4, same
+    # errors. False: the third grid axis
+    dqkwg_slices_adjacent=True,
     # wy_bwd's key side in 4 K slices, two passes (wy_bwd.py KS), 4 warps: fewer live fp32 [C, K]
     # tiles, 72 KiB shared memory (two CTAs per SM). H100 2026-11-25 (seventh session), B8 T4096
     # H16 K=V=128 bf16: fwd+bwd 0.899-0.908x the time of (ksplit 1, 8 warps) at n_h 1-2
@@ -442,11 +448,14 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             dW = _empty((Ls, H, K), dev, torch.float32)
             ks = _ksplit("dqkwg_ksplit", BK)
             dGp = _empty((ks, Ls, H), dev, torch.float32) if use_g else dk_part
-            dqkwg_bwd_kernel[(NC, H, ks)](qf, kf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
+            adj = ks if TUNE["dqkwg_slices_adjacent"] and ks > 1 else 0
+            dqkwg_bwd_kernel[(NC * ks, H) if adj else (NC, H, ks)](
+                                          qf, kf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
                                           ch["start"], ch["length"], scale, Ls * H, H=H, K=K, V=V,
                                           NH=n_h, BC=BC, BK=BK // ks, BV=_bv("dqkwg", BVf), USE_G=use_g,
                                           DOT=dot, RAW=raw, DG_GRADS=bool(TUNE["dqkwg_dg_grads"]),
                                           RAW_H=bool(TUNE["dqkwg_raw_h"]) and raw and hs.dtype == do.dtype,
+                                          KS_ADJ=adj,
                                           num_warps=TUNE["dqkwg"][0],
                                           num_stages=TUNE["dqkwg"][1])
             if use_g:

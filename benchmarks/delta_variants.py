@@ -164,13 +164,13 @@ VARIANTS = {
     # On 2 warps wy_bwd spills 2.7-5.1 KB a thread (not timed). H200 2026-12-03: all four lost,
     # fwd+bwd 1.050-1.073x, the cap 1.048-1.055x, 32 columns and the cap 1.022-1.031x
     "wyb_k8": {"wy_bwd_ksplit": 8},
-    # dqkwg_bwd's K slices on a third grid axis, the default before the sixtieth session (now a
-    # chunk's slices run next to each other in launch order: H200 fwd+bwd 0.981-0.987x, n_h 1-4)
-    "dqkwg_third_axis": {"dqkwg_slices_adjacent": False},
     "wyb_k8_bv32": {"wy_bwd_ksplit": 8, "wy_bwd": (4, 1, 32)},
     "wyb_k8_r168": {"wy_bwd_ksplit": 8, "maxnreg": {"output_tok": 160, "wy_bwd": 168}},
     "wyb_k8_bv32_r168": {"wy_bwd_ksplit": 8, "wy_bwd": (4, 1, 32),
                          "maxnreg": {"output_tok": 160, "wy_bwd": 168}},
+    # dqkwg_bwd's K slices on a third grid axis, the default before the sixtieth session (now a
+    # chunk's slices run next to each other in launch order: H200 fwd+bwd 0.981-0.987x, n_h 1-4)
+    "dqkwg_third_axis": {"dqkwg_slices_adjacent": False},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

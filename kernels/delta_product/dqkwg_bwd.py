@@ -50,12 +50,13 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
     so that the second slice's reads of ``Vn``, ``dVn`` and ``dO`` can find them in L2 (with the
     slices on a third grid axis, ``NC · H`` programs run between them): 0.93-0.94x the kernel's
     time on an H200 (sixtieth session, TUNING_LOG.md)."""
+    # chunk c as int64: offsets (c·H + h)·K·V pass 2^31; ks: this program's K slice
     if KS_ADJ > 0:
         c = (tl.program_id(0) // KS_ADJ).to(tl.int64)
         ks = tl.program_id(0) % KS_ADJ
     else:
-        c = tl.program_id(0).to(tl.int64)   # chunk: offsets (c·H + h)·K·V pass 2^31
-        ks = tl.program_id(2)               # K slice (0 unless the grid splits K)
+        c = tl.program_id(0).to(tl.int64)
+        ks = tl.program_id(2)               # 0 unless the grid splits K
     h = tl.program_id(1)
     start = tl.load(start_ptr + c)
     ln = tl.load(len_ptr + c)

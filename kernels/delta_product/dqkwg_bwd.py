@@ -5,13 +5,14 @@ Produces ``dq`` (final), the read-out/state part of ``dk``, ``dW = −dVn H^T`` 
 gradient of the chunk-local cumulative log-gate ``G`` that comes from these two equations
 (``dGp``, the ``γ_C`` term included at the chunk's last row). README.md has the derivation.
 
-A third grid axis of ``KS`` programs can split K (``function.TUNE["dqkwg_ksplit"]``): program
+``KS`` programs a chunk can split K (``function.TUNE["dqkwg_ksplit"]``; two by default): program
 ``ks`` owns K columns ``[ks BK, (ks + 1) BK)`` (the launcher passes the slice width as ``BK``)
 and recomputes ``dP = dO Vn^T``, which does not depend on K. Every ``dG`` term is a sum over K
 (``Q H``, ``Q K^T``, ``<K~, dK~>``, ``<H, dH'>``), so each slice writes its partial ``dG`` to
 ``dGp + ks * GSTRIDE`` and the launcher adds the slices. Fewer fp32 accumulators per program
 (three ``[BC, BK]`` tiles and ``dP``) at the cost of reading ``Vn``, ``dVn`` and ``dO`` once per
-slice.
+slice; the slices of a chunk run next to each other in launch order (``KS_ADJ``), so the second
+read mostly hits L2.
 
 The gate term ``rowsum((Q H) ⊙ dO)`` is read as ``rowsum(Q ⊙ (dO H^T))`` off the ``dO H^T``
 accumulator that ``dq`` needs anyway, not from a ``Q H`` dot per V tile, and ``dW`` is stored right

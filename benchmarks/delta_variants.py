@@ -171,6 +171,16 @@ VARIANTS = {
     # dqkwg_bwd's K slices on a third grid axis, the default before the sixtieth session (now a
     # chunk's slices run next to each other in launch order: H200 fwd+bwd 0.981-0.987x, n_h 1-4)
     "dqkwg_third_axis": {"dqkwg_slices_adjacent": False},
+    # the WY backward through dA and A^T dA A^T (wy_bwd.py, with dW in HBM), the default before the
+    # sixty-first session's wy_bwd_vn (E from A^T dVn and Vn, wy_bwd_vn.py)
+    "wy_bwd_dA": {"wy_bwd_vn": False},
+    # wy_bwd_vn_kernel's launch: (num_warps, num_stages, BV) and key slices (default (4, 2, 64), 2)
+    "wyvn_k1": {"wy_bwd_vn_ksplit": 1},
+    "wyvn_k4": {"wy_bwd_vn_ksplit": 4},
+    "wyvn_s1": {"wy_bwd_vn_cfg": (4, 1, 64)},
+    "wyvn_s3": {"wy_bwd_vn_cfg": (4, 3, 64)},
+    "wyvn_bv32": {"wy_bwd_vn_cfg": (4, 3, 32)},
+    "wyvn_w8": {"wy_bwd_vn_cfg": (8, 2, 64)},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

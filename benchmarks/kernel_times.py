@@ -35,12 +35,12 @@ def kernel_times(call, reps=3, warmup=2):
 
 
 def kernel_rows(times_by_variant, top=12):
-    """Rows ``[kernel, µs under each variant...]`` for the ``top`` kernels by the first variant's
-    time, then a ``sum`` row over all kernels (those past ``top`` included).
+    """Rows ``[kernel, µs under each variant...]`` for the ``top`` kernels by their largest time
+    under any variant (a kernel that only another variant launches, e.g. the one a variant swaps
+    in, still gets its row), then a ``sum`` row over all kernels (those past ``top`` included).
     ``times_by_variant``: ``{variant: kernel_times(...)}`` in column order."""
     us = {name: {k: v[0] for k, v in t.items()} for name, t in times_by_variant.items()}
-    first = next(iter(us.values()))
-    keys = sorted(set().union(*us.values()), key=lambda k: -first.get(k, 0.0))[:top]
+    keys = sorted(set().union(*us.values()), key=lambda k: -max(t.get(k, 0.0) for t in us.values()))[:top]
     rows = []
     for key in keys + ["sum"]:
         vals = [sum(t.values()) if key == "sum" else t.get(key, 0.0) for t in us.values()]

@@ -41,9 +41,16 @@ VARIANTS = {
     # accumulated into the state, is the default since 2026-11-25: 0.87-0.91x fwd+bwd on an H100)
     "assoc_not_lean": ({"state_bwd_lean": False, "state_bwd_fused": (4, 3, 64)}, _ALL),
     "assoc_lean_bv16": ({"state_bwd_lean": True, "state_bwd_fused": (4, 3, 16)}, lambda C, K, V: V > 16),
-    # wy_bwd's key side unsplit (the default splits it in 4 K slices, capped at BK // 16) and in two
-    "wy_bwd_k1": ({"wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)}, _ALL),
-    "wy_bwd_k2": ({"wy_bwd_ksplit": 2}, lambda C, K, V: K > 16),
+    # the WY backward through dA = dW (βγK)^T + dU (βV)^T and A^T dA A^T (wy_bwd.py; the default
+    # since the sixty-first session takes E from A^T dVn and Vn: wy_bwd_vn.py), in its layouts
+    "wy_bwd_dA": ({"wy_bwd_vn": False}, _ALL),
+    # its key side unsplit (it splits it in 4 K slices, capped at BK // 16) and in two
+    "wy_bwd_k1": ({"wy_bwd_vn": False, "wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)}, _ALL),
+    "wy_bwd_k2": ({"wy_bwd_vn": False, "wy_bwd_ksplit": 2}, lambda C, K, V: K > 16),
+    # wy_bwd_vn's key side unsplit and in 4 slices (default 2), its V tile at 16 columns
+    "wy_bwd_vn_k1": ({"wy_bwd_vn_ksplit": 1}, _ALL),
+    "wy_bwd_vn_k4_bv16": ({"wy_bwd_vn_ksplit": 4, "wy_bwd_vn_cfg": (4, 2, 16)},
+                          lambda C, K, V: K > 16 or V > 16),
     # the lean backward step loading its key tile again for the second dot (fewer sm_90a spills):
     # the default reloads it without the gate only ("ungated"); these rows take it always / never
     "bwd_reload_k": ({"state_bwd_reload_k": True}, _ALL),
@@ -53,7 +60,7 @@ VARIANTS = {
     "dqkwg_dg_z": ({"dqkwg_dg_grads": False}, _ALL),
     "dqkwg_k1_dg_z": ({"dqkwg_ksplit": 1, "dqkwg_dg_grads": False}, lambda C, K, V: K > 16),
     # the sliced wy_bwd storing dbeta and dg before its second pass (needs K slices: K > 16)
-    "wy_bwd_early_db": ({"wy_bwd_early_db": True}, lambda C, K, V: K > 16),
+    "wy_bwd_early_db": ({"wy_bwd_vn": False, "wy_bwd_early_db": True}, lambda C, K, V: K > 16),
     # dv_local over its V tile 16 columns a step, and in one pass (the default: 32 a step, so one
     # pass where V <= 32)
     "dv_local_bvl16": ({"dv_local_bvl": 16}, lambda C, K, V: V > 16),
@@ -361,13 +368,15 @@ def test_fused_variant_skips_wu_and_backward_follows_forward(monkeypatch):
         chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")
 
 
-@pytest.mark.parametrize("key", ["dqkwg_ksplit", "wy_bwd_ksplit"])
-def test_ksplit_bad_value_is_refused(key, monkeypatch):
+@pytest.mark.parametrize("key,vn", [("dqkwg_ksplit", True), ("wy_bwd_vn_ksplit", True),
+                                    ("wy_bwd_ksplit", False)])
+def test_ksplit_bad_value_is_refused(key, vn, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
 
     q, k, v, beta, g, _ = make_inputs(1, 5, 1, 1, 32, 16, True, 2.0, dtype=torch.float32)
     xs = [x.requires_grad_() for x in (q, k, v, beta, g)]
     o, _ = chunk_delta_product(*xs, chunk_size=16, backend="triton")
+    monkeypatch.setitem(fn.TUNE, "wy_bwd_vn", vn)      # wy_bwd_ksplit: the dA form's launch
     monkeypatch.setitem(fn.TUNE, key, 3)
     with pytest.raises(ValueError, match=key):
         o.sum().backward()

@@ -34,12 +34,12 @@ from .mm import dot_abt
 
 
 @triton.jit
-def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_ptr, len_ptr, scale,
-                     GSTRIDE, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
+def dqkwg_bwd_kernel(q, k, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, dbp, start_ptr, len_ptr,
+                     scale, GSTRIDE, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                      BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
                      DG_GRADS: tl.constexpr = False, RAW_H: tl.constexpr = False,
-                     KS_ADJ: tl.constexpr = 0):
+                     KS_ADJ: tl.constexpr = 0, ATDV: tl.constexpr = False):
     """``DG_GRADS`` (``function.TUNE["dqkwg_dg_grads"]``): the gate term read off this program's
     own gradients, ``dG = rowsum(Q ⊙ dQ) − rowsum(K ⊙ dK)`` (module docstring), instead of
     ``γ ⊙ rowsum(Q ⊙ dO H^T) + rowsum(Z) − colsum(Z) − <K~, dK~>`` with ``Z = dP~ ⊙ Q K^T``: no
@@ -50,7 +50,11 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
     is ``(NC · KS_ADJ, H)`` with the ``KS_ADJ`` K slices of a chunk next to each other in launch order,
     so that the second slice's reads of ``Vn``, ``dVn`` and ``dO`` can find them in L2 (with the
     slices on a third grid axis, ``NC · H`` programs run between them): 0.93-0.94x the kernel's
-    time on an H200 (sixtieth session, TUNING_LOG.md)."""
+    time on an H200 (sixtieth session, TUNING_LOG.md). ``ATDV`` (``TUNE["wy_bwd_vn"]``): ``dvn``
+    holds ``A^T dVn`` (state_fused.py ``STORE_ATDV``), so the accumulator is ``A^T dW`` instead of
+    ``dW``; it is not stored but folded in here: ``dk`` gets ``diag(βγ) A^T dW``, ``dbp`` (this
+    slice's partial ``dβ``) ``γ ⊙ rowsum(K ⊙ A^T dW)`` and ``dGp`` ``βγ ⊙`` the same row sums
+    (``beta`` and ``dbp`` are read only then; ``dW`` only without it)."""
     # chunk c as int64: offsets (c·H + h)·K·V pass 2^31; ks: this program's K slice
     if KS_ADJ > 0:
         c = (tl.program_id(0) // KS_ADJ).to(tl.int64)
@@ -71,7 +75,7 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
     dP = tl.zeros([BC, BC], dtype=tl.float32)
     dqh = tl.zeros([BC, BK], dtype=tl.float32)     # dO H^T
     dkt = tl.zeros([BC, BK], dtype=tl.float32)     # Vn dH'^T
-    dw = tl.zeros([BC, BK], dtype=tl.float32)      # -dVn H^T
+    dw = tl.zeros([BC, BK], dtype=tl.float32)      # -dVn H^T (ATDV: -A^T dVn H^T = A^T dW)
     sdh = tl.zeros([BK], dtype=tl.float32)         # <H, dH'> partial sums
     for v0 in range(0, V, BV):
         cv = v0 + tl.arange(0, BV)
@@ -96,7 +100,8 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
         sdh += tl.sum(st * dst, 1)
     # rowsum((Q H) ⊙ dO) = rowsum(Q ⊙ (dO H^T)), from the accumulated dO H^T: one dot fewer per
     # V tile, and Q is not live in the loop; dW is stored at once (one [BC, BK] tile less live)
-    tl.store(dW + (s * H + h)[:, None] * K + ck[None, :], dw, mask=mk)
+    if not ATDV:
+        tl.store(dW + (s * H + h)[:, None] * K + ck[None, :], dw, mask=mk)
     qq = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
                  other=0.).to(tl.float32) * scale
     o1 = tl.sum(qq * dqh, 1)
@@ -116,7 +121,14 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
     dqq = eg[:, None] * dqh + tl.dot(dPg, kk, input_precision=DOT)
     dkk = tl.dot(tl.trans(dPg), qq, input_precision=DOT) + dkt * edec[:, None]
     tl.store(dq + (tok * H + h)[:, None] * K + ck[None, :], dqq * scale, mask=qm[:, None] & (ck < K)[None, :])
-    tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
+    if ATDV:
+        # wy_bwd's A^T dW terms (wy_bwd_vn.py): dk += diag(βγ) A^T dW, dβ += γ ⊙ k·(A^T dW)
+        beg = tl.load(beta + s * H + h, mask=rm, other=0.).to(tl.float32) * eg
+        kdw = tl.sum(kk * dw, 1)                                       # this slice's k·(A^T dW)
+        tl.store(dbp + ks.to(tl.int64) * GSTRIDE + s * H + h, eg * kdw, mask=rm)
+        tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk + beg[:, None] * dw, mask=mk)
+    else:
+        tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
     if USE_G:
         zt = tl.sum(dkt * kk, 1) * edec                                           # <K~_r, dK~_r>
         if DG_GRADS:
@@ -131,4 +143,6 @@ def dqkwg_bwd_kernel(q, k, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, start_pt
             dG = eg * o1 + tl.sum(Z, 1) - tl.sum(Z, 0) - zt
         dgC = tl.sum(sdh, 0) * tl.exp(gC) + tl.sum(zt, 0)
         dG += tl.where(r == ln - 1, dgC, 0.)
+        if ATDV:
+            dG += beg * kdw                                            # βγ k·(A^T dW)
         tl.store(dGp + ks.to(tl.int64) * GSTRIDE + s * H + h, dG, mask=rm)

@@ -16,6 +16,7 @@ from .state_fused import state_bwd_fused_kernel, state_fwd_fused_kernel
 from .wy import wy_fwd_kernel
 from .wy64 import tri_inv64_kernel, wu_fwd_kernel
 from .wy_bwd import wy_bwd_kernel
+from .wy_bwd_vn import wy_bwd_vn_kernel
 
 # Launch settings, (num_warps, num_stages[, BV]) per kernel, and storage choices. Module-level
 # rather than call arguments so that benchmark sweeps can set them on the device;
@@ -72,6 +73,12 @@ TUNE = dict(
     # the bf16 launches 44 -> 0 B a thread ungated, 72 -> 24 gated (tools/aot_check.py, K=V=128),
     # but no faster: H200 2026-11-26 (ninth session) fwd+bwd 1.001-1.005x at n_h 1-4. Off
     wy_bwd_early_db=False,
+    # FORM 2 ("assoc"): the WY backward from X = A^T dVn and Vn (wy_bwd_vn.py: dA = dVn (M Vn)^T, so
+    # E = strictLower(-X Vn^T) ⊙ Γ, no A^T dA A^T); the state kernel stores X in place of dVn and
+    # dqkwg_bwd folds the A^T dW = -X H^T terms into dk, dβ, dG (no dW in HBM). False: wy_bwd.py
+    wy_bwd_vn=True,
+    wy_bwd_vn_cfg=(4, 2, 64),    # (num_warps, num_stages, BV) of wy_bwd_vn_kernel
+    wy_bwd_vn_ksplit=2,          # its key side in slices (one pass), capped at BK // 16
     inter_16bit=False,     # W, U stored in the inputs' dtype: error ratio 5.5e-3 > 5e-3 bound, off
     # Vn stored in the inputs' 16-bit dtype (the state update keeps fp32 registers). "no_grad": only
     # in a forward without gradients, where the output kernel is its one reader (H200 2026-11-26, B8
@@ -227,16 +234,15 @@ def _raw(x):
 
 
 def _regs(key):
-    """Launch options for ``TUNE["maxnreg"][key]``: ``{}`` or ``{"maxnreg": n}``."""
+    """Launch options for ``TUNE["maxnreg"][key]``: ``{}`` or ``{"maxnreg": n}``. Every cap in the
+    dict is checked, whichever launch asks (a bad cap of a launch this call skips is still refused)."""
     caps = TUNE["maxnreg"]
     if not isinstance(caps, dict):
         raise ValueError(f'TUNE["maxnreg"] must be a dict of launch name -> register cap, got {caps!r}')
-    n = caps.get(key)
-    if n is None:
-        return {}
-    if isinstance(n, bool) or not isinstance(n, int) or not 24 <= n <= 255:
-        raise ValueError(f'TUNE["maxnreg"][{key!r}] must be an int in [24, 255], got {n!r}')
-    return {"maxnreg": n}
+    for name, n in caps.items():
+        if isinstance(n, bool) or not isinstance(n, int) or not 24 <= n <= 255:
+            raise ValueError(f'TUNE["maxnreg"][{name!r}] must be an int in [24, 255], got {n!r}')
+    return {"maxnreg": caps[key]} if key in caps else {}
 
 
 def _reload_k(use_g):
@@ -412,6 +418,8 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         dvn = _empty((Ls, H, V), dev, torch.float32)
         dh0 = _empty((N, H, K, V), dev, torch.float32)
         dhTc = dhT.float().contiguous() if dhT is not None else None
+        # FORM 2: dvn receives X = A^T dVn and the WY backward needs no dA (TUNE["wy_bwd_vn"])
+        atdv = form == 2 and bool(TUNE["wy_bwd_vn"])
         if NC > 0:
             BVl, BVs = _bv("dv_local", BVf), _bv("state_bwd_fused" if form else "state_bwd", BVf)
             dv_local_kernel[(cdiv(V, BVl), NC, H)](
@@ -426,6 +434,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                     BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, FORM=form,
                     DOT=dot, LEAN=bool(TUNE["state_bwd_lean"]) and form == 2,
                     RELOAD_K=_reload_k(use_g) and bool(TUNE["state_bwd_lean"]) and form == 2,
+                    STORE_ATDV=atdv,
                     num_warps=TUNE["state_bwd_fused"][0],
                     num_stages=TUNE["state_bwd_fused"][1])
             else:
@@ -445,27 +454,37 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         db = _empty((Ls, H), dev, bdt)
         dg = _empty((B * T, H), dev, gdt) if use_g else db
         if NC > 0:
-            dW = _empty((Ls, H, K), dev, torch.float32)
             ks = _ksplit("dqkwg_ksplit", BK)
+            # atdv: dqkwg_bwd folds A^T dW into dk and the partial dβ (dbp), dG; no dW buffer
+            dW = dk_part if atdv else _empty((Ls, H, K), dev, torch.float32)
+            dbp = _empty((ks, Ls, H), dev, torch.float32) if atdv else dk_part
             dGp = _empty((ks, Ls, H), dev, torch.float32) if use_g else dk_part
             adj = ks if TUNE["dqkwg_slices_adjacent"] and ks > 1 else 0
             dqkwg_bwd_kernel[(NC * ks, H) if adj else (NC, H, ks)](
-                                          qf, kf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
-                                          ch["start"], ch["length"], scale, Ls * H, H=H, K=K, V=V,
+                                          qf, kf, bf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
+                                          dbp, ch["start"], ch["length"], scale, Ls * H, H=H, K=K, V=V,
                                           NH=n_h, BC=BC, BK=BK // ks, BV=_bv("dqkwg", BVf), USE_G=use_g,
                                           DOT=dot, RAW=raw, DG_GRADS=bool(TUNE["dqkwg_dg_grads"]),
                                           RAW_H=bool(TUNE["dqkwg_raw_h"]) and raw and hs.dtype == do.dtype,
-                                          KS_ADJ=adj,
+                                          KS_ADJ=adj, ATDV=atdv,
                                           num_warps=TUNE["dqkwg"][0],
                                           num_stages=TUNE["dqkwg"][1])
-            if use_g:
-                dGp = dGp[0] if ks == 1 else dGp.sum(0)   # the K slices' partial dG
-            wy_bwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
-                                   ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK,
-                                   BV=_bv("wy_bwd", BVf), USE_G=use_g, DOT=dot, RAW=raw,
-                                   KS=_ksplit("wy_bwd_ksplit", BK), EARLY=bool(TUNE["wy_bwd_early_db"]),
-                                   num_warps=TUNE["wy_bwd"][0], num_stages=TUNE["wy_bwd"][1],
-                                   **_regs("wy_bwd"))
+            if atdv:
+                nw, ns, bv = TUNE["wy_bwd_vn_cfg"]
+                wy_bwd_vn_kernel[(NC, H)](kf, vf, bf, gcum, vn, dvn, dbp, dGp, dk_part, dk, dv, db, dg,
+                                          ch["start"], ch["length"], Ls * H, H=H, K=K, V=V, NH=n_h,
+                                          BC=BC, BK=BK, BV=min(BVf, bv), KS=_ksplit("wy_bwd_vn_ksplit", BK),
+                                          NP=ks, USE_G=use_g, DOT=dot, RAW=raw, num_warps=nw,
+                                          num_stages=ns, **_regs("wy_bwd_vn"))
+            else:
+                if use_g:
+                    dGp = dGp[0] if ks == 1 else dGp.sum(0)   # the K slices' partial dG
+                wy_bwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, dW, dvn, dGp, dk_part, dk, dv, db, dg,
+                                       ch["start"], ch["length"], H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK,
+                                       BV=_bv("wy_bwd", BVf), USE_G=use_g, DOT=dot, RAW=raw,
+                                       KS=_ksplit("wy_bwd_ksplit", BK), EARLY=bool(TUNE["wy_bwd_early_db"]),
+                                       num_warps=TUNE["wy_bwd"][0], num_stages=TUNE["wy_bwd"][1],
+                                       **_regs("wy_bwd"))
         else:
             for x in (dq, dk, dv, db, dg):
                 x.zero_()

@@ -121,11 +121,11 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
 def _state_bwd_lean_step(q, k, beta, gcum, Ainv, do, dvn, dst, c, h, s, start, ln, rm, mv, r, ck, cv,
                          scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                          BC: tl.constexpr, USE_G: tl.constexpr, DOT: tl.constexpr,
-                         RELOAD_K: tl.constexpr):
+                         RELOAD_K: tl.constexpr, STORE_ATDV: tl.constexpr):
     """One chunk of the FORM 2 backward with ``LEAN`` (see ``state_bwd_fused_kernel``): returns
-    ``γ_C dH' − K^T (diag(βγ) A^T dVn) + Q^T (diag(γ) scale dO)`` and stores ``dVn``.
-    ``RELOAD_K``: the key tile is loaded again (an L2 hit) for its second dot instead of being
-    kept live across the ``A^T dVn`` dot."""
+    ``γ_C dH' − K^T (diag(βγ) A^T dVn) + Q^T (diag(γ) scale dO)`` and stores ``dVn`` (``A^T dVn``
+    with ``STORE_ATDV``). ``RELOAD_K``: the key tile is loaded again (an L2 hit) for its second dot
+    instead of being kept live across the ``A^T dVn`` dot."""
     A, kk, b = _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H, K, BC)
     kdst = tl.dot(kk, dst, input_precision=DOT)                          # K dH', [C, BV]
     if USE_G:
@@ -135,8 +135,13 @@ def _state_bwd_lean_step(q, k, beta, gcum, Ainv, do, dvn, dst, c, h, s, start, l
         b = b * tl.exp(G)
         dst = dst * tl.exp(gC)
     dv_ = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.) + kdst
-    tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], dv_, mask=mv)
-    t = tl.dot(tl.trans(A), dv_, input_precision=DOT) * (-b)[:, None]  # −diag(βγ) A^T dVn
+    if STORE_ATDV:
+        x = tl.dot(tl.trans(A), dv_, input_precision=DOT)                # A^T dVn
+        tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], x, mask=mv)
+        t = x * (-b)[:, None]
+    else:
+        tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], dv_, mask=mv)
+        t = tl.dot(tl.trans(A), dv_, input_precision=DOT) * (-b)[:, None]  # −diag(βγ) A^T dVn
     if RELOAD_K:
         kk = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :],
                      other=0.).to(tl.float32)
@@ -160,7 +165,7 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
                            BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
                            FORM: tl.constexpr, DOT: tl.constexpr, LEAN: tl.constexpr = False,
-                           RELOAD_K: tl.constexpr = False):
+                           RELOAD_K: tl.constexpr = False, STORE_ATDV: tl.constexpr = False):
     """``state_bwd_kernel`` without a stored ``W``: ``dVn += diag(γ_C/γ) K dH'`` (``dvn`` holds
     ``P^T dO``), ``dH = γ_C dH' + (diag(γ) Q)^T dO − W^T dVn``; stores ``dH'`` per chunk and ``dH_0``.
     FORM 2: the row scalings go on the ``[C, BV]`` side of each dot, as in the forward.
@@ -168,7 +173,9 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
     fewer fp32 tiles live: ``Q`` and ``dO`` are loaded after the ``W^T dVn`` dot, ``scale`` goes on
     ``dO`` (a ``[C, BV]`` tile) instead of ``Q`` (``[C, K]``), and both dots accumulate into the
     decayed state (``acc=``) so no ``[K, BV]`` partial result is live beside it. ``RELOAD_K`` (LEAN
-    only, ``TUNE["state_bwd_reload_k"]``): see ``_state_bwd_lean_step``."""
+    only, ``TUNE["state_bwd_reload_k"]``): see ``_state_bwd_lean_step``. ``STORE_ATDV`` (FORM 2
+    only, ``TUNE["wy_bwd_vn"]``): ``dvn`` receives ``A^T dVn``, which the dot below forms anyway,
+    in place of ``dVn``; the later kernels need nothing else (wy_bwd_vn.py)."""
     iv = tl.program_id(0)
     nh = tl.program_id(1).to(tl.int64)  # sequence·H + head: (n·H + h)·K·V passes 2^31
     n = nh // H
@@ -193,7 +200,8 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
         tl.store(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], dst.to(dhs.dtype.element_ty), mask=kvm)
         if LEAN:
             dst = _state_bwd_lean_step(q, k, beta, gcum, Ainv, do, dvn, dst, c, h, s, start, ln, rm, mv,
-                                       r, ck, cv, scale, H, K, V, NH, BC, USE_G, DOT, RELOAD_K)
+                                       r, ck, cv, scale, H, K, V, NH, BC, USE_G, DOT, RELOAD_K,
+                                       STORE_ATDV)
         else:
             qm = rm & (s % NH == NH - 1)
             tok = s // NH
@@ -229,11 +237,12 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
                     kb = kk * b[:, None]
                     kd = kk
                 dv_ = dvl + tl.dot(kd, dst, input_precision=DOT)
-            tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], dv_, mask=mv)
             if FORM == 2:
-                wtd = tl.dot(tl.trans(kk), tl.dot(tl.trans(A), dv_, input_precision=DOT) * bgs[:, None],
-                             input_precision=DOT)
+                x = tl.dot(tl.trans(A), dv_, input_precision=DOT)             # A^T dVn
+                tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], x if STORE_ATDV else dv_, mask=mv)
+                wtd = tl.dot(tl.trans(kk), x * bgs[:, None], input_precision=DOT)
             else:
+                tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], dv_, mask=mv)
                 w = tl.dot(A, kb, input_precision=DOT)
                 wtd = tl.dot(tl.trans(w), dv_, input_precision=DOT)
             dst = dst_dec + tl.dot(tl.trans(qq), dout, input_precision=DOT) - wtd

@@ -44,9 +44,12 @@ def _ratio(a, b):
     # seventh session, when the lean order at 1 stage measured 0.87-0.91x fwd+bwd)
     (1, True, 2.0, {"state_bwd_lean": False, "state_bwd_fused": (4, 3, 64)}),
     (2, False, 2.0, {"state_bwd_lean": False, "state_bwd_fused": (4, 3, 64)}),
-    # wy_bwd unsplit at 8 warps (the default until the seventh session, when 4 K slices at 4 warps
-    # measured 0.90x fwd+bwd)
-    (2, True, 2.0, {"wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)}),
+    # the WY backward through dA and A^T dA A^T (wy_bwd.py, the default until the sixty-first
+    # session's wy_bwd_vn.py), in 4 K slices and unsplit at 8 warps (the default until the seventh
+    # session, when 4 K slices at 4 warps measured 0.90x fwd+bwd); wy_bwd_vn unsplit, in 4 slices
+    (3, False, 2.0, {"wy_bwd_vn": False}), (2, True, 2.0, {"wy_bwd_vn": False}),
+    (2, True, 2.0, {"wy_bwd_vn": False, "wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)}),
+    (1, True, 2.0, {"wy_bwd_vn_ksplit": 1}), (4, False, 2.0, {"wy_bwd_vn_ksplit": 4}),
     # the backward's dH chunk states in bf16 (opt-in since 2026-11-26: its error decides)
     (1, False, 2.0, {"dhs_16bit": True}), (2, True, 2.0, {"dhs_16bit": True}),
     # the lean backward state step reloading its key tile: the default does without the gate only
@@ -56,15 +59,16 @@ def _ratio(a, b):
     # since the ninth session, 2026-11-26)
     (1, False, 2.0, {"output_raw_h": False}), (2, True, 2.0, {"output_raw_h": False}),
     # the sliced wy_bwd storing dbeta and dg before its second pass (opt-in since 2026-11-26)
-    (1, True, 2.0, {"wy_bwd_early_db": True}), (2, False, 2.0, {"wy_bwd_early_db": True}),
+    (1, True, 2.0, {"wy_bwd_vn": False, "wy_bwd_early_db": True}),
+    (2, False, 2.0, {"wy_bwd_vn": False, "wy_bwd_early_db": True}),
     # the gated dqkwg_bwd's gate term from Z = dP~ ⊙ Q K^T (exact bf16 products; the default reads
     # it off its own dq, dk tiles since 2026-11-26, ninth session), one K slice and two
     (1, True, 2.0, {"dqkwg_dg_grads": False}), (4, True, 1.0, {"dqkwg_dg_grads": False}),
     (2, True, 2.0, {"dqkwg_dg_grads": False, "dqkwg_ksplit": 1}),
     # register caps on tri_inv64 and wy_bwd (opt-in since the tenth session, 2026-11-26): more
     # programs an SM, more spills
-    (1, True, 2.0, {"maxnreg": {"inv": 128, "wy_bwd": 168}}),
-    (3, False, 2.0, {"maxnreg": {"inv": 96, "wy_bwd": 128}}),
+    (1, True, 2.0, {"wy_bwd_vn": False, "maxnreg": {"inv": 128, "wy_bwd": 168}}),
+    (3, False, 2.0, {"wy_bwd_vn": False, "maxnreg": {"inv": 96, "wy_bwd": 128}}),
     # the token-chunk output kernel with gradients (per-chunk states) and dqkwg_bwd's dO H^T on
     # the stored bf16 tiles (both opt-in since the twelfth session, 2026-11-26)
     (2, True, 2.0, {"token_chunk_output_grad": True}), (3, False, 2.0, {"token_chunk_output_grad": True}),

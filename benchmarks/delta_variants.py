@@ -181,6 +181,18 @@ VARIANTS = {
     "wyvn_s3": {"wy_bwd_vn_cfg": (4, 3, 64)},
     "wyvn_bv32": {"wy_bwd_vn_cfg": (4, 3, 32)},
     "wyvn_w8": {"wy_bwd_vn_cfg": (8, 2, 64)},
+    # wy_bwd_vn_kernel under a register cap: 208-250 registers uncapped (sm_90a, K=V=128 bf16, 49
+    # KiB shared memory), so 2 four-warp programs an SM; 168 allows 3, 128 allows 4
+    "wyvn_r168": {"maxnreg": {"output_tok": 160, "wy_bwd_vn": 168}},
+    "wyvn_r128": {"maxnreg": {"output_tok": 160, "wy_bwd_vn": 128}},
+    # dqkwg_bwd doing wy_bwd_vn_kernel's work too (FUSE_WY), in 4 K slices (no sm_90a spills), in 2
+    # (344 / 644 B a thread at 4 warps), on 8 warps, and in 4 slices over V tiles of 64. H200
+    # (2026-12-03, n_h 2, fwd+bwd against the default, ungated / gated): 1.018 / 1.068x (4 slices),
+    # 1.064 / 1.106x (2 on 8 warps), 1.165 / 1.278x (V tiles of 64)
+    "fused": {"dqkwg_fuse_wy": True, "dqkwg_ksplit": 4},
+    "fused_k2": {"dqkwg_fuse_wy": True},
+    "fused_k2_w8": {"dqkwg_fuse_wy": True, "dqkwg": (8, 3, 32)},
+    "fused_k4_bv64": {"dqkwg_fuse_wy": True, "dqkwg_ksplit": 4, "dqkwg": (4, 2, 64)},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

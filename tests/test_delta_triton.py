@@ -47,10 +47,15 @@ VARIANTS = {
     # its key side unsplit (it splits it in 4 K slices, capped at BK // 16) and in two
     "wy_bwd_k1": ({"wy_bwd_vn": False, "wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)}, _ALL),
     "wy_bwd_k2": ({"wy_bwd_vn": False, "wy_bwd_ksplit": 2}, lambda C, K, V: K > 16),
-    # wy_bwd_vn's key side unsplit and in 4 slices (default 2), its V tile at 16 columns
+    # wy_bwd_vn_kernel's key side unsplit (default 2 slices), and in 4 with its V tile at 16 columns
     "wy_bwd_vn_k1": ({"wy_bwd_vn_ksplit": 1}, _ALL),
     "wy_bwd_vn_k4_bv16": ({"wy_bwd_vn_ksplit": 4, "wy_bwd_vn_cfg": (4, 2, 16)},
                           lambda C, K, V: K > 16 or V > 16),
+    # dqkwg_bwd doing wy_bwd_vn_kernel's work (FUSE_WY, opt-in), in 2 and 4 K slices (capped at BK //
+    # 16) and in one
+    "dqkwg_fuse_wy": ({"dqkwg_fuse_wy": True}, _ALL),
+    "dqkwg_fuse_wy_k4": ({"dqkwg_fuse_wy": True, "dqkwg_ksplit": 4}, lambda C, K, V: K > 32),
+    "dqkwg_fuse_wy_dg_z": ({"dqkwg_fuse_wy": True, "dqkwg_dg_grads": False}, _ALL),
     # the lean backward step loading its key tile again for the second dot (fewer sm_90a spills):
     # the default reloads it without the gate only ("ungated"); these rows take it always / never
     "bwd_reload_k": ({"state_bwd_reload_k": True}, _ALL),
@@ -89,6 +94,7 @@ CASES = [  # (T, chunk, n_h, gated, beta_max, cu, K, V)
     (50, 64, 3, True, 2.0, [0, 3, 50], 16, 16),          # blocked 64x64 inverse, varlen
     (45, 64, 2, False, 2.0, None, 16, 16),
     (21, 32, 3, True, 1.0, [0, 1, 21], 20, 12),       # K, V not powers of two (masked tiles)
+    (40, 16, 2, True, 2.0, [0, 9, 40], 48, 64),       # 2 or 4 K slices (one all masked), 2 V tiles
 ]
 
 
@@ -368,15 +374,16 @@ def test_fused_variant_skips_wu_and_backward_follows_forward(monkeypatch):
         chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")
 
 
-@pytest.mark.parametrize("key,vn", [("dqkwg_ksplit", True), ("wy_bwd_vn_ksplit", True),
-                                    ("wy_bwd_ksplit", False)])
-def test_ksplit_bad_value_is_refused(key, vn, monkeypatch):
+@pytest.mark.parametrize("key,vn,fuse", [("dqkwg_ksplit", True, False), ("dqkwg_ksplit", True, True),
+                                         ("wy_bwd_vn_ksplit", True, False), ("wy_bwd_ksplit", False, False)])
+def test_ksplit_bad_value_is_refused(key, vn, fuse, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
 
     q, k, v, beta, g, _ = make_inputs(1, 5, 1, 1, 32, 16, True, 2.0, dtype=torch.float32)
     xs = [x.requires_grad_() for x in (q, k, v, beta, g)]
     o, _ = chunk_delta_product(*xs, chunk_size=16, backend="triton")
     monkeypatch.setitem(fn.TUNE, "wy_bwd_vn", vn)      # wy_bwd_ksplit: the dA form's launch
+    monkeypatch.setitem(fn.TUNE, "dqkwg_fuse_wy", fuse)  # wy_bwd_vn_ksplit: its own launch
     monkeypatch.setitem(fn.TUNE, key, 3)
     with pytest.raises(ValueError, match=key):
         o.sum().backward()

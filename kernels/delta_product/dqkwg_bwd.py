@@ -3,7 +3,9 @@
 
 Produces ``dq`` (final), the read-out/state part of ``dk``, ``dW = −dVn H^T`` and the part of the
 gradient of the chunk-local cumulative log-gate ``G`` that comes from these two equations
-(``dGp``, the ``γ_C`` term included at the chunk's last row). README.md has the derivation.
+(``dGp``, the ``γ_C`` term included at the chunk's last row). README.md has the derivation. By
+default (``ATDV``, ``TUNE["wy_bwd_vn"]``) ``dvn`` holds ``A^T dVn`` and the ``A^T dW`` terms are
+folded into ``dk``, ``dGp`` and a partial ``dβ`` instead of storing ``dW`` (wy_bwd_vn.py).
 
 ``KS`` programs a chunk can split K (``function.TUNE["dqkwg_ksplit"]``; two by default): program
 ``ks`` owns K columns ``[ks BK, (ks + 1) BK)`` (the launcher passes the slice width as ``BK``)
@@ -34,12 +36,13 @@ from .mm import dot_abt
 
 
 @triton.jit
-def dqkwg_bwd_kernel(q, k, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, dbp, start_ptr, len_ptr,
-                     scale, GSTRIDE, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
-                     BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+def dqkwg_bwd_kernel(q, k, v, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dv, dW, dGp, dbp, start_ptr,
+                     len_ptr, scale, GSTRIDE, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     NH: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
                      DG_GRADS: tl.constexpr = False, RAW_H: tl.constexpr = False,
-                     KS_ADJ: tl.constexpr = 0, ATDV: tl.constexpr = False):
+                     KS_ADJ: tl.constexpr = 0, ATDV: tl.constexpr = False,
+                     FUSE_WY: tl.constexpr = False, NKS: tl.constexpr = 1):
     """``DG_GRADS`` (``function.TUNE["dqkwg_dg_grads"]``): the gate term read off this program's
     own gradients, ``dG = rowsum(Q ⊙ dQ) − rowsum(K ⊙ dK)`` (module docstring), instead of
     ``γ ⊙ rowsum(Q ⊙ dO H^T) + rowsum(Z) − colsum(Z) − <K~, dK~>`` with ``Z = dP~ ⊙ Q K^T``: no
@@ -54,7 +57,12 @@ def dqkwg_bwd_kernel(q, k, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, db
     holds ``A^T dVn`` (state_fused.py ``STORE_ATDV``), so the accumulator is ``A^T dW`` instead of
     ``dW``; it is not stored but folded in here: ``dk`` gets ``diag(βγ) A^T dW``, ``dbp`` (this
     slice's partial ``dβ``) ``γ ⊙ rowsum(K ⊙ A^T dW)`` and ``dGp`` ``βγ ⊙`` the same row sums
-    (``beta`` and ``dbp`` are read only then; ``dW`` only without it)."""
+    (``beta`` and ``dbp`` are read only then; ``dW`` only without it). ``FUSE_WY`` (with ``ATDV``,
+    ``TUNE["dqkwg_fuse_wy"]``): ``wy_bwd_vn_kernel``'s work as well, so ``dk`` is final (no fp32
+    partial in HBM): ``X Vn^T`` accumulates beside ``dO Vn^T`` in the V loop, each of the ``NKS``
+    slices stores ``dV = diag(β) X`` for every ``NKS``-th V tile, and adds ``(dS + dS^T) K`` to its
+    ``dk`` columns and its share of ``rowsum(E ⊙ K K^T)``, ``rowsum(Z) − colsum(Z)`` to the partials
+    (``wy_bwd_vn.wy_partials_kernel`` sums them)."""
     # chunk c as int64: offsets (c·H + h)·K·V pass 2^31; ks: this program's K slice
     if KS_ADJ > 0:
         c = (tl.program_id(0) // KS_ADJ).to(tl.int64)
@@ -77,6 +85,10 @@ def dqkwg_bwd_kernel(q, k, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, db
     dkt = tl.zeros([BC, BK], dtype=tl.float32)     # Vn dH'^T
     dw = tl.zeros([BC, BK], dtype=tl.float32)      # -dVn H^T (ATDV: -A^T dVn H^T = A^T dW)
     sdh = tl.zeros([BK], dtype=tl.float32)         # <H, dH'> partial sums
+    if FUSE_WY:
+        b = tl.load(beta + s * H + h, mask=rm, other=0.).to(tl.float32)
+        xv = tl.zeros([BC, BC], dtype=tl.float32)  # X Vn^T
+        dbv = tl.zeros([BC], dtype=tl.float32)     # rowsum(V ⊙ X) over this slice's V tiles
     for v0 in range(0, V, BV):
         cv = v0 + tl.arange(0, BV)
         mv = rm[:, None] & (cv < V)[None, :]
@@ -98,6 +110,12 @@ def dqkwg_bwd_kernel(q, k, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, db
         dkt += tl.dot(vnew, tl.trans(dst), input_precision=DOT)
         dw -= tl.dot(dvnew, tl.trans(st), input_precision=DOT)
         sdh += tl.sum(st * dst, 1)
+        if FUSE_WY:
+            xv += tl.dot(dvnew, tl.trans(vnew), input_precision=DOT)
+            mo = mv & ((cv // BV) % NKS == ks)[None, :]    # this slice's V tiles: dV stored once
+            vv = tl.load(v + (s * H + h)[:, None] * V + cv[None, :], mask=mo, other=0.).to(tl.float32)
+            tl.store(dv + (s * H + h)[:, None] * V + cv[None, :], b[:, None] * dvnew, mask=mo)
+            dbv += tl.sum(vv * dvnew, 1)
     # rowsum((Q H) ⊙ dO) = rowsum(Q ⊙ (dO H^T)), from the accumulated dO H^T: one dot fewer per
     # V tile, and Q is not live in the loop; dW is stored at once (one [BC, BK] tile less live)
     if not ATDV:
@@ -121,11 +139,26 @@ def dqkwg_bwd_kernel(q, k, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, db
     dqq = eg[:, None] * dqh + tl.dot(dPg, kk, input_precision=DOT)
     dkk = tl.dot(tl.trans(dPg), qq, input_precision=DOT) + dkt * edec[:, None]
     tl.store(dq + (tok * H + h)[:, None] * K + ck[None, :], dqq * scale, mask=qm[:, None] & (ck < K)[None, :])
+    if FUSE_WY:
+        if USE_G and DG_GRADS:
+            dg_qk = tl.sum(qq * dqq, 1) - tl.sum(kk * dkk, 1)         # before dk gets (dS + dS^T) K
+        # E = strictLower(-X Vn^T) ⊙ Γ (wy_bwd_vn.py); this slice's K K^T columns
+        E = tl.where(r[:, None] > r[None, :], -xv * gam, 0.)
+        ek = E * dot_abt(kr, kr, DOT, RAW)
+        dbv += tl.sum(ek, 1)
+        if USE_G:
+            Zl = ek * b[:, None]
+            dzl = tl.sum(Zl, 1) - tl.sum(Zl, 0)
+        dS = E * b[:, None]
+        dkk = tl.dot(dS + tl.trans(dS), kk, acc=dkk, input_precision=DOT)
     if ATDV:
         # wy_bwd's A^T dW terms (wy_bwd_vn.py): dk += diag(βγ) A^T dW, dβ += γ ⊙ k·(A^T dW)
         beg = tl.load(beta + s * H + h, mask=rm, other=0.).to(tl.float32) * eg
         kdw = tl.sum(kk * dw, 1)                                       # this slice's k·(A^T dW)
-        tl.store(dbp + ks.to(tl.int64) * GSTRIDE + s * H + h, eg * kdw, mask=rm)
+        if FUSE_WY:
+            tl.store(dbp + ks.to(tl.int64) * GSTRIDE + s * H + h, eg * kdw + dbv, mask=rm)
+        else:
+            tl.store(dbp + ks.to(tl.int64) * GSTRIDE + s * H + h, eg * kdw, mask=rm)
         tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk + beg[:, None] * dw, mask=mk)
     else:
         tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
@@ -134,7 +167,10 @@ def dqkwg_bwd_kernel(q, k, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, db
         if DG_GRADS:
             # rowsum(Q~ ⊙ dQ~) = γ ⊙ rowsum(Q~ ⊙ dO H^T) + rowsum(Z) and rowsum(K ⊙ dK~) =
             # colsum(Z) + <K~, dK~>: the same sum, from tiles already in registers
-            dG = tl.sum(qq * dqq, 1) - tl.sum(kk * dkk, 1)
+            if FUSE_WY:
+                dG = dg_qk
+            else:
+                dG = tl.sum(qq * dqq, 1) - tl.sum(kk * dkk, 1)
         else:
             # dP_raw ⊙ P; Q K^T on the inputs' dtype (exact for 16-bit inputs), scale applied after
             qr = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
@@ -145,4 +181,6 @@ def dqkwg_bwd_kernel(q, k, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dW, dGp, db
         dG += tl.where(r == ln - 1, dgC, 0.)
         if ATDV:
             dG += beg * kdw                                            # βγ k·(A^T dW)
+        if FUSE_WY:
+            dG += dzl
         tl.store(dGp + ks.to(tl.int64) * GSTRIDE + s * H + h, dG, mask=rm)

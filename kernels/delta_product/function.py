@@ -16,7 +16,7 @@ from .state_fused import state_bwd_fused_kernel, state_fwd_fused_kernel
 from .wy import wy_fwd_kernel
 from .wy64 import tri_inv64_kernel, wu_fwd_kernel
 from .wy_bwd import wy_bwd_kernel
-from .wy_bwd_vn import wy_bwd_vn_kernel
+from .wy_bwd_vn import wy_bwd_vn_kernel, wy_partials_kernel
 
 # Launch settings, (num_warps, num_stages[, BV]) per kernel, and storage choices. Module-level
 # rather than call arguments so that benchmark sweeps can set them on the device;
@@ -57,7 +57,10 @@ TUNE = dict(
     # (twelfth session), B8 T4096 H16 K=V=128 bf16, fwd+bwd 0.983-0.998x at n_h 2-4 alone, with
     # token_chunk_output_grad 0.967-0.998x (TUNING_LOG.md); same error ratios
     dqkwg_raw_h=True,
-    dqkwg_ksplit=2,        # capped at BK // 16 (tl.dot needs 16 columns a slice)
+    # capped at BK // 16 (tl.dot needs 16 columns a slice); 2 since the fifty-ninth session. With
+    # dqkwg_fuse_wy 4 compiles without spills (sm_90a, Triton 3.6 ptxas, K=V=128 bf16, 4 warps), 2
+    # spills 344 / 644 B a thread (ungated / gated)
+    dqkwg_ksplit=2,
     # the K slices of one chunk next to each other in launch order (grid (NC·ks, H) instead of
     # (NC, H, ks), where NC·H programs ran between them): the second slice's Vn, dVn, dO reads can
     # hit L2. H200 (2026-12-03, sixtieth session, B8 T4096 H16 K=V=128 bf16): the kernel 1627 /
@@ -79,6 +82,14 @@ TUNE = dict(
     wy_bwd_vn=True,
     wy_bwd_vn_cfg=(4, 2, 64),    # (num_warps, num_stages, BV) of wy_bwd_vn_kernel
     wy_bwd_vn_ksplit=2,          # its key side in slices (one pass), capped at BK // 16
+    # with wy_bwd_vn: dqkwg_bwd does wy_bwd_vn_kernel's work too (dqkwg_bwd.py FUSE_WY): X Vn^T beside
+    # dO Vn^T, dV and the (dS + dS^T) K columns per K slice, dk written once in the inputs' dtype
+    # (no fp32 partial dk, no second read of X, Vn, K); a small kernel sums the partial dβ, dG.
+    # Lost on an H200 (2026-12-03, sixty-first session, B8 T4096 H16 K=V=128 bf16, n_h 2): fwd+bwd
+    # 1.018 / 1.068x the unfused time at 4 K slices (ungated / gated; the fused kernel 2660 / 3532
+    # us against 1532 + 1041 / 1937 + 1170), 1.064 / 1.106x at 2 slices on 8 warps, 1.165 / 1.278x
+    # at 4 slices over V tiles of 64; same errors. Opt-in (with dqkwg_ksplit 4)
+    dqkwg_fuse_wy=False,
     inter_16bit=False,     # W, U stored in the inputs' dtype: error ratio 5.5e-3 > 5e-3 bound, off
     # Vn stored in the inputs' 16-bit dtype (the state update keeps fp32 registers). "no_grad": only
     # in a forward without gradients, where the output kernel is its one reader (H200 2026-11-26, B8
@@ -448,7 +459,9 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         # every token has one query row and one first sub-step, every sub-step one chunk:
         # all gradient buffers are fully written by the kernels below
         dq = _empty((B * T, H, K), dev, qdt)
-        dk_part = _empty((Ls, H, K), dev, torch.float32)
+        # fuse: dqkwg_bwd does wy_bwd_vn's work too and writes the final dk (TUNE["dqkwg_fuse_wy"])
+        fuse = atdv and bool(TUNE["dqkwg_fuse_wy"])
+        dk_part = dq if fuse else _empty((Ls, H, K), dev, torch.float32)   # dq: an unused pointer
         dk = _empty((Ls, H, K), dev, kdt)
         dv = _empty((Ls, H, V), dev, vdt)
         db = _empty((Ls, H), dev, bdt)
@@ -461,15 +474,19 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             dGp = _empty((ks, Ls, H), dev, torch.float32) if use_g else dk_part
             adj = ks if TUNE["dqkwg_slices_adjacent"] and ks > 1 else 0
             dqkwg_bwd_kernel[(NC * ks, H) if adj else (NC, H, ks)](
-                                          qf, kf, bf, gcum, hs, vn, dvn, dhs, do, dq, dk_part, dW, dGp,
-                                          dbp, ch["start"], ch["length"], scale, Ls * H, H=H, K=K, V=V,
+                                          qf, kf, vf, bf, gcum, hs, vn, dvn, dhs, do, dq,
+                                          dk if fuse else dk_part, dv, dW, dGp, dbp,
+                                          ch["start"], ch["length"], scale, Ls * H, H=H, K=K, V=V,
                                           NH=n_h, BC=BC, BK=BK // ks, BV=_bv("dqkwg", BVf), USE_G=use_g,
                                           DOT=dot, RAW=raw, DG_GRADS=bool(TUNE["dqkwg_dg_grads"]),
                                           RAW_H=bool(TUNE["dqkwg_raw_h"]) and raw and hs.dtype == do.dtype,
-                                          KS_ADJ=adj, ATDV=atdv,
+                                          KS_ADJ=adj, ATDV=atdv, FUSE_WY=fuse, NKS=ks,
                                           num_warps=TUNE["dqkwg"][0],
                                           num_stages=TUNE["dqkwg"][1])
-            if atdv:
+            if fuse:
+                wy_partials_kernel[(NC, H)](dbp, dGp, db, dg, ch["start"], ch["length"], Ls * H, H=H,
+                                            NH=n_h, BC=BC, NP=ks, USE_G=use_g, num_warps=1)
+            elif atdv:
                 nw, ns, bv = TUNE["wy_bwd_vn_cfg"]
                 wy_bwd_vn_kernel[(NC, H)](kf, vf, bf, gcum, vn, dvn, dbp, dGp, dk_part, dk, dv, db, dg,
                                           ch["start"], ch["length"], Ls * H, H=H, K=K, V=V, NH=n_h,

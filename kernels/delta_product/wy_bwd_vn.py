@@ -76,17 +76,45 @@ def wy_bwd_vn_kernel(k, v, beta, gcum, vn, xa, dbp, dGp, dk_part, dk, dv, db, dg
         dkk += tl.dot(dSS, kr.to(tl.float32), input_precision=DOT)
         tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
     dbb += tl.sum(E * kkt, 1)
+    if USE_G:
+        Zl = dS * kkt
+        dG = tl.sum(Zl, 1) - tl.sum(Zl, 0)
+    else:
+        dG = dbb
+    _store_db_dg(dbb, dG, dbp, dGp, db, dg, s, rm, h, PSTRIDE, H, NH, NP, USE_G)
+
+
+@triton.jit
+def _store_db_dg(dbb, dG, dbp, dGp, db, dg, s, rm, h, PSTRIDE, H: tl.constexpr, NH: tl.constexpr,
+                 NP: tl.constexpr, USE_G: tl.constexpr):
+    """Adds the ``NP`` partial ``dβ`` (``dbp``) and ``dG`` (``dGp``) rows, ``PSTRIDE`` apart, to
+    ``dbb`` and ``dG`` and stores ``dβ`` and the log-gate gradient: ``dG`` reverse-cumulated inside
+    the chunk, read at each token's first sub-step."""
     pb = dbp + s * H + h
     for j in tl.static_range(NP):       # a pointer step a partial: no j · PSTRIDE product in 32 bits
         dbb += tl.load(pb, mask=rm, other=0.)
         pb += PSTRIDE
     tl.store(db + s * H + h, dbb, mask=rm)
     if USE_G:
-        Zl = dS * kkt
-        dG = tl.sum(Zl, 1) - tl.sum(Zl, 0)
         pg = dGp + s * H + h
         for j in tl.static_range(NP):
             dG += tl.load(pg, mask=rm, other=0.)
             pg += PSTRIDE
         dgs = tl.sum(dG, 0) - tl.cumsum(dG, 0) + dG                                 # reverse cumsum
         tl.store(dg + (s // NH) * H + h, dgs, mask=rm & (s % NH == 0))
+
+
+@triton.jit
+def wy_partials_kernel(dbp, dGp, db, dg, start_ptr, len_ptr, PSTRIDE, H: tl.constexpr, NH: tl.constexpr,
+                       BC: tl.constexpr, NP: tl.constexpr, USE_G: tl.constexpr):
+    """Grid ``(chunks, H)``: ``dβ`` and the log-gate gradient from the ``NP`` partial rows alone
+    (``TUNE["dqkwg_fuse_wy"]``: ``dqkwg_bwd`` did this kernel's ``wy_bwd_vn_kernel`` work in K
+    slices, each leaving its partial sums)."""
+    c = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    start = tl.load(start_ptr + c)
+    ln = tl.load(len_ptr + c)
+    r = tl.arange(0, BC)
+    rm = r < ln
+    z = tl.zeros([BC], dtype=tl.float32)
+    _store_db_dg(z, z, dbp, dGp, db, dg, start + r, rm, h, PSTRIDE, H, NH, NP, USE_G)

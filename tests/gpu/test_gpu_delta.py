@@ -50,6 +50,8 @@ def _ratio(a, b):
     (3, False, 2.0, {"wy_bwd_vn": False}), (2, True, 2.0, {"wy_bwd_vn": False}),
     (2, True, 2.0, {"wy_bwd_vn": False, "wy_bwd_ksplit": 1, "wy_bwd": (8, 1, 64)}),
     (1, True, 2.0, {"wy_bwd_vn_ksplit": 1}), (4, False, 2.0, {"wy_bwd_vn_ksplit": 4}),
+    # dqkwg_bwd doing wy_bwd_vn's work (opt-in since the sixty-first session) in 4 and 2 K slices
+    (2, True, 2.0, {"dqkwg_fuse_wy": True, "dqkwg_ksplit": 4}), (3, False, 2.0, {"dqkwg_fuse_wy": True}),
     # the backward's dH chunk states in bf16 (opt-in since 2026-11-26: its error decides)
     (1, False, 2.0, {"dhs_16bit": True}), (2, True, 2.0, {"dhs_16bit": True}),
     # the lean backward state step reloading its key tile: the default does without the gate only

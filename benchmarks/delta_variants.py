@@ -193,6 +193,24 @@ VARIANTS = {
     "fused_k2": {"dqkwg_fuse_wy": True},
     "fused_k2_w8": {"dqkwg_fuse_wy": True, "dqkwg": (8, 3, 32)},
     "fused_k4_bv64": {"dqkwg_fuse_wy": True, "dqkwg_ksplit": 4, "dqkwg": (4, 2, 64)},
+    # state_bwd_fused_kernel (default (4, 1, 64), 255 registers, 2 programs an SM, 256 programs at
+    # B8 H16 V=128: one wave): 2 stages (106 KiB shared, 392 B of sm_90a spills), V tiles of 32
+    # (512 programs: two waves at 2 an SM) capped at 128 registers (4 an SM, one wave; 528 B).
+    # H200 2026-12-04 (n_h 2, fwd+bwd against the default, ungated / gated): 1.079 / 1.076x (2
+    # stages), 1.074 / 1.095x (BV 32), 1.187 / 1.206x (BV 32 capped). Its Q, dO and P^T dO loads at
+    # the top of the lean step (spills 376 / 504 B) lost too, 1.022 / 1.095x, and were removed
+    "sbf_s2": {"state_bwd_fused": (4, 2, 64)},
+    "sbf_bv32_r128": {"state_bwd_fused": (4, 1, 32), "maxnreg": {"output_tok": 160, "state_bwd_fused": 128}},
+    "sbf_bv32": {"state_bwd_fused": (4, 1, 32)},
+    # register caps for one case only (TUNE["maxnreg"] keys with ":ungated"): wy_bwd_vn_kernel at 168
+    # won ungated at n_h 2 on 2026-12-04 (its time 1041 -> 890 us, fwd+bwd 0.975x; sm_90a spills 88
+    # B) and lost gated (1.011x, 280 B); dqkwg_bwd (4 warps, 247 registers, 98 KiB shared: 2 programs
+    # an SM) on 2 stages (65 KiB) capped at 168 registers (3 an SM; 348 B ungated)
+    "wyvn_r168_ungated": {"maxnreg": {"output_tok": 160, "wy_bwd_vn:ungated": 168}},
+    "dqkwg_s2": {"dqkwg": (4, 2, 32)},
+    "dqkwg_s2_r168": {"dqkwg": (4, 2, 32), "maxnreg": {"output_tok": 160, "dqkwg:ungated": 168}},
+    "wyvn_dqkwg_r168": {"dqkwg": (4, 2, 32),
+                        "maxnreg": {"output_tok": 160, "dqkwg:ungated": 168, "wy_bwd_vn:ungated": 168}},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

@@ -142,18 +142,25 @@ def test_tri_inv64_key_widths_match_loop(case, monkeypatch):
 
 
 def test_maxnreg_caps_reach_the_launches_and_bad_caps_are_refused(monkeypatch):
-    """TUNE["maxnreg"] (register caps of tri_inv64, wy_bwd and the token-chunk output kernel,
-    GPU-only: the interpreter drops the option): a capped fwd+bwd still matches the uncapped one,
-    and a cap outside [24, 255] or a non-dict is refused with the key named."""
+    """TUNE["maxnreg"] (register caps of tri_inv64, wy_bwd, wy_bwd_vn, the state kernels and the
+    token-chunk output kernel, GPU-only: the interpreter drops the option): a capped fwd+bwd still
+    matches the uncapped one, a ":gated" / ":ungated" key overrides the launch's plain one for that
+    case, and a cap outside [24, 255], an unknown launch name or a non-dict is refused with the key
+    named."""
     from lrnn_scan.kernels.delta_product import function as fn
 
     q, k, v, beta, g, _ = make_inputs(1, 70, 1, 1, 16, 16, True, 2.0, dtype=torch.float32)
     xs = [x.requires_grad_() for x in (q, k, v, beta, g)]
     ref = chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")[0]
     ref_g = torch.autograd.grad(ref.sum(), xs)
-    monkeypatch.setitem(fn.TUNE, "maxnreg", {"inv": 128, "wy_bwd": 168, "output_tok": 160})
-    assert fn._regs("inv") == {"maxnreg": 128} and fn._regs("output_tok") == {"maxnreg": 160}
-    assert fn._regs("state_fused") == {}
+    monkeypatch.setitem(fn.TUNE, "maxnreg", {"inv": 128, "wy_bwd": 168, "output_tok": 160,
+                                             "state_bwd_fused": 128, "wy_bwd_vn": 168,
+                                             "wy_bwd_vn:ungated": 160, "dqkwg:gated": 200})
+    assert fn._regs("inv", True) == {"maxnreg": 128} and fn._regs("output_tok", False) == {"maxnreg": 160}
+    assert fn._regs("state_fused", True) == {}
+    # a ":gated" / ":ungated" key takes precedence over the plain name for its case only
+    assert fn._regs("wy_bwd_vn", False) == {"maxnreg": 160} and fn._regs("wy_bwd_vn", True) == {"maxnreg": 168}
+    assert fn._regs("dqkwg", True) == {"maxnreg": 200} and fn._regs("dqkwg", False) == {}
     o = chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")[0]
     torch.testing.assert_close(o, ref)
     for a, b in zip(torch.autograd.grad(o.sum(), xs), ref_g):
@@ -163,7 +170,8 @@ def test_maxnreg_caps_reach_the_launches_and_bad_caps_are_refused(monkeypatch):
         o2 = chunk_delta_product(q2, k2, v2, b2, g2, chunk_size=64, backend="triton")[0]
         monkeypatch.setitem(fn.TUNE, "maxnreg", {})
         torch.testing.assert_close(o2, chunk_delta_product(q2, k2, v2, b2, g2, chunk_size=64, backend="triton")[0])
-    for bad in ({"inv": 300}, {"wy_bwd": 16}, {"inv": 128.0}, {"inv": True}, [("inv", 128)]):
+    for bad in ({"inv": 300}, {"wy_bwd": 16}, {"inv": 128.0}, {"inv": True}, [("inv", 128)],
+                {"wy_bwd_vm": 168}, {"dqkwg:gate": 168}, {3: 168}):
         monkeypatch.setitem(fn.TUNE, "maxnreg", bad)
         with pytest.raises(ValueError, match="maxnreg"):
             chunk_delta_product(q, k, v, beta, g, chunk_size=64, backend="triton")[0].sum().backward()

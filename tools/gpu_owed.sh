@@ -178,6 +178,7 @@
 #                   (TUNE_ARGS, TUNE_ROUNDS)
 #        delta    — issue 4: the delta defaults against fla in one run (fwd, n_h 1-4, gated/ungated)
 #        deltaprof — issue 4: per-kernel times (torch.profiler) of one fwd+bwd at n_h 1 and 4
+#        ncudelta — issue 4: Nsight Compute counters of the delta backward kernels (tools/ncu_delta.py)
 #        deltafp32 — issue 4: float32 inputs: the fp32 GPU checks and the timing of TUNE["fp32_dot"]
 #                   "tf32x3" (default) against "ieee" (DELTA_NH, default "1 2"; ieee compiles
 #                   for minutes: on 2026-12-03 n_h 1 alone took a cold 600 s call)
@@ -223,7 +224,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1  # a stage cut by its timeout still leaves its progress in the logs
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh ncu|memcheck|bd|bdrest|deltafla|deltaprof|deltafp32|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|tmaccel|bhsweep|fusedcomp|unfused|chunked|train}
+stage=${1:?usage: gpu_owed.sh ncu|ncudelta|memcheck|bd|bdrest|deltafla|deltaprof|deltafp32|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|tmaccel|bhsweep|fusedcomp|unfused|chunked|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -356,6 +357,17 @@ case "$stage" in
       $(for s in ${NCU_SECTIONS:-SpeedOfLight Occupancy LaunchStats WarpStateStats SchedulerStats MemoryWorkloadAnalysis}; do printf -- "--section %s " $s; done) \
       python3 tools/ncu_bd.py --m ${NCU_M:-8 16} --shape ${NCU_SHAPE:-1x16384x768} ${NCU_GRAD:+--grad} --tune "$tune" \
       > "$OUT/ncu_$(date +%H%M%S).log" 2>&1; tail -5 "$OUT"/ncu_*.log ;;
+  ncudelta)
+    # issue 4: hardware counters of the delta backward kernels (tools/ncu_delta.py), B8 T4096 H16
+    # K=V=128 bf16: NCU_NH, NCU_GATED (0 1), NCU_TUNE (JSON), NCU_KERNELS (regex), NCU_SECTIONS
+    tune=${NCU_TUNE:-}; [ -n "$tune" ] || tune='{}'
+    for gt in ${NCU_GATED:-0 1}; do
+      timeout ${STAGE_TIMEOUT:-300} ncu --clock-control none \
+        --kernel-name "regex:${NCU_KERNELS:-state_bwd_fused|dqkwg_bwd|wy_bwd_vn}" --launch-skip 3 --launch-count 3 \
+        $(for s in ${NCU_SECTIONS:-SpeedOfLight Occupancy LaunchStats WarpStateStats MemoryWorkloadAnalysis SchedulerStats}; do printf -- "--section %s " $s; done) \
+        python3 tools/ncu_delta.py --nh ${NCU_NH:-2} $([ "$gt" = 1 ] && echo --gated) --tune "$tune" \
+        > "$OUT/ncu_delta_g${gt}_$(date +%H%M%S).log" 2>&1; tail -3 "$OUT"/ncu_delta_g${gt}_*.log
+    done ;;
   layers)
     timeout ${STAGE_TIMEOUT:-560} python3 benchmarks/layer_targets.py --precisions bf16-autocast --out "$OUT" \
       --fla-unguarded --results "$OUT/RESULTS_layers.md" 2>&1 | tee "$OUT/layers.log" | tail -40 ;;

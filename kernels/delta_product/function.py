@@ -159,7 +159,9 @@ TUNE = dict(
     a_16bit=False,         # A stored in float16 for 16-bit inputs (fp32 in registers; the dots read it as
                            # tf32, 10 mantissa bits like fp16). bf16 A: error +9 %, fails; fp16 overflows
                            # past 65504 (adversarial keys), so opt-in only (TUNING.md "Fused W/U")
-    # register caps (ptx .maxnreg) by launch: "inv" (tri_inv64) and "wy_bwd". Both sit at 255
+    # register caps (ptx .maxnreg) by launch: "inv" (tri_inv64), "wy_bwd", "wy_bwd_vn", "dqkwg",
+    # "state_fused" / "state_bwd_fused" (the fused state kernels) and "output_tok"; a key with
+    # ":gated" / ":ungated" appended caps that case only and wins over the plain one. The first two sit at 255
     # registers a thread on sm_90a (K=V=128 bf16), which holds tri_inv64 (1 warp) to 8 programs
     # an SM and wy_bwd (4 warps, 72 KiB shared) to 2; a cap trades spills for programs in flight
     # (tri_inv64 at 128: 16, wy_bwd at 168: 3). Opt-in: on an H100 (2026-11-26) they lost everywhere,
@@ -244,16 +246,26 @@ def _raw(x):
     return x.dtype in (torch.float16, torch.bfloat16) and os.environ.get("TRITON_INTERPRET") != "1"
 
 
-def _regs(key):
-    """Launch options for ``TUNE["maxnreg"][key]``: ``{}`` or ``{"maxnreg": n}``. Every cap in the
-    dict is checked, whichever launch asks (a bad cap of a launch this call skips is still refused)."""
+_REG_LAUNCHES = ("inv", "output_tok", "state_fused", "state_bwd_fused", "dqkwg", "wy_bwd", "wy_bwd_vn")
+
+
+def _regs(key, use_g):
+    """Launch options for launch ``key``'s register cap: ``{}`` or ``{"maxnreg": n}``.
+    ``TUNE["maxnreg"]`` maps a launch name (``_REG_LAUNCHES``), or a name with ``":gated"`` /
+    ``":ungated"`` (which takes precedence for that case), to a cap in [24, 255]. Every entry is
+    checked, whichever launch asks (a bad entry of a launch this call skips is still refused)."""
     caps = TUNE["maxnreg"]
     if not isinstance(caps, dict):
         raise ValueError(f'TUNE["maxnreg"] must be a dict of launch name -> register cap, got {caps!r}')
     for name, n in caps.items():
+        base, _, case = name.partition(":") if isinstance(name, str) else (None, "", "")
+        if base not in _REG_LAUNCHES or case not in ("", "gated", "ungated"):
+            raise ValueError(f'TUNE["maxnreg"] key {name!r} must be one of {_REG_LAUNCHES}, optionally '
+                             f'with ":gated" or ":ungated"')
         if isinstance(n, bool) or not isinstance(n, int) or not 24 <= n <= 255:
             raise ValueError(f'TUNE["maxnreg"][{name!r}] must be an int in [24, 255], got {n!r}')
-    return {"maxnreg": caps[key]} if key in caps else {}
+    n = caps.get(f"{key}:{'gated' if use_g else 'ungated'}", caps.get(key))
+    return {} if n is None else {"maxnreg": n}
 
 
 def _reload_k(use_g):
@@ -317,7 +329,7 @@ def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, d
             STORE_HT=want_final, FORM=form, DOT=dot,
             **(dict(tseq_ptr=tch["seq_ptr"], HS_EVERY=tch["every"],
                     HS_PRED=bool(TUNE["token_state_pred"])) if tch else {}),
-            num_warps=nw, num_stages=ns)
+            num_warps=nw, num_stages=ns, **_regs("state_fused", use_g))
         return hs, vn, (hT if want_final else None)
     state_fwd_kernel[(cdiv(V, BV), N * H)](
         k, W, U, gcum, h0 if h0 is not None else hs, hs, vn, hT, ch["start"], ch["length"], ch["seq_ptr"],
@@ -360,7 +372,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
             tri_inv64_kernel[(NC, H)](kf, bf, gf if use_g else bf, gcum, Ainv, ch["start"], ch["length"],
                                       H=H, K=K, NH=n_h, BK=BK, USE_G=use_g, DOT=dot, RAW=raw,
                                       BATCHED=bool(TUNE["inv_batched"]),
-                                      num_warps=TUNE["inv"][0], num_stages=TUNE["inv"][1], **_regs("inv"))
+                                      num_warps=TUNE["inv"][0], num_stages=TUNE["inv"][1], **_regs("inv", use_g))
             if not form:
                 wu_fwd_kernel[(NC, H)](kf, vf, bf, gcum, Ainv, W, U, ch["start"], ch["length"], H=H, K=K,
                                        V=V, BC=BC, BK=BK, BV=_bv("wu", BVf), USE_G=use_g, DOT=dot,
@@ -395,7 +407,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                 qf, kf, gcum, hs, vn, o, tch_out["first"], tch_out["count"], ch["start"], ch["length"],
                 scale, H=H, K=K, V=V, NH=n_h, BC=BC, BK=BK, BV=BVo, USE_G=use_g, DOT=dot, RAW=raw,
                 RAW_H=raw_h, HS_CHUNK=tch is None,
-                num_warps=TUNE["output"][0], num_stages=TUNE["output"][1], **_regs("output_tok"))
+                num_warps=TUNE["output"][0], num_stages=TUNE["output"][1], **_regs("output_tok", use_g))
         elif NC > 0:
             BVo = _bv("output", BVf)
             output_fwd_kernel[(cdiv(V, BVo), NC, H)](
@@ -447,7 +459,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                     RELOAD_K=_reload_k(use_g) and bool(TUNE["state_bwd_lean"]) and form == 2,
                     STORE_ATDV=atdv,
                     num_warps=TUNE["state_bwd_fused"][0],
-                    num_stages=TUNE["state_bwd_fused"][1])
+                    num_stages=TUNE["state_bwd_fused"][1], **_regs("state_bwd_fused", use_g))
             else:
                 state_bwd_kernel[(cdiv(V, BVs), N * H)](
                     qf, kf, W, gcum, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,
@@ -482,7 +494,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                                           RAW_H=bool(TUNE["dqkwg_raw_h"]) and raw and hs.dtype == do.dtype,
                                           KS_ADJ=adj, ATDV=atdv, FUSE_WY=fuse, NKS=ks,
                                           num_warps=TUNE["dqkwg"][0],
-                                          num_stages=TUNE["dqkwg"][1])
+                                          num_stages=TUNE["dqkwg"][1], **_regs("dqkwg", use_g))
             if fuse:
                 wy_partials_kernel[(NC, H)](dbp, dGp, db, dg, ch["start"], ch["length"], Ls * H, H=H,
                                             NH=n_h, BC=BC, NP=ks, USE_G=use_g, num_warps=1)
@@ -492,7 +504,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                                           ch["start"], ch["length"], Ls * H, H=H, K=K, V=V, NH=n_h,
                                           BC=BC, BK=BK, BV=min(BVf, bv), KS=_ksplit("wy_bwd_vn_ksplit", BK),
                                           NP=ks, USE_G=use_g, DOT=dot, RAW=raw, num_warps=nw,
-                                          num_stages=ns, **_regs("wy_bwd_vn"))
+                                          num_stages=ns, **_regs("wy_bwd_vn", use_g))
             else:
                 if use_g:
                     dGp = dGp[0] if ks == 1 else dGp.sum(0)   # the K slices' partial dG
@@ -501,7 +513,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                                        BV=_bv("wy_bwd", BVf), USE_G=use_g, DOT=dot, RAW=raw,
                                        KS=_ksplit("wy_bwd_ksplit", BK), EARLY=bool(TUNE["wy_bwd_early_db"]),
                                        num_warps=TUNE["wy_bwd"][0], num_stages=TUNE["wy_bwd"][1],
-                                       **_regs("wy_bwd"))
+                                       **_regs("wy_bwd", use_g))
         else:
             for x in (dq, dk, dv, db, dg):
                 x.zero_()

@@ -204,13 +204,13 @@ VARIANTS = {
     "sbf_bv32": {"state_bwd_fused": (4, 1, 32)},
     # register caps for one case only (TUNE["maxnreg"] keys with ":ungated"): wy_bwd_vn_kernel at 168
     # won ungated at n_h 2 on 2026-12-04 (its time 1041 -> 890 us, fwd+bwd 0.975x; sm_90a spills 88
-    # B) and lost gated (1.011x, 280 B); dqkwg_bwd (4 warps, 247 registers, 98 KiB shared: 2 programs
+    # B) and lost gated (1.011x, 280 B): the default since 2026-12-07 (wyvn_nocap: without); dqkwg_bwd (4 warps, 247 registers, 98 KiB shared: 2 programs
     # an SM) on 2 stages (65 KiB) capped at 168 registers (3 an SM; 348 B ungated)
     "wyvn_r168_ungated": {"maxnreg": {"output_tok": 160, "wy_bwd_vn:ungated": 168}},
+    "wyvn_nocap": {"maxnreg": {"output_tok": 160}},
     "dqkwg_s2": {"dqkwg": (4, 2, 32)},
-    "dqkwg_s2_r168": {"dqkwg": (4, 2, 32), "maxnreg": {"output_tok": 160, "dqkwg:ungated": 168}},
-    "wyvn_dqkwg_r168": {"dqkwg": (4, 2, 32),
-                        "maxnreg": {"output_tok": 160, "dqkwg:ungated": 168, "wy_bwd_vn:ungated": 168}},
+    "dqkwg_s2_r168": {"dqkwg": (4, 2, 32), "maxnreg": {"output_tok": 160, "dqkwg:ungated": 168,
+                                                      "wy_bwd_vn:ungated": 168}},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

@@ -202,12 +202,12 @@ VARIANTS = {
     "sbf_s2": {"state_bwd_fused": (4, 2, 64)},
     "sbf_bv32_r128": {"state_bwd_fused": (4, 1, 32), "maxnreg": {"output_tok": 160, "state_bwd_fused": 128}},
     "sbf_bv32": {"state_bwd_fused": (4, 1, 32)},
-    # register caps for one case only (TUNE["maxnreg"] keys with ":ungated"): wy_bwd_vn_kernel at 168
-    # won ungated at n_h 2 on 2026-12-04 (its time 1041 -> 890 us, fwd+bwd 0.975x; sm_90a spills 88
-    # B) and lost gated (1.011x, 280 B): the default since 2026-12-07 (wyvn_nocap: without); dqkwg_bwd (4 warps, 247 registers, 98 KiB shared: 2 programs
-    # an SM) on 2 stages (65 KiB) capped at 168 registers (3 an SM; 348 B ungated)
+    # register caps for one case only (TUNE["maxnreg"] keys with ":ungated"): wy_bwd_vn_kernel at
+    # 168 won ungated at n_h 2 on 2026-12-04 (its time 1041 -> 890 us, fwd+bwd 0.975x; sm_90a spills
+    # 88 B) and lost gated (1.011x, 280 B): owed at n_h 1-4 before it can be the default. Then
+    # dqkwg_bwd (4 warps, 247 registers, 98 KiB shared: 2 programs an SM) on 2 stages (65 KiB),
+    # alone and with both kernels capped at 168 registers without the gate (3 an SM; 348 B)
     "wyvn_r168_ungated": {"maxnreg": {"output_tok": 160, "wy_bwd_vn:ungated": 168}},
-    "wyvn_nocap": {"maxnreg": {"output_tok": 160}},
     "dqkwg_s2": {"dqkwg": (4, 2, 32)},
     "dqkwg_s2_r168": {"dqkwg": (4, 2, 32), "maxnreg": {"output_tok": 160, "dqkwg:ungated": 168,
                                                       "wy_bwd_vn:ungated": 168}},

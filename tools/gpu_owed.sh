@@ -151,6 +151,12 @@
 #   deltafla at n_h 1-4 took about 240 s (cold: more than 530 s). Narrow what is saved with
 #   TRITON_CACHE_ONLY (a regex over entry file names, e.g. "dqkwg|wy_|state_|output_|tri_inv|
 #   dv_local|chunk_|l2norm" for the delta stages) when the archive would pass 45 MiB.
+#   OWED since the sixty-third session (2026-12-07: no machine came), issue 4, in this order:
+#     DELTA_TESTS=1 TEST_TIMEOUT=320 DELTA_NH="1 2 3 4" DELTA_MODES=fwd+bwd DELTA_VAR_FLA=1 \
+#       DELTA_VARIANTS="default wyvn_r168_ungated dqkwg_s2 dqkwg_s2_r168" deltavar
+#   (55 GPU delta tests, then the ungated wy_bwd_vn cap at n_h 1-4 with fla in the same run; if
+#   the cap wins at every n_h, make TUNE["maxnreg"] {"output_tok": 160, "wy_bwd_vn:ungated": 168}).
+#   Cold, the two halves need about 320 + 400 s: split them over two calls (DELTA_TESTS=0).
 #   A delta variant against fla in one process (ratios to both):
 #     DELTA_TESTS=0 DELTA_VAR_FLA=1 DELTA_VARIANTS=default,NAME DELTA_NH=1,4 deltavar
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other:
@@ -182,7 +188,7 @@
 #        deltafp32 — issue 4: float32 inputs: the fp32 GPU checks and the timing of TUNE["fp32_dot"]
 #                   "tf32x3" (default) against "ieee" (DELTA_NH, default "1 2"; ieee compiles
 #                   for minutes: on 2026-12-03 n_h 1 alone took a cold 600 s call)
-#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (47 tests since the sixtieth session;
+#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (55 tests since the sixty-third session;
 #                   45 of them: 169 s warm on an H200 in the fifty-eighth session, 87 s in the
 #                   sixtieth; cold, after a default changed, 44 of them took the
 #                   fifty-ninth's 250 s TEST_TIMEOUT: keep the default 320), then

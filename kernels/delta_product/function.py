@@ -176,11 +176,12 @@ TUNE = dict(
     # ms; n_h 1 does not launch it: 1.001x).
     # Not for output_fwd_kernel: at 94 / 113 registers uncapped, a cap of 160 lets ptxas take
     # 150 / 154, fewer programs an SM.
-    # "wy_bwd_vn:ungated" (wy_bwd_vn_kernel without the gate; 208-229 registers uncapped, 49 KiB
-    # shared: 2 four-warp programs an SM) at 168: 3 programs, 88 B of sm_90a spills a thread. H200
-    # (2026-12-04, n_h 2): the kernel 1041 -> 890 us, fwd+bwd 0.975x. Gated it spills 280 B and lost
-    # (1.011x), so the gated launch stays uncapped
-    maxnreg={"output_tok": 160, "wy_bwd_vn:ungated": 168},
+    # Candidate: "wy_bwd_vn:ungated" at 168 (wy_bwd_vn_kernel without the gate; 208-229 registers
+    # uncapped, 49 KiB shared: 2 four-warp programs an SM; capped 3, with 88 B of sm_90a spills a
+    # thread). H200 (2026-12-04, n_h 2): the kernel 1041 -> 890 us, fwd+bwd 0.975x; gated it spills
+    # 280 B and lost (1.011x). Not the default until it has run the GPU tests and n_h 1-4
+    # (benchmarks/delta_variants.py wyvn_r168_ungated; no machine came on 2026-12-07)
+    maxnreg={"output_tok": 160},
     # float32 inputs with TF32 off (torch.backends.cuda.matmul.allow_tf32 False): the precision of
     # the kernels' dots. "tf32x3" (default): three tf32 products per dot on the tensor cores (about
     # fp32 accuracy, as summary.py's 16 x 16 tiles use). "ieee": exact fp32 products on the CUDA

@@ -71,6 +71,10 @@ def _ratio(a, b):
     # programs an SM, more spills
     (1, True, 2.0, {"wy_bwd_vn": False, "maxnreg": {"inv": 128, "wy_bwd": 168}}),
     (3, False, 2.0, {"wy_bwd_vn": False, "maxnreg": {"inv": 96, "wy_bwd": 128}}),
+    # wy_bwd_vn_kernel capped at 168 registers: without the gate only (the candidate default,
+    # a ":ungated" key), and both ways
+    (3, False, 2.0, {"maxnreg": {"output_tok": 160, "wy_bwd_vn:ungated": 168}}),
+    (1, True, 2.0, {"maxnreg": {"output_tok": 160, "wy_bwd_vn": 168}}),
     # the token-chunk output kernel with gradients (per-chunk states) and dqkwg_bwd's dO H^T on
     # the stored bf16 tiles (both opt-in since the twelfth session, 2026-11-26)
     (2, True, 2.0, {"token_chunk_output_grad": True}), (3, False, 2.0, {"token_chunk_output_grad": True}),

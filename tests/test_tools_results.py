@@ -154,6 +154,23 @@ def test_ncu_bd_driver_runs_on_the_interpreter(capsys):
     assert capsys.readouterr().out.split() == ["m=2", "done", "m=16", "done", "m=4", "done"]
 
 
+def test_ncu_delta_driver_runs_on_the_interpreter(capsys):
+    """tools/ncu_delta.py (what Nsight Compute runs for the delta backward kernels): fwd+bwd with
+    and without the gate under TUNE overrides (a JSON list becomes a launch tuple), on the CPU
+    interpreter; TUNE is as before afterwards, and an unknown key is refused."""
+    pytest.importorskip("triton")
+    from lrnn_scan.kernels.delta_product import function as fn
+    mod = _tool("ncu_delta")
+    before = dict(fn.TUNE)
+    mod.main(["--device", "cpu", "--shape", "1x20x1x16x16", "--nh", "2", "--runs", "1", "--gated",
+              "--tune", '{"dqkwg": [4, 2, 32], "maxnreg": {"wy_bwd_vn:ungated": 168}}'])
+    mod.main(["--device", "cpu", "--shape", "1x20x1x16x16", "--nh", "1", "--runs", "1"])
+    assert fn.TUNE == before
+    assert capsys.readouterr().out.split() == ["n_h=2", "gated=True", "done", "n_h=1", "gated=False", "done"]
+    with pytest.raises(SystemExit, match="no_such_key"):
+        mod.main(["--device", "cpu", "--shape", "1x20x1x16x16", "--tune", '{"no_such_key": 1}'])
+
+
 def test_memcheck_kernels_runs_every_family_on_the_interpreter(capsys, monkeypatch):
     """tools/memcheck_kernels.py (run under compute-sanitizer on the GPU): one case of every kernel
     family, forward and backward, finite, under the interpreter with poisoned buffers."""

@@ -11,13 +11,13 @@ Each m runs twice (the first compiles) and ``torch.cuda.synchronize`` separates 
 """
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lrnn_scan.kernels.block_diagonal import scan as S  # noqa: E402
 
 
 def main(argv=None):
@@ -29,6 +29,9 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1")
     a = ap.parse_args(argv)
+    if a.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"      # before the scan module imports triton
+    from lrnn_scan.kernels.block_diagonal import scan as S
     B, T, N = (int(x) for x in a.shape.split("x"))
     for m in a.m:
         A = torch.randn(B, T, N // m, m, m, device=a.device) * (0.9 / m ** 0.5)

@@ -7,11 +7,12 @@ overrides given as JSON. On the GPU machine::
         python3 tools/ncu_delta.py --nh 2 [--gated] [--tune '{"dqkwg": [4, 2, 32]}']
 
 The first run compiles; ``torch.cuda.synchronize`` separates the runs, so ``--launch-skip`` (the
-number of matching kernels of one run) profiles the second. ``--device cpu`` is a smoke run under
-``TRITON_INTERPRET=1`` at a small shape (``--shape``).
+number of matching kernels of one run) profiles the second. ``--device cpu`` is a smoke run in
+Triton's interpreter (the script sets ``TRITON_INTERPRET=1``) at a small shape (``--shape``).
 """
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +30,8 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1")
     a = ap.parse_args(argv)
+    if a.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"      # before the kernels' modules import triton
     from benchmarks import delta_throughput as bench
     from lrnn_scan.delta import chunk_delta_product
     from lrnn_scan.kernels.delta_product import function as fn
@@ -42,7 +45,8 @@ def main(argv=None):
     for key in tune:
         if key not in fn.TUNE:
             raise SystemExit(f"unknown TUNE key {key!r}")
-    saved = {key: fn.TUNE[key] for key in tune}
+    saved = dict(fn.TUNE)      # restored after the runs (main() is also called from the tests)
+    # JSON lists become the tuples TUNE's launch settings are
     fn.TUNE.update({key: tuple(val) if isinstance(val, list) else val for key, val in tune.items()})
     try:
         for _ in range(a.runs):

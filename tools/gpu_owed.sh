@@ -157,6 +157,11 @@
 #   (55 GPU delta tests, then the ungated wy_bwd_vn cap at n_h 1-4 with fla in the same run; if
 #   the cap wins at every n_h, make TUNE["maxnreg"] {"output_tok": 160, "wy_bwd_vn:ungated": 168}).
 #   Cold, the two halves need about 320 + 400 s: split them over two calls (DELTA_TESTS=0).
+#   Sixty-fourth session (2026-12-07, no machine again): dqkwg_bwd's and wy_bwd_vn's tails
+#   rewritten to keep their fp32 tiles in the MMA layout (TUNING_LOG_2.md). The 55 tests above
+#   cover them; also owed, their time against the old files (untracked copies in ab_prev/):
+#     mkdir -p ab_prev && for f in dqkwg_bwd wy_bwd_vn; do git show 6f0698b:kernels/delta_product/$f.py \
+#       > ab_prev/$f.py; done      # then, on the device: DELTA_NH="1 2" DELTA_KERNELS=1 deltaab
 #   A delta variant against fla in one process (ratios to both):
 #     DELTA_TESTS=0 DELTA_VAR_FLA=1 DELTA_VARIANTS=default,NAME DELTA_NH=1,4 deltavar
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other:
@@ -197,6 +202,11 @@
 #                   (s11_default) and the opt-ins left off after the ninth to twelfth sessions'
 #                   timings (dhs16, reload_k_always); DELTA_VARIANTS picks others (the register caps
 #                   inv_r128, inv_r96, wy_bwd_r168, wy_bwd_r128 lost on an H100 in the eleventh)
+#        deltaab  — issue 4: the working tree's delta kernels against older copies of some of them
+#                   in one call, new / old / new (AB_DIR, default ab_prev: files named as in
+#                   kernels/delta_product/, e.g. `git show REV:kernels/delta_product/X.py >
+#                   ab_prev/X.py`; untracked files travel to the device, .git does not), fwd+bwd at
+#                   DELTA_NH (default 2), each kernel's time with DELTA_KERNELS=1
 #        memcheck — issues 3, 4: tools/memcheck_kernels.py under compute-sanitizer --tool memcheck with
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
@@ -230,7 +240,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1  # a stage cut by its timeout still leaves its progress in the logs
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-stage=${1:?usage: gpu_owed.sh ncu|ncudelta|memcheck|bd|bdrest|deltafla|deltaprof|deltafp32|tests|tests2|lookback|delta|deltavar|layers|scan|sweep|diagtile|tmaccel|bhsweep|fusedcomp|unfused|chunked|train}
+stage=${1:?usage: gpu_owed.sh ncu|ncudelta|memcheck|bd|bdrest|deltafla|deltaprof|deltafp32|tests|tests2|lookback|delta|deltavar|deltaab|layers|scan|sweep|diagtile|tmaccel|bhsweep|fusedcomp|unfused|chunked|train}
 case "$stage" in
   tests)
     # one pytest process per file: a CPU test module must not switch the interpreter on for the rest
@@ -347,6 +357,19 @@ case "$stage" in
       ${DELTA_VAR_FLA:+--variants-fla --fla-unguarded} ${DELTA_KERNELS:+--kernels} --modes ${DELTA_MODES:-fwd fwd+bwd} \
       --variants ${DELTA_VARIANTS:-default s11_default dhs16 reload_k_always} --out "$OUT" \
       --results "$OUT/RESULTS_deltavar.md" 2>&1 | tee "$OUT/deltavar.log" | tail -40 ;;
+  deltaab)
+    d=${AB_DIR:-ab_prev}
+    ls "$d"/*.py > /dev/null || { echo "deltaab: no kernel files in $d" >&2; exit 2; }
+    mkdir -p /tmp/ab_cur
+    for f in "$d"/*.py; do cp "kernels/delta_product/$(basename "$f")" /tmp/ab_cur/ || exit 2; done
+    for side in new old new2; do
+      if [ $side = old ]; then cp "$d"/*.py kernels/delta_product/; else cp /tmp/ab_cur/*.py kernels/delta_product/; fi
+      echo "== deltaab: $side ($(ls "$d" | tr '\n' ' '))"
+      timeout ${STAGE_TIMEOUT:-240} python3 benchmarks/delta_throughput.py --nh ${DELTA_NH:-2} --modes fwd+bwd \
+        --variants default ${DELTA_KERNELS:+--kernels} --out "$OUT/ab_$side" --results "$OUT/RESULTS_ab_$side.md" 2>&1 \
+        | tee "$OUT/ab_$side.log" | grep -v "^\[check\]" | tail -14
+    done
+    cp /tmp/ab_cur/*.py kernels/delta_product/ ;;
   sweep)
     # SWEEP_SET (chunk|bwd|summary|lb1|few), SWEEP_FWD=1 (forward alone), SWEEP_M, SWEEP_SHAPES,
     # SWEEP_CHOICES (a subset of the set), SWEEP_PROFILE=1 (each row's kernel times)

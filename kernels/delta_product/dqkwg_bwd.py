@@ -137,7 +137,9 @@ def dqkwg_bwd_kernel(q, k, v, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dv, dW, 
     edec = tl.exp(gC - G)
     dPg = dP * gam
     dqq = eg[:, None] * dqh + tl.dot(dPg, kk, input_precision=DOT)
-    dkk = tl.dot(tl.trans(dPg), qq, input_precision=DOT) + dkt * edec[:, None]
+    if USE_G:
+        dkt = dkt * edec[:, None]                  # (γ_C/γ) ⊙ Vn dH'^T
+    dkk = tl.dot(tl.trans(dPg), qq, input_precision=DOT) + dkt
     tl.store(dq + (tok * H + h)[:, None] * K + ck[None, :], dqq * scale, mask=qm[:, None] & (ck < K)[None, :])
     if FUSE_WY:
         if USE_G and DG_GRADS:
@@ -152,23 +154,34 @@ def dqkwg_bwd_kernel(q, k, v, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dv, dW, 
         dS = E * b[:, None]
         dkk = tl.dot(dS + tl.trans(dS), kk, acc=dkk, input_precision=DOT)
     if ATDV:
-        # wy_bwd's A^T dW terms (wy_bwd_vn.py): dk += diag(βγ) A^T dW, dβ += γ ⊙ k·(A^T dW)
-        beg = tl.load(beta + s * H + h, mask=rm, other=0.).to(tl.float32) * eg
-        kdw = tl.sum(kk * dw, 1)                                       # this slice's k·(A^T dW)
+        # wy_bwd's A^T dW terms (wy_bwd_vn.py): dk += diag(βγ) A^T dW, dβ += γ ⊙ k·(A^T dW), dG +=
+        # βγ ⊙ k·(A^T dW). Written so that Triton 3.6 keeps every fp32 [BC, BK] tile in the MMA
+        # layout (sm_90a ttgir): γ on the tile before its row sum, the row sum kept 2-D for its
+        # store, and the dG term taken inside the dk row sum below; a row sum meeting a vector in
+        # another layout made it convert the whole tile through shared memory first
+        bb = tl.load(beta + s * H + h, mask=rm, other=0.).to(tl.float32)
+        if USE_G:
+            dw = dw * eg[:, None]                                      # diag(γ) A^T dW
+        kdw2 = tl.sum(kk * dw, 1, keep_dims=True)                     # this slice's γ k·(A^T dW)
         if FUSE_WY:
-            tl.store(dbp + ks.to(tl.int64) * GSTRIDE + s * H + h, eg * kdw + dbv, mask=rm)
+            kdw = tl.sum(kdw2, 1)
+            tl.store(dbp + ks.to(tl.int64) * GSTRIDE + s * H + h, kdw + dbv, mask=rm)
         else:
-            tl.store(dbp + ks.to(tl.int64) * GSTRIDE + s * H + h, eg * kdw, mask=rm)
-        tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk + beg[:, None] * dw, mask=mk)
+            tl.store(dbp + ks.to(tl.int64) * GSTRIDE + (s * H + h)[:, None], kdw2, mask=rm[:, None])
+        dkw = bb[:, None] * dw                                         # diag(βγ) A^T dW
+        tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk + dkw, mask=mk)
     else:
         tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
     if USE_G:
-        zt = tl.sum(dkt * kk, 1) * edec                                           # <K~_r, dK~_r>
         if DG_GRADS:
             # rowsum(Q~ ⊙ dQ~) = γ ⊙ rowsum(Q~ ⊙ dO H^T) + rowsum(Z) and rowsum(K ⊙ dK~) =
             # colsum(Z) + <K~, dK~>: the same sum, from tiles already in registers
             if FUSE_WY:
                 dG = dg_qk
+                if ATDV:
+                    dG += bb * kdw                                     # βγ k·(A^T dW)
+            elif ATDV:
+                dG = tl.sum(qq * dqq, 1) - tl.sum(kk * (dkk - dkw), 1)  # + βγ k·(A^T dW)
             else:
                 dG = tl.sum(qq * dqq, 1) - tl.sum(kk * dkk, 1)
         else:
@@ -176,11 +189,14 @@ def dqkwg_bwd_kernel(q, k, v, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dv, dW, 
             qr = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :],
                          other=0.)
             Z = dPg * (dot_abt(qr, kr, DOT, RAW) * scale)
-            dG = eg * o1 + tl.sum(Z, 1) - tl.sum(Z, 0) - zt
-        dgC = tl.sum(sdh, 0) * tl.exp(gC) + tl.sum(zt, 0)
-        dG += tl.where(r == ln - 1, dgC, 0.)
-        if ATDV:
-            dG += beg * kdw                                            # βγ k·(A^T dW)
+            dG = eg * o1 + tl.sum(Z, 1) - tl.sum(Z, 0) - tl.sum(dkt * kk, 1)   # <K~_r, dK~_r>
+            if ATDV:
+                dG += tl.sum(kk * dkw, 1)                              # βγ k·(A^T dW)
+        # the γ_C terms at the chunk's last row: <H, dH'> and Σ_r <K~_r, dK~_r> (its total kept
+        # 2-D: as a vector sum it, too, made the tile leave the MMA layout)
+        ztt = tl.sum(tl.sum(dkt * kk, 1, keep_dims=True), 0, keep_dims=True)        # [1, 1]
+        dG += tl.sum(tl.where((r == ln - 1)[:, None], ztt, 0.), 1)
+        dG += tl.where(r == ln - 1, tl.sum(sdh, 0) * tl.exp(gC), 0.)
         if FUSE_WY:
             dG += dzl
         tl.store(dGp + ks.to(tl.int64) * GSTRIDE + s * H + h, dG, mask=rm)

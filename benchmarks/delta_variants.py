@@ -211,6 +211,10 @@ VARIANTS = {
     "dqkwg_s2": {"dqkwg": (4, 2, 32)},
     "dqkwg_s2_r168": {"dqkwg": (4, 2, 32), "maxnreg": {"output_tok": 160, "dqkwg:ungated": 168,
                                                       "wy_bwd_vn:ungated": 168}},
+    # state_bwd_fused storing dH' by TMA from shared memory (no per-chunk conversion of the fp32
+    # [128, 64] tile out of the MMA layout): sm_90a loop 1627 -> 1522 instructions ungated, 1837 ->
+    # 1721 gated, 48 -> 46 barriers, spills 72 -> 92 B / 136 -> 92 B (sixty-fourth session, untimed)
+    "sbf_tma_dh": {"state_bwd_tma_dh": True},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

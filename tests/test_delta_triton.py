@@ -70,6 +70,8 @@ VARIANTS = {
     # pass where V <= 32)
     "dv_local_bvl16": ({"dv_local_bvl": 16}, lambda C, K, V: V > 16),
     "dv_local_one_pass": ({"dv_local_bvl": None}, lambda C, K, V: V > 32),
+    # state_bwd_fused storing dH' through a TMA descriptor (opt-in; the interpreter runs it too)
+    "state_bwd_tma_dh": ({"state_bwd_tma_dh": True}, _ALL),
 }
 
 
@@ -544,3 +546,17 @@ def test_custom_op_path_ignores_fused_switches(monkeypatch):
     monkeypatch.setitem(fn.TUNE, "a_16bit", True)
     for a, b in zip(run(lc.chunk_delta_product_triton), ref):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_state_bwd_tma_dh_descriptor_where_tma_can_store(monkeypatch):
+    """``TUNE["state_bwd_tma_dh"]`` hands ``state_bwd_fused_kernel`` a TMA descriptor over
+    ``[NC·H, K, V]`` (blocks ``[1, BK, BV]``) where the rows are 16-byte multiples, and falls back
+    to the plain store otherwise, or when the setting is off (the variant rows above run both)."""
+    from lrnn_scan.kernels.delta_product import function as fn
+    dhs = torch.zeros(3, 2, 20, 12)                      # rows of 12 fp32: 48 bytes
+    assert fn._dh_desc(dhs, 3, 2, 20, 12, 32, 16) == {}  # off by default
+    monkeypatch.setitem(fn.TUNE, "state_bwd_tma_dh", True)
+    args = fn._dh_desc(dhs, 3, 2, 20, 12, 32, 16)
+    assert args["TMA_DH"] is True
+    assert list(args["dhs_desc"].shape) == [6, 20, 12] and list(args["dhs_desc"].block_shape) == [1, 32, 16]
+    assert fn._dh_desc(torch.zeros(3, 2, 20, 6), 3, 2, 20, 6, 32, 16) == {}   # 24-byte rows

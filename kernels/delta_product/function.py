@@ -8,6 +8,7 @@ import os
 import torch
 
 from .._host import cdiv, next_pow2
+from ..block_diagonal.tma import TensorDescriptor, tma_tensors_ok
 from .chunks import build_chunks, build_token_chunks
 from .dqkwg_bwd import dqkwg_bwd_kernel
 from .output import output_fwd_kernel, output_tok_fwd_kernel
@@ -125,6 +126,11 @@ TUNE = dict(
     # at n_h 1 / 2 / 4, gated 1.005 / 1.001 / 0.999x. "ungated": reload only without the gate;
     # True / False: always / never
     state_bwd_reload_k="ungated",
+    # state_bwd_fused stores each chunk's dH' by TMA (state_fused.py TMA_DH) where the GPU and the
+    # buffer allow it (compute capability 9+, rows of 16-byte multiples): the fp32 [K, BV] tile
+    # goes from the MMA layout to shared memory and out, instead of through shared memory into a
+    # blocked layout for a coalesced store, every chunk. Opt-in, not yet timed (sixty-fourth session)
+    state_bwd_tma_dh=False,
     # forward without gradients at n_h > 1: one chunk-start state per 64 tokens instead of per 64
     # sub-steps (as fla keeps them), and an output kernel over token chunks (output.py
     # output_tok_fwd_kernel): n_h times fewer state bytes (at n_h = 4, B8 T4096 H16 K=V=128:
@@ -271,6 +277,20 @@ def _regs(key, use_g):
             raise ValueError(f'TUNE["maxnreg"][{name!r}] must be an int in [24, 255], got {n!r}')
     n = caps.get(f"{key}:{'gated' if use_g else 'ungated'}", caps.get(key))
     return {} if n is None else {"maxnreg": n}
+
+
+def _dh_desc(dhs, NC, H, K, V, BK, BV):
+    """``state_bwd_fused_kernel``'s ``dhs_desc`` / ``TMA_DH`` arguments: a TMA descriptor over the
+    chunk states' gradients ``dhs`` (``[NC, H, K, V]`` read as ``[NC·H, K, V]``, blocks ``[1, BK,
+    BV]``) under ``TUNE["state_bwd_tma_dh"]``, where TMA can take them (``tma_tensors_ok``: compute
+    capability 9+ or the interpreter, 16-byte aligned rows); otherwise the plain store."""
+    if not TUNE["state_bwd_tma_dh"]:
+        return {}
+    flat = dhs.view(NC * H, K, V)
+    if TensorDescriptor is None or not tma_tensors_ok(flat):
+        return {}
+    return dict(dhs_desc=TensorDescriptor(flat, shape=[NC * H, K, V], strides=[K * V, V, 1],
+                                          block_shape=[1, BK, BV]), TMA_DH=True)
 
 
 def _reload_k(use_g):
@@ -462,7 +482,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                     BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, FORM=form,
                     DOT=dot, LEAN=bool(TUNE["state_bwd_lean"]) and form == 2,
                     RELOAD_K=_reload_k(use_g) and bool(TUNE["state_bwd_lean"]) and form == 2,
-                    STORE_ATDV=atdv,
+                    STORE_ATDV=atdv, **_dh_desc(dhs, NC, H, K, V, BK, BVs),
                     num_warps=TUNE["state_bwd_fused"][0],
                     num_stages=TUNE["state_bwd_fused"][1], **_regs("state_bwd_fused", use_g))
             else:

@@ -165,7 +165,8 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
                            BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
                            FORM: tl.constexpr, DOT: tl.constexpr, LEAN: tl.constexpr = False,
-                           RELOAD_K: tl.constexpr = False, STORE_ATDV: tl.constexpr = False):
+                           RELOAD_K: tl.constexpr = False, STORE_ATDV: tl.constexpr = False,
+                           dhs_desc=None, TMA_DH: tl.constexpr = False):
     """``state_bwd_kernel`` without a stored ``W``: ``dVn += diag(γ_C/γ) K dH'`` (``dvn`` holds
     ``P^T dO``), ``dH = γ_C dH' + (diag(γ) Q)^T dO − W^T dVn``; stores ``dH'`` per chunk and ``dH_0``.
     FORM 2: the row scalings go on the ``[C, BV]`` side of each dot, as in the forward.
@@ -175,7 +176,10 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
     decayed state (``acc=``) so no ``[K, BV]`` partial result is live beside it. ``RELOAD_K`` (LEAN
     only, ``TUNE["state_bwd_reload_k"]``): see ``_state_bwd_lean_step``. ``STORE_ATDV`` (FORM 2
     only, ``TUNE["wy_bwd_vn"]``): ``dvn`` receives ``A^T dVn``, which the dot below forms anyway,
-    in place of ``dVn``; the later kernels need nothing else (wy_bwd_vn.py)."""
+    in place of ``dVn``; the later kernels need nothing else (wy_bwd_vn.py). ``TMA_DH``
+    (``TUNE["state_bwd_tma_dh"]``): ``dH'`` is stored through the tensor descriptor ``dhs_desc``
+    (``[NC·H, K, V]``, blocks ``[1, BK, BV]``) from shared memory, instead of the fp32 tile being
+    converted out of the MMA layout for a coalesced store every chunk."""
     iv = tl.program_id(0)
     nh = tl.program_id(1).to(tl.int64)  # sequence·H + head: (n·H + h)·K·V passes 2^31
     n = nh // H
@@ -197,7 +201,12 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
         rm = r < ln
         s = start + r
         mv = rm[:, None] & (cv < V)[None, :]
-        tl.store(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], dst.to(dhs.dtype.element_ty), mask=kvm)
+        if TMA_DH:
+            dhs_desc.store([(c * H + h).to(tl.int32), 0, iv * BV],
+                           dst.to(dhs_desc.dtype).reshape(1, BK, BV))
+        else:
+            tl.store(dhs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], dst.to(dhs.dtype.element_ty),
+                     mask=kvm)
         if LEAN:
             dst = _state_bwd_lean_step(q, k, beta, gcum, Ainv, do, dvn, dst, c, h, s, start, ln, rm, mv,
                                        r, ck, cv, scale, H, K, V, NH, BC, USE_G, DOT, RELOAD_K,

@@ -215,6 +215,10 @@ VARIANTS = {
     # [128, 64] tile out of the MMA layout): sm_90a loop 1627 -> 1522 instructions ungated, 1837 ->
     # 1721 gated, 48 -> 46 barriers, spills 72 -> 92 B / 136 -> 92 B (sixty-fourth session, untimed)
     "sbf_tma_dh": {"state_bwd_tma_dh": True},
+    # state_fwd_fused storing its per-chunk states the same way (a forward with gradients, or n_h =
+    # 1): loop 1132 -> 1065 instructions ungated, 1337 -> 1243 gated, shared memory 92 -> 108 KB
+    "sf_tma_hs": {"state_fwd_tma_hs": True},
+    "tma_states": {"state_bwd_tma_dh": True, "state_fwd_tma_hs": True},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

@@ -72,6 +72,7 @@ VARIANTS = {
     "dv_local_one_pass": ({"dv_local_bvl": None}, lambda C, K, V: V > 32),
     # state_bwd_fused storing dH' through a TMA descriptor (opt-in; the interpreter runs it too)
     "state_bwd_tma_dh": ({"state_bwd_tma_dh": True}, _ALL),
+    "state_fwd_tma_hs": ({"state_fwd_tma_hs": True}, _ALL),        # the forward's states, the same way
 }
 
 
@@ -548,15 +549,20 @@ def test_custom_op_path_ignores_fused_switches(monkeypatch):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_state_bwd_tma_dh_descriptor_where_tma_can_store(monkeypatch):
-    """``TUNE["state_bwd_tma_dh"]`` hands ``state_bwd_fused_kernel`` a TMA descriptor over
-    ``[NC·H, K, V]`` (blocks ``[1, BK, BV]``) where the rows are 16-byte multiples, and falls back
-    to the plain store otherwise, or when the setting is off (the variant rows above run both)."""
+def test_state_tma_descriptor_where_tma_can_store(monkeypatch):
+    """``TUNE["state_bwd_tma_dh"]`` / ``["state_fwd_tma_hs"]`` hand the state kernels a TMA
+    descriptor over ``[n·H, K, V]`` (blocks ``[1, BK, BV]``) where the rows are 16-byte multiples,
+    and leave them the plain store otherwise, or when the setting is off (the variant rows above
+    run both)."""
     from lrnn_scan.kernels.delta_product import function as fn
     dhs = torch.zeros(3, 2, 20, 12)                      # rows of 12 fp32: 48 bytes
-    assert fn._dh_desc(dhs, 3, 2, 20, 12, 32, 16) == {}  # off by default
+    assert fn._state_desc(dhs, "state_bwd_tma_dh", "dhs_desc", "TMA_DH", 20, 12, 32, 16) == {}  # off
     monkeypatch.setitem(fn.TUNE, "state_bwd_tma_dh", True)
-    args = fn._dh_desc(dhs, 3, 2, 20, 12, 32, 16)
+    args = fn._state_desc(dhs, "state_bwd_tma_dh", "dhs_desc", "TMA_DH", 20, 12, 32, 16)
     assert args["TMA_DH"] is True
     assert list(args["dhs_desc"].shape) == [6, 20, 12] and list(args["dhs_desc"].block_shape) == [1, 32, 16]
-    assert fn._dh_desc(torch.zeros(3, 2, 20, 6), 3, 2, 20, 6, 32, 16) == {}   # 24-byte rows
+    assert fn._state_desc(torch.zeros(3, 2, 20, 6), "state_bwd_tma_dh", "dhs_desc", "TMA_DH",
+                          20, 6, 32, 16) == {}                                   # 24-byte rows
+    monkeypatch.setitem(fn.TUNE, "state_fwd_tma_hs", True)
+    hs = torch.zeros(3, 2, 20, 8, dtype=torch.bfloat16)  # rows of 8 bf16: 16 bytes
+    assert fn._state_desc(hs, "state_fwd_tma_hs", "hs_desc", "TMA_HS", 20, 8, 32, 16)["TMA_HS"] is True

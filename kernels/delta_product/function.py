@@ -131,6 +131,9 @@ TUNE = dict(
     # goes from the MMA layout to shared memory and out, instead of through shared memory into a
     # blocked layout for a coalesced store, every chunk. Opt-in, not yet timed (sixty-fourth session)
     state_bwd_tma_dh=False,
+    # the same for state_fwd_fused's chunk-start states (state_fused.py TMA_HS; one per chunk only:
+    # the token-chunk store is predicated), 16-bit under hs_16bit. Opt-in, not yet timed
+    state_fwd_tma_hs=False,
     # forward without gradients at n_h > 1: one chunk-start state per 64 tokens instead of per 64
     # sub-steps (as fla keeps them), and an output kernel over token chunks (output.py
     # output_tok_fwd_kernel): n_h times fewer state bytes (at n_h = 4, B8 T4096 H16 K=V=128:
@@ -279,18 +282,19 @@ def _regs(key, use_g):
     return {} if n is None else {"maxnreg": n}
 
 
-def _dh_desc(dhs, NC, H, K, V, BK, BV):
-    """``state_bwd_fused_kernel``'s ``dhs_desc`` / ``TMA_DH`` arguments: a TMA descriptor over the
-    chunk states' gradients ``dhs`` (``[NC, H, K, V]`` read as ``[NC·H, K, V]``, blocks ``[1, BK,
-    BV]``) under ``TUNE["state_bwd_tma_dh"]``, where TMA can take them (``tma_tensors_ok``: compute
-    capability 9+ or the interpreter, 16-byte aligned rows); otherwise the plain store."""
-    if not TUNE["state_bwd_tma_dh"]:
+def _state_desc(buf, key, arg, flag, K, V, BK, BV):
+    """``{arg: descriptor, flag: True}`` for a state kernel that stores its ``[K, V]`` state tiles
+    by TMA (``TUNE[key]``): a descriptor over ``buf`` (``[n, H, K, V]`` read as ``[n·H, K, V]``,
+    blocks ``[1, BK, BV]``, so a ``K < BK`` tile clips at its head's rows), where TMA can take it
+    (``tma_tensors_ok``: compute capability 9+ or the interpreter, 16-byte aligned rows);
+    otherwise ``{}``, the plain store."""
+    if not TUNE[key]:
         return {}
-    flat = dhs.view(NC * H, K, V)
+    flat = buf.view(-1, K, V)
     if TensorDescriptor is None or not tma_tensors_ok(flat):
         return {}
-    return dict(dhs_desc=TensorDescriptor(flat, shape=[NC * H, K, V], strides=[K * V, V, 1],
-                                          block_shape=[1, BK, BV]), TMA_DH=True)
+    return {arg: TensorDescriptor(flat, shape=list(flat.shape), strides=[K * V, V, 1],
+                                  block_shape=[1, BK, BV]), flag: True}
 
 
 def _reload_k(use_g):
@@ -353,7 +357,8 @@ def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, d
             ch["seq_ptr"], H=H, K=K, V=V, BC=BC, BK=BK, BV=BV, USE_G=use_g, USE_H0=h0 is not None,
             STORE_HT=want_final, FORM=form, DOT=dot,
             **(dict(tseq_ptr=tch["seq_ptr"], HS_EVERY=tch["every"],
-                    HS_PRED=bool(TUNE["token_state_pred"])) if tch else {}),
+                    HS_PRED=bool(TUNE["token_state_pred"])) if tch
+               else _state_desc(hs, "state_fwd_tma_hs", "hs_desc", "TMA_HS", K, V, BK, BV)),
             num_warps=nw, num_stages=ns, **_regs("state_fused", use_g))
         return hs, vn, (hT if want_final else None)
     state_fwd_kernel[(cdiv(V, BV), N * H)](
@@ -482,7 +487,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                     BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, FORM=form,
                     DOT=dot, LEAN=bool(TUNE["state_bwd_lean"]) and form == 2,
                     RELOAD_K=_reload_k(use_g) and bool(TUNE["state_bwd_lean"]) and form == 2,
-                    STORE_ATDV=atdv, **_dh_desc(dhs, NC, H, K, V, BK, BVs),
+                    STORE_ATDV=atdv, **_state_desc(dhs, "state_bwd_tma_dh", "dhs_desc", "TMA_DH", K, V, BK, BVs),
                     num_warps=TUNE["state_bwd_fused"][0],
                     num_stages=TUNE["state_bwd_fused"][1], **_regs("state_bwd_fused", use_g))
             else:

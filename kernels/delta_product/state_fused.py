@@ -39,7 +39,8 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
                            BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                            USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
                            FORM: tl.constexpr, DOT: tl.constexpr,
-                           tseq_ptr=None, HS_EVERY: tl.constexpr = 1, HS_PRED: tl.constexpr = False):
+                           tseq_ptr=None, HS_EVERY: tl.constexpr = 1, HS_PRED: tl.constexpr = False,
+                           hs_desc=None, TMA_HS: tl.constexpr = False):
     """``Vn = U − W H`` with ``W``, ``U`` formed here, ``H ← γ_C H + (diag(γ_C/γ) K)^T Vn``;
     stores the chunk-start states ``H``, ``Vn`` and the final state (as ``state_fwd_kernel``).
     FORM 2: the row scalings ``diag(βγ)``, ``diag(γ_C/γ)`` go on the ``[C, BV]`` side of each dot
@@ -47,7 +48,10 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
     ``HS_EVERY = n_h`` (``TUNE["token_chunk_output"]``): ``H`` is stored at the start of every
     ``n_h``-th chunk of a sequence only (token-chunk starts, indexed from ``tseq_ptr``), for
     ``output_tok_fwd_kernel``: ``n_h`` times fewer state bytes written and read. ``HS_PRED``
-    (``TUNE["token_state_pred"]``): that store predicated instead of branched."""
+    (``TUNE["token_state_pred"]``): that store predicated instead of branched. ``TMA_HS``
+    (``HS_EVERY == 1`` only, ``TUNE["state_fwd_tma_hs"]``): ``H`` stored through the descriptor
+    ``hs_desc`` (``[NC·H, K, V]``, blocks ``[1, BK, BV]``), as ``state_bwd_fused_kernel``'s
+    ``TMA_DH``."""
     iv = tl.program_id(0)
     nh = tl.program_id(1).to(tl.int64)  # sequence·H + head: (n·H + h)·K·V passes 2^31
     n = nh // H
@@ -70,7 +74,9 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
         rm = r < ln
         s = start + r
         mv = rm[:, None] & (cv < V)[None, :]
-        if HS_EVERY == 1:
+        if TMA_HS:
+            hs_desc.store([(c * H + h).to(tl.int32), 0, iv * BV], st.to(hs_desc.dtype).reshape(1, BK, BV))
+        elif HS_EVERY == 1:
             tl.store(hs + ((c * H + h) * K + ck[:, None]) * V + cv[None, :], st.to(hs.dtype.element_ty),
                      mask=kvm)
         elif HS_PRED:

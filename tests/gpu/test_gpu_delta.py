@@ -83,8 +83,10 @@ def _ratio(a, b):
     # dqkwg_bwd's K slices on a third grid axis (the default until the sixtieth session,
     # 2026-12-03, when the slices of a chunk next to each other in launch order measured 0.981-0.987x)
     (3, False, 2.0, {"dqkwg_slices_adjacent": False}), (2, True, 2.0, {"dqkwg_slices_adjacent": False}),
-    # state_bwd_fused storing dH' by TMA (opt-in since the sixty-fourth session, 2026-12-07)
-    (2, True, 2.0, {"state_bwd_tma_dh": True}), (3, False, 2.0, {"state_bwd_tma_dh": True})])
+    # the state kernels storing dH' and H by TMA (opt-in since the sixty-fourth session, 2026-12-07)
+    (2, True, 2.0, {"state_bwd_tma_dh": True, "state_fwd_tma_hs": True}),
+    (3, False, 2.0, {"state_bwd_tma_dh": True, "state_fwd_tma_hs": True}),
+    (1, True, 1.0, {"state_fwd_tma_hs": True})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     for key, val in tune.items():

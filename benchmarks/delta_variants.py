@@ -219,6 +219,13 @@ VARIANTS = {
     # 1): loop 1132 -> 1065 instructions ungated, 1337 -> 1243 gated, shared memory 92 -> 108 KB
     "sf_tma_hs": {"state_fwd_tma_hs": True},
     "tma_states": {"state_bwd_tma_dh": True, "state_fwd_tma_hs": True},
+    # the per-sub-step rows by TMA as well, where every chunk is full: Vn in the forward (loop
+    # 1132 -> 1058 / 1337 -> 1211, 108 KB shared; with the states too it needs 125 KB, one program
+    # an SM, so not combined) and A^T dVn in the backward (with dH': loop 1627 -> 1517 / 1837 -> 1558,
+    # spills 72 -> 32 B / 136 -> 0 B)
+    "sf_tma_vn": {"state_fwd_tma_vn": True},
+    "sbf_tma": {"state_bwd_tma_dh": True, "state_bwd_tma_x": True},
+    "tma_rows": {"state_bwd_tma_dh": True, "state_bwd_tma_x": True, "state_fwd_tma_vn": True},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

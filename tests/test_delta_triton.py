@@ -73,6 +73,9 @@ VARIANTS = {
     # state_bwd_fused storing dH' through a TMA descriptor (opt-in; the interpreter runs it too)
     "state_bwd_tma_dh": ({"state_bwd_tma_dh": True}, _ALL),
     "state_fwd_tma_hs": ({"state_fwd_tma_hs": True}, _ALL),        # the forward's states, the same way
+    # ... and the per-sub-step rows Vn and A^T dVn, where every chunk is full (else the plain store)
+    "state_tma_rows": ({"state_fwd_tma_vn": True, "state_bwd_tma_x": True, "state_bwd_tma_dh": True},
+                       _ALL),
 }
 
 
@@ -566,3 +569,25 @@ def test_state_tma_descriptor_where_tma_can_store(monkeypatch):
     monkeypatch.setitem(fn.TUNE, "state_fwd_tma_hs", True)
     hs = torch.zeros(3, 2, 20, 8, dtype=torch.bfloat16)  # rows of 8 bf16: 16 bytes
     assert fn._state_desc(hs, "state_fwd_tma_hs", "hs_desc", "TMA_HS", 20, 8, 32, 16)["TMA_HS"] is True
+
+
+@pytest.mark.parametrize("cu", [None, [0, 8, 40]])
+def test_state_tma_rows_on_full_chunks(cu, monkeypatch):
+    """The TMA row stores (``Vn``, ``A^T dVn``) are taken only where every chunk is full: equal
+    lengths of whole chunks, or ``cu_seqlens`` whose sequences all hold whole chunks (here 16 and
+    64 sub-steps at ``C = 16``); the results match the loop as in the main test."""
+    from lrnn_scan.kernels.delta_product import function as fn
+    taken, real = [], fn._rows_desc
+
+    def spy(*args):
+        out = real(*args)
+        taken.append(bool(out))
+        return out
+    monkeypatch.setattr(fn, "_rows_desc", spy)
+    test_triton_interpreter_matches_loop(40, 16, 2, True, 2.0, cu, 16, 16, "state_tma_rows", monkeypatch)
+    assert taken == [True, True]            # the forward's Vn, the backward's A^T dVn
+    taken.clear()
+    test_triton_interpreter_matches_loop(30, 16, 2, True, 2.0, [0, 7, 30] if cu else None, 16, 16,
+                                         "state_tma_rows", monkeypatch)
+    assert taken == [False, False]          # a sequence ends inside a chunk: the masked stores
+

@@ -11,7 +11,8 @@ import torch
 
 
 def build_chunks(B: int, T: int, n_h: int, C: int, cu_seqlens, device):
-    """Return ``dict(start, length, seq_ptr, NC, N)``; ``start``/``seq_ptr`` int64, ``length`` int32."""
+    """Return ``dict(start, length, seq_ptr, NC, N, full)``; ``start``/``seq_ptr`` int64, ``length``
+    int32; ``full``: every chunk holds ``C`` sub-steps (no sequence ends inside a chunk)."""
     if cu_seqlens is None:
         L = T * n_h
         nc = -(-L // C)
@@ -20,13 +21,14 @@ def build_chunks(B: int, T: int, n_h: int, C: int, cu_seqlens, device):
         start = n * L + i * C
         length = torch.clamp(L - i * C, max=C).to(torch.int32)
         seq_ptr = torch.arange(B + 1, device=device, dtype=torch.int64) * nc
-        return dict(start=start, length=length, seq_ptr=seq_ptr, NC=B * nc, N=B)
+        return dict(start=start, length=length, seq_ptr=seq_ptr, NC=B * nc, N=B, full=L % C == 0)
     cu = cu_seqlens.detach().to("cpu", torch.int64) * n_h
     lens = cu[1:] - cu[:-1]
     seq_ptr, seq, offset, length = _pieces(lens, C)
     start = cu[seq] + offset
     return dict(start=start.to(device), length=length.to(torch.int32).to(device),
                 seq_ptr=seq_ptr.to(device), NC=int(seq_ptr[-1]), N=len(lens),
+                full=bool((lens % C == 0).all()),
                 seq_ptr_cpu=seq_ptr)       # for build_token_chunks, without a device-to-host copy
 
 

@@ -134,6 +134,10 @@ TUNE = dict(
     # the same for state_fwd_fused's chunk-start states (state_fused.py TMA_HS; one per chunk only:
     # the token-chunk store is predicated), 16-bit under hs_16bit. Opt-in, not yet timed
     state_fwd_tma_hs=False,
+    # ... and Vn (state_fused.py TMA_VN), A^T dVn (TMA_X) by TMA where every chunk is full (TMA
+    # cannot mask the rows of a chunk that ends a sequence early). Opt-in, not yet timed
+    state_fwd_tma_vn=False,
+    state_bwd_tma_x=False,
     # forward without gradients at n_h > 1: one chunk-start state per 64 tokens instead of per 64
     # sub-steps (as fla keeps them), and an output kernel over token chunks (output.py
     # output_tok_fwd_kernel): n_h times fewer state bytes (at n_h = 4, B8 T4096 H16 K=V=128:
@@ -297,6 +301,19 @@ def _state_desc(buf, key, arg, flag, K, V, BK, BV):
                                   block_shape=[1, BK, BV]), flag: True}
 
 
+def _rows_desc(buf, key, arg, flag, ch, BC, BV):
+    """``{arg: descriptor, flag: True}`` for a state kernel that stores its ``[BC, BV]`` tiles of
+    the per-sub-step rows ``buf`` (``[Ls, H, V]``: ``Vn``, or ``A^T dVn`` in ``dvn``) by TMA
+    (``TUNE[key]``): blocks ``[BC, 1, BV]`` at a chunk's first row. Only where every chunk is full
+    (``ch["full"]``): TMA cannot mask rows, and a short chunk's tile would run into the next
+    sequence's rows. Otherwise ``{}``, the plain masked store."""
+    if not TUNE[key] or not ch["full"] or TensorDescriptor is None or not tma_tensors_ok(buf):
+        return {}
+    Ls, H, V = buf.shape
+    return {arg: TensorDescriptor(buf, shape=[Ls, H, V], strides=[H * V, V, 1], block_shape=[BC, 1, BV]),
+            flag: True}
+
+
 def _reload_k(use_g):
     """``TUNE["state_bwd_reload_k"]``: True, False or "ungated" (reload only without the gate)."""
     val = TUNE["state_bwd_reload_k"]
@@ -359,6 +376,7 @@ def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, d
             **(dict(tseq_ptr=tch["seq_ptr"], HS_EVERY=tch["every"],
                     HS_PRED=bool(TUNE["token_state_pred"])) if tch
                else _state_desc(hs, "state_fwd_tma_hs", "hs_desc", "TMA_HS", K, V, BK, BV)),
+            **_rows_desc(vn, "state_fwd_tma_vn", "vn_desc", "TMA_VN", ch, BC, BV),
             num_warps=nw, num_stages=ns, **_regs("state_fused", use_g))
         return hs, vn, (hT if want_final else None)
     state_fwd_kernel[(cdiv(V, BV), N * H)](
@@ -488,6 +506,8 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                     DOT=dot, LEAN=bool(TUNE["state_bwd_lean"]) and form == 2,
                     RELOAD_K=_reload_k(use_g) and bool(TUNE["state_bwd_lean"]) and form == 2,
                     STORE_ATDV=atdv, **_state_desc(dhs, "state_bwd_tma_dh", "dhs_desc", "TMA_DH", K, V, BK, BVs),
+                    **(_rows_desc(dvn, "state_bwd_tma_x", "x_desc", "TMA_X", ch, BC, BVs)
+                       if atdv and TUNE["state_bwd_lean"] else {}),
                     num_warps=TUNE["state_bwd_fused"][0],
                     num_stages=TUNE["state_bwd_fused"][1], **_regs("state_bwd_fused", use_g))
             else:

@@ -40,7 +40,8 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
                            USE_G: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
                            FORM: tl.constexpr, DOT: tl.constexpr,
                            tseq_ptr=None, HS_EVERY: tl.constexpr = 1, HS_PRED: tl.constexpr = False,
-                           hs_desc=None, TMA_HS: tl.constexpr = False):
+                           hs_desc=None, TMA_HS: tl.constexpr = False, vn_desc=None,
+                           TMA_VN: tl.constexpr = False):
     """``Vn = U − W H`` with ``W``, ``U`` formed here, ``H ← γ_C H + (diag(γ_C/γ) K)^T Vn``;
     stores the chunk-start states ``H``, ``Vn`` and the final state (as ``state_fwd_kernel``).
     FORM 2: the row scalings ``diag(βγ)``, ``diag(γ_C/γ)`` go on the ``[C, BV]`` side of each dot
@@ -51,7 +52,8 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
     (``TUNE["token_state_pred"]``): that store predicated instead of branched. ``TMA_HS``
     (``HS_EVERY == 1`` only, ``TUNE["state_fwd_tma_hs"]``): ``H`` stored through the descriptor
     ``hs_desc`` (``[NC·H, K, V]``, blocks ``[1, BK, BV]``), as ``state_bwd_fused_kernel``'s
-    ``TMA_DH``."""
+    ``TMA_DH``. ``TMA_VN`` (every chunk full, ``TUNE["state_fwd_tma_vn"]``): ``Vn`` stored through
+    ``vn_desc`` (``[Ls, H, V]``, blocks ``[BC, 1, BV]`` at the chunk's first row)."""
     iv = tl.program_id(0)
     nh = tl.program_id(1).to(tl.int64)  # sequence·H + head: (n·H + h)·K·V passes 2^31
     n = nh // H
@@ -107,7 +109,11 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
         else:   # (diag(βγ) K) H = diag(βγ) (K H)
             y = vv * b[:, None] - bg[:, None] * tl.dot(kk, st, input_precision=DOT)
             vnew = tl.dot(A, y, input_precision=DOT)
-        tl.store(vn + (s * H + h)[:, None] * V + cv[None, :], vnew.to(vn.dtype.element_ty), mask=mv)
+        if TMA_VN:
+            vn_desc.store([start.to(tl.int32), h.to(tl.int32), iv * BV],
+                          vnew.to(vn_desc.dtype).reshape(BC, 1, BV))
+        else:
+            tl.store(vn + (s * H + h)[:, None] * V + cv[None, :], vnew.to(vn.dtype.element_ty), mask=mv)
         if FORM == 2:   # (diag(γ_C/γ) K)^T Vn = K^T (diag(γ_C/γ) Vn)
             vd = vnew
             if USE_G:
@@ -127,11 +133,14 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
 def _state_bwd_lean_step(q, k, beta, gcum, Ainv, do, dvn, dst, c, h, s, start, ln, rm, mv, r, ck, cv,
                          scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                          BC: tl.constexpr, USE_G: tl.constexpr, DOT: tl.constexpr,
-                         RELOAD_K: tl.constexpr, STORE_ATDV: tl.constexpr):
+                         RELOAD_K: tl.constexpr, STORE_ATDV: tl.constexpr, x_desc=None,
+                         TMA_X: tl.constexpr = False, iv=0, BV: tl.constexpr = 16):
     """One chunk of the FORM 2 backward with ``LEAN`` (see ``state_bwd_fused_kernel``): returns
     ``γ_C dH' − K^T (diag(βγ) A^T dVn) + Q^T (diag(γ) scale dO)`` and stores ``dVn`` (``A^T dVn``
     with ``STORE_ATDV``). ``RELOAD_K``: the key tile is loaded again (an L2 hit) for its second dot
-    instead of being kept live across the ``A^T dVn`` dot."""
+    instead of being kept live across the ``A^T dVn`` dot. ``TMA_X`` (with ``STORE_ATDV``, every
+    chunk full, ``TUNE["state_bwd_tma_x"]``): ``A^T dVn`` stored through ``x_desc`` as ``TMA_VN``
+    stores ``Vn`` in the forward."""
     A, kk, b = _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H, K, BC)
     kdst = tl.dot(kk, dst, input_precision=DOT)                          # K dH', [C, BV]
     if USE_G:
@@ -143,7 +152,10 @@ def _state_bwd_lean_step(q, k, beta, gcum, Ainv, do, dvn, dst, c, h, s, start, l
     dv_ = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.) + kdst
     if STORE_ATDV:
         x = tl.dot(tl.trans(A), dv_, input_precision=DOT)                # A^T dVn
-        tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], x, mask=mv)
+        if TMA_X:
+            x_desc.store([start.to(tl.int32), h.to(tl.int32), iv * BV], x.reshape(BC, 1, BV))
+        else:
+            tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], x, mask=mv)
         t = x * (-b)[:, None]
     else:
         tl.store(dvn + (s * H + h)[:, None] * V + cv[None, :], dv_, mask=mv)
@@ -172,7 +184,8 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
                            USE_G: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
                            FORM: tl.constexpr, DOT: tl.constexpr, LEAN: tl.constexpr = False,
                            RELOAD_K: tl.constexpr = False, STORE_ATDV: tl.constexpr = False,
-                           dhs_desc=None, TMA_DH: tl.constexpr = False):
+                           dhs_desc=None, TMA_DH: tl.constexpr = False, x_desc=None,
+                           TMA_X: tl.constexpr = False):
     """``state_bwd_kernel`` without a stored ``W``: ``dVn += diag(γ_C/γ) K dH'`` (``dvn`` holds
     ``P^T dO``), ``dH = γ_C dH' + (diag(γ) Q)^T dO − W^T dVn``; stores ``dH'`` per chunk and ``dH_0``.
     FORM 2: the row scalings go on the ``[C, BV]`` side of each dot, as in the forward.
@@ -216,7 +229,7 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
         if LEAN:
             dst = _state_bwd_lean_step(q, k, beta, gcum, Ainv, do, dvn, dst, c, h, s, start, ln, rm, mv,
                                        r, ck, cv, scale, H, K, V, NH, BC, USE_G, DOT, RELOAD_K,
-                                       STORE_ATDV)
+                                       STORE_ATDV, x_desc, TMA_X, iv, BV)
         else:
             qm = rm & (s % NH == NH - 1)
             tok = s // NH

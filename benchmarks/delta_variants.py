@@ -226,6 +226,12 @@ VARIANTS = {
     "sf_tma_vn": {"state_fwd_tma_vn": True},
     "sbf_tma": {"state_bwd_tma_dh": True, "state_bwd_tma_x": True},
     "tma_rows": {"state_bwd_tma_dh": True, "state_bwd_tma_x": True, "state_fwd_tma_vn": True},
+    # the state backward forming P^T dO itself, no dv_local launch (320 / 334 us at n_h 2 on an H200)
+    # and no fp32 [Ls, H, V] write and read for it; but two more dots a chunk in a kernel at 255
+    # registers: sm_90a spills 72 -> 584 B ungated, 136 -> 440 B gated (with the TMA stores 424 /
+    # 288 B), loop 1627 -> 2046 / 1837 -> 2686 instructions
+    "sbf_local_dv": {"state_bwd_local_dv": True},
+    "sbf_local_dv_tma": {"state_bwd_local_dv": True, "state_bwd_tma_dh": True, "state_bwd_tma_x": True},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

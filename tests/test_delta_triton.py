@@ -73,6 +73,9 @@ VARIANTS = {
     # state_bwd_fused storing dH' through a TMA descriptor (opt-in; the interpreter runs it too)
     "state_bwd_tma_dh": ({"state_bwd_tma_dh": True}, _ALL),
     "state_fwd_tma_hs": ({"state_fwd_tma_hs": True}, _ALL),        # the forward's states, the same way
+    # the state backward forming P^T dO itself (no dv_local launch), with the WY backward in both forms
+    "state_bwd_local_dv": ({"state_bwd_local_dv": True}, _ALL),
+    "state_bwd_local_dv_dA": ({"state_bwd_local_dv": True, "wy_bwd_vn": False}, _ALL),
     # ... and the per-sub-step rows Vn and A^T dVn, where every chunk is full (else the plain store)
     "state_tma_rows": ({"state_fwd_tma_vn": True, "state_bwd_tma_x": True, "state_bwd_tma_dh": True},
                        _ALL),

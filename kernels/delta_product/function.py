@@ -138,6 +138,10 @@ TUNE = dict(
     # cannot mask the rows of a chunk that ends a sequence early). Opt-in, not yet timed
     state_fwd_tma_vn=False,
     state_bwd_tma_x=False,
+    # the lean state backward forming the intra-chunk P^T dO itself (state_fused.py _local_dv) instead
+    # of reading it from dv_local_kernel: one launch and one [Ls, H, V] fp32 write and read fewer,
+    # two more dots a chunk (off the serial chain). Opt-in, not yet timed
+    state_bwd_local_dv=False,
     # forward without gradients at n_h > 1: one chunk-start state per 64 tokens instead of per 64
     # sub-steps (as fla keeps them), and an output kernel over token chunks (output.py
     # output_tok_fwd_kernel): n_h times fewer state bytes (at n_h = 4, B8 T4096 H16 K=V=128:
@@ -491,23 +495,26 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
         dhTc = dhT.float().contiguous() if dhT is not None else None
         # FORM 2: dvn receives X = A^T dVn and the WY backward needs no dA (TUNE["wy_bwd_vn"])
         atdv = form == 2 and bool(TUNE["wy_bwd_vn"])
+        lean = bool(TUNE["state_bwd_lean"]) and form == 2
+        local_dv = lean and bool(TUNE["state_bwd_local_dv"])
         if NC > 0:
             BVl, BVs = _bv("dv_local", BVf), _bv("state_bwd_fused" if form else "state_bwd", BVf)
-            dv_local_kernel[(cdiv(V, BVl), NC, H)](
-                qf, kf, gcum, do, dvn, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
-                BC=BC, BK=BK, BV=BVl, USE_G=use_g, DOT=dot, RAW=raw,
-                BVL=_dv_local_bvl(BVl),
-                num_warps=TUNE["dv_local"][0], num_stages=TUNE["dv_local"][1])
+            if not local_dv:
+                dv_local_kernel[(cdiv(V, BVl), NC, H)](
+                    qf, kf, gcum, do, dvn, ch["start"], ch["length"], scale, H=H, K=K, V=V, NH=n_h,
+                    BC=BC, BK=BK, BV=BVl, USE_G=use_g, DOT=dot, RAW=raw,
+                    BVL=_dv_local_bvl(BVl),
+                    num_warps=TUNE["dv_local"][0], num_stages=TUNE["dv_local"][1])
             if form:
                 state_bwd_fused_kernel[(cdiv(V, BVs), N * H)](
                     qf, kf, bf, gcum, Ainv, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,
                     ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
                     BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, FORM=form,
-                    DOT=dot, LEAN=bool(TUNE["state_bwd_lean"]) and form == 2,
-                    RELOAD_K=_reload_k(use_g) and bool(TUNE["state_bwd_lean"]) and form == 2,
-                    STORE_ATDV=atdv, **_state_desc(dhs, "state_bwd_tma_dh", "dhs_desc", "TMA_DH", K, V, BK, BVs),
+                    DOT=dot, LEAN=lean, RELOAD_K=_reload_k(use_g) and lean, STORE_ATDV=atdv,
+                    LOCAL_DV=local_dv, RAW=raw,
+                    **_state_desc(dhs, "state_bwd_tma_dh", "dhs_desc", "TMA_DH", K, V, BK, BVs),
                     **(_rows_desc(dvn, "state_bwd_tma_x", "x_desc", "TMA_X", ch, BC, BVs)
-                       if atdv and TUNE["state_bwd_lean"] else {}),
+                       if atdv and lean else {}),
                     num_warps=TUNE["state_bwd_fused"][0],
                     num_stages=TUNE["state_bwd_fused"][1], **_regs("state_bwd_fused", use_g))
             else:

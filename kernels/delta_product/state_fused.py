@@ -21,6 +21,8 @@ forward took 0.891x the time of the scaled-copy form, 2026-11-25; TUNING.md "Reg
 import triton
 import triton.language as tl
 
+from .mm import dot_abt
+
 
 @triton.jit
 def _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr):
@@ -130,11 +132,33 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
 
 
 @triton.jit
+def _local_dv(q, k, do, G, s, h, rm, r, ck, cv, scale, H: tl.constexpr, K: tl.constexpr,
+              V: tl.constexpr, NH: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
+              USE_G: tl.constexpr):
+    """The chunk's intra-chunk part of ``dVn``, ``P^T dO`` with ``P = (Q K^T) ⊙ Γ · scale`` (what
+    ``state.dv_local_kernel`` writes), for ``TUNE["state_bwd_local_dv"]``: off the serial chain."""
+    qm = rm & (s % NH == NH - 1)
+    tok = s // NH
+    qr = tl.load(q + (tok * H + h)[:, None] * K + ck[None, :], mask=qm[:, None] & (ck < K)[None, :], other=0.)
+    kr = tl.load(k + (s * H + h)[:, None] * K + ck[None, :], mask=rm[:, None] & (ck < K)[None, :], other=0.)
+    dout = tl.load(do + (tok * H + h)[:, None] * V + cv[None, :], mask=qm[:, None] & (cv < V)[None, :],
+                   other=0.).to(tl.float32)
+    causal = r[:, None] >= r[None, :]
+    if USE_G:
+        gam = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf"))) * scale
+    else:
+        gam = tl.where(causal, scale, 0.)
+    P = dot_abt(qr, kr, DOT, RAW) * gam
+    return tl.dot(tl.trans(P), dout, input_precision=DOT)
+
+
+@triton.jit
 def _state_bwd_lean_step(q, k, beta, gcum, Ainv, do, dvn, dst, c, h, s, start, ln, rm, mv, r, ck, cv,
                          scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
                          BC: tl.constexpr, USE_G: tl.constexpr, DOT: tl.constexpr,
                          RELOAD_K: tl.constexpr, STORE_ATDV: tl.constexpr, x_desc=None,
-                         TMA_X: tl.constexpr = False, iv=0, BV: tl.constexpr = 16):
+                         TMA_X: tl.constexpr = False, iv=0, BV: tl.constexpr = 16,
+                         LOCAL_DV: tl.constexpr = False, RAW: tl.constexpr = False):
     """One chunk of the FORM 2 backward with ``LEAN`` (see ``state_bwd_fused_kernel``): returns
     ``γ_C dH' − K^T (diag(βγ) A^T dVn) + Q^T (diag(γ) scale dO)`` and stores ``dVn`` (``A^T dVn``
     with ``STORE_ATDV``). ``RELOAD_K``: the key tile is loaded again (an L2 hit) for its second dot
@@ -149,7 +173,12 @@ def _state_bwd_lean_step(q, k, beta, gcum, Ainv, do, dvn, dst, c, h, s, start, l
         kdst = kdst * tl.exp(gC - G)[:, None]
         b = b * tl.exp(G)
         dst = dst * tl.exp(gC)
-    dv_ = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.) + kdst
+    else:
+        G = tl.zeros([BC], dtype=tl.float32)
+    if LOCAL_DV:
+        dv_ = _local_dv(q, k, do, G, s, h, rm, r, ck, cv, scale, H, K, V, NH, DOT, RAW, USE_G) + kdst
+    else:
+        dv_ = tl.load(dvn + (s * H + h)[:, None] * V + cv[None, :], mask=mv, other=0.) + kdst
     if STORE_ATDV:
         x = tl.dot(tl.trans(A), dv_, input_precision=DOT)                # A^T dVn
         if TMA_X:
@@ -185,7 +214,8 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
                            FORM: tl.constexpr, DOT: tl.constexpr, LEAN: tl.constexpr = False,
                            RELOAD_K: tl.constexpr = False, STORE_ATDV: tl.constexpr = False,
                            dhs_desc=None, TMA_DH: tl.constexpr = False, x_desc=None,
-                           TMA_X: tl.constexpr = False):
+                           TMA_X: tl.constexpr = False, LOCAL_DV: tl.constexpr = False,
+                           RAW: tl.constexpr = False):
     """``state_bwd_kernel`` without a stored ``W``: ``dVn += diag(γ_C/γ) K dH'`` (``dvn`` holds
     ``P^T dO``), ``dH = γ_C dH' + (diag(γ) Q)^T dO − W^T dVn``; stores ``dH'`` per chunk and ``dH_0``.
     FORM 2: the row scalings go on the ``[C, BV]`` side of each dot, as in the forward.
@@ -229,7 +259,7 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
         if LEAN:
             dst = _state_bwd_lean_step(q, k, beta, gcum, Ainv, do, dvn, dst, c, h, s, start, ln, rm, mv,
                                        r, ck, cv, scale, H, K, V, NH, BC, USE_G, DOT, RELOAD_K,
-                                       STORE_ATDV, x_desc, TMA_X, iv, BV)
+                                       STORE_ATDV, x_desc, TMA_X, iv, BV, LOCAL_DV, RAW)
         else:
             qm = rm & (s % NH == NH - 1)
             tok = s // NH

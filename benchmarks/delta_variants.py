@@ -232,6 +232,11 @@ VARIANTS = {
     # 288 B), loop 1627 -> 2046 / 1837 -> 2686 instructions
     "sbf_local_dv": {"state_bwd_local_dv": True},
     "sbf_local_dv_tma": {"state_bwd_local_dv": True, "state_bwd_tma_dh": True, "state_bwd_tma_x": True},
+    # dqkwg_bwd's dk tile by TMA where every chunk is full (2488 -> 2400 instructions gated); with the
+    # state kernels' row stores
+    "dqkwg_tma_dk": {"dqkwg_tma_dk": True},
+    "tma_all": {"state_bwd_tma_dh": True, "state_bwd_tma_x": True, "state_fwd_tma_vn": True,
+                "dqkwg_tma_dk": True},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

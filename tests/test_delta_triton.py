@@ -79,6 +79,8 @@ VARIANTS = {
     # ... and the per-sub-step rows Vn and A^T dVn, where every chunk is full (else the plain store)
     "state_tma_rows": ({"state_fwd_tma_vn": True, "state_bwd_tma_x": True, "state_bwd_tma_dh": True},
                        _ALL),
+    "tma_dk": ({"dqkwg_tma_dk": True}, _ALL),                    # dqkwg_bwd's dk tile, the same way
+    "tma_dk_fuse_wy": ({"dqkwg_tma_dk": True, "dqkwg_fuse_wy": True}, _ALL),
 }
 
 
@@ -574,11 +576,13 @@ def test_state_tma_descriptor_where_tma_can_store(monkeypatch):
     assert fn._state_desc(hs, "state_fwd_tma_hs", "hs_desc", "TMA_HS", 20, 8, 32, 16)["TMA_HS"] is True
 
 
+@pytest.mark.parametrize("variant", ["state_tma_rows", "tma_dk"])
 @pytest.mark.parametrize("cu", [None, [0, 8, 40]])
-def test_state_tma_rows_on_full_chunks(cu, monkeypatch):
-    """The TMA row stores (``Vn``, ``A^T dVn``) are taken only where every chunk is full: equal
-    lengths of whole chunks, or ``cu_seqlens`` whose sequences all hold whole chunks (here 16 and
-    64 sub-steps at ``C = 16``); the results match the loop as in the main test."""
+def test_tma_rows_on_full_chunks(cu, variant, monkeypatch):
+    """The TMA row stores (``Vn`` and ``A^T dVn`` in the state kernels; ``dqkwg_bwd``'s ``dk``
+    tile) are taken only where every chunk is full: equal lengths of
+    whole chunks, or ``cu_seqlens`` whose sequences all hold whole chunks (here 16 and 64 sub-steps
+    at ``C = 16``); the results match the loop as in the main test."""
     from lrnn_scan.kernels.delta_product import function as fn
     taken, real = [], fn._rows_desc
 
@@ -587,10 +591,9 @@ def test_state_tma_rows_on_full_chunks(cu, monkeypatch):
         taken.append(bool(out))
         return out
     monkeypatch.setattr(fn, "_rows_desc", spy)
-    test_triton_interpreter_matches_loop(40, 16, 2, True, 2.0, cu, 16, 16, "state_tma_rows", monkeypatch)
-    assert taken == [True, True]            # the forward's Vn, the backward's A^T dVn
+    test_triton_interpreter_matches_loop(40, 16, 2, True, 2.0, cu, 16, 16, variant, monkeypatch)
+    assert sum(taken) == (2 if variant == "state_tma_rows" else 1)   # Vn and A^T dVn, or dk
     taken.clear()
     test_triton_interpreter_matches_loop(30, 16, 2, True, 2.0, [0, 7, 30] if cu else None, 16, 16,
-                                         "state_tma_rows", monkeypatch)
-    assert taken == [False, False]          # a sequence ends inside a chunk: the masked stores
-
+                                         variant, monkeypatch)
+    assert taken and not any(taken)         # a sequence ends inside a chunk: the masked stores

@@ -164,7 +164,7 @@
 #       > ab_prev/$f.py; done      # then, on the device: DELTA_NH="1 2" DELTA_KERNELS=1 deltaab
 #   and the opt-in TMA stores of dH' and H (TUNE["state_bwd_tma_dh"], ["state_fwd_tma_hs"]):
 #     DELTA_TESTS=0 DELTA_NH="1 2 4" DELTA_MODES="fwd fwd+bwd" DELTA_KERNELS=1 \
-#       DELTA_VARIANTS="default sbf_tma sf_tma_vn sf_tma_hs tma_rows sbf_local_dv sbf_local_dv_tma" deltavar
+#       DELTA_VARIANTS="default sbf_tma sf_tma_vn sf_tma_hs tma_rows dqkwg_tma_dk tma_all sbf_local_dv sbf_local_dv_tma" deltavar
 #   A delta variant against fla in one process (ratios to both):
 #     DELTA_TESTS=0 DELTA_VAR_FLA=1 DELTA_VARIANTS=default,NAME DELTA_NH=1,4 deltavar
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other:

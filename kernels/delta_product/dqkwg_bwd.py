@@ -42,7 +42,8 @@ def dqkwg_bwd_kernel(q, k, v, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dv, dW, 
                      USE_G: tl.constexpr, DOT: tl.constexpr, RAW: tl.constexpr,
                      DG_GRADS: tl.constexpr = False, RAW_H: tl.constexpr = False,
                      KS_ADJ: tl.constexpr = 0, ATDV: tl.constexpr = False,
-                     FUSE_WY: tl.constexpr = False, NKS: tl.constexpr = 1):
+                     FUSE_WY: tl.constexpr = False, NKS: tl.constexpr = 1, dk_desc=None,
+                     TMA_DK: tl.constexpr = False):
     """``DG_GRADS`` (``function.TUNE["dqkwg_dg_grads"]``): the gate term read off this program's
     own gradients, ``dG = rowsum(Q ⊙ dQ) − rowsum(K ⊙ dK)`` (module docstring), instead of
     ``γ ⊙ rowsum(Q ⊙ dO H^T) + rowsum(Z) − colsum(Z) − <K~, dK~>`` with ``Z = dP~ ⊙ Q K^T``: no
@@ -169,9 +170,14 @@ def dqkwg_bwd_kernel(q, k, v, beta, gcum, hs, vn, dvn, dhs, do, dq, dk, dv, dW, 
         else:
             tl.store(dbp + ks.to(tl.int64) * GSTRIDE + (s * H + h)[:, None], kdw2, mask=rm[:, None])
         dkw = bb[:, None] * dw                                         # diag(βγ) A^T dW
-        tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk + dkw, mask=mk)
+        dko = dkk + dkw
     else:
-        tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
+        dko = dkk
+    if TMA_DK:      # every chunk full (TUNE["dqkwg_tma_dk"]): from shared memory, no layout change
+        dk_desc.store([start.to(tl.int32), h, (ks * BK).to(tl.int32)],
+                      dko.to(dk_desc.dtype).reshape(BC, 1, BK))
+    else:
+        tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dko, mask=mk)
     if USE_G:
         if DG_GRADS:
             # rowsum(Q~ ⊙ dQ~) = γ ⊙ rowsum(Q~ ⊙ dO H^T) + rowsum(Z) and rowsum(K ⊙ dK~) =

@@ -142,6 +142,10 @@ TUNE = dict(
     # of reading it from dv_local_kernel: one launch and one [Ls, H, V] fp32 write and read fewer,
     # two more dots a chunk (off the serial chain). Opt-in, not yet timed
     state_bwd_local_dv=False,
+    # dqkwg_bwd's dk tile stored by TMA where every chunk is full (dqkwg_bwd.py TMA_DK), as the
+    # state kernels' rows above: sm_90a 2488 -> 2400 SASS instructions gated, 1776 -> 1720
+    # ungated. Opt-in, not yet timed. (wy_bwd_vn's bf16 dk the same way: no fewer instructions)
+    dqkwg_tma_dk=False,
     # forward without gradients at n_h > 1: one chunk-start state per 64 tokens instead of per 64
     # sub-steps (as fla keeps them), and an output kernel over token chunks (output.py
     # output_tok_fwd_kernel): n_h times fewer state bytes (at n_h = 4, B8 T4096 H16 K=V=128:
@@ -306,11 +310,11 @@ def _state_desc(buf, key, arg, flag, K, V, BK, BV):
 
 
 def _rows_desc(buf, key, arg, flag, ch, BC, BV):
-    """``{arg: descriptor, flag: True}`` for a state kernel that stores its ``[BC, BV]`` tiles of
-    the per-sub-step rows ``buf`` (``[Ls, H, V]``: ``Vn``, or ``A^T dVn`` in ``dvn``) by TMA
-    (``TUNE[key]``): blocks ``[BC, 1, BV]`` at a chunk's first row. Only where every chunk is full
-    (``ch["full"]``): TMA cannot mask rows, and a short chunk's tile would run into the next
-    sequence's rows. Otherwise ``{}``, the plain masked store."""
+    """``{arg: descriptor, flag: True}`` for a kernel that stores its ``[BC, BV]`` tiles of the
+    per-sub-step rows ``buf`` (``[Ls, H, V]``: ``Vn``, ``A^T dVn`` in ``dvn``, or ``[Ls, H, K]``:
+    ``dk``) by TMA (``TUNE[key]``): blocks ``[BC, 1, BV]`` at a chunk's first row. Only where
+    every chunk is full (``ch["full"]``): TMA cannot mask rows, and a short chunk's tile would run
+    into the next sequence's rows. Otherwise ``{}``, the plain masked store."""
     if not TUNE[key] or not ch["full"] or TensorDescriptor is None or not tma_tensors_ok(buf):
         return {}
     Ls, H, V = buf.shape
@@ -550,6 +554,8 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                                           DOT=dot, RAW=raw, DG_GRADS=bool(TUNE["dqkwg_dg_grads"]),
                                           RAW_H=bool(TUNE["dqkwg_raw_h"]) and raw and hs.dtype == do.dtype,
                                           KS_ADJ=adj, ATDV=atdv, FUSE_WY=fuse, NKS=ks,
+                                          **_rows_desc(dk if fuse else dk_part, "dqkwg_tma_dk", "dk_desc",
+                                                       "TMA_DK", ch, BC, BK // ks),
                                           num_warps=TUNE["dqkwg"][0],
                                           num_stages=TUNE["dqkwg"][1], **_regs("dqkwg", use_g))
             if fuse:

@@ -88,7 +88,8 @@ def _ratio(a, b):
     (3, False, 2.0, {"state_bwd_tma_dh": True, "state_fwd_tma_hs": True}),
     (1, True, 1.0, {"state_fwd_tma_hs": True}),
     (2, False, 2.0, {"state_bwd_tma_dh": True, "state_bwd_tma_x": True, "state_fwd_tma_vn": True}),
-    (4, True, 2.0, {"state_bwd_tma_dh": True, "state_bwd_tma_x": True, "state_fwd_tma_vn": True}),
+    (4, True, 2.0, {"state_bwd_tma_dh": True, "state_bwd_tma_x": True, "state_fwd_tma_vn": True,
+                    "dqkwg_tma_dk": True}),
     # the state backward forming P^T dO itself (no dv_local_kernel; opt-in since the sixty-fourth)
     (2, True, 2.0, {"state_bwd_local_dv": True}), (1, False, 2.0, {"state_bwd_local_dv": True})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):

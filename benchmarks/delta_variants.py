@@ -237,6 +237,13 @@ VARIANTS = {
     "dqkwg_tma_dk": {"dqkwg_tma_dk": True},
     "tma_all": {"state_bwd_tma_dh": True, "state_bwd_tma_x": True, "state_fwd_tma_vn": True,
                 "dqkwg_tma_dk": True},
+    # H100 2026-12-07 (sixty-fifth session, n_h 1 / 2 / 4): the state kernels' TMA stores won gated
+    # (Vn 0.983-0.991x fwd+bwd, dH' and A^T dVn 0.993-0.997x) and H ungated (the kernel 0.98-0.99x);
+    # wyvn_r168_ungated 0.991-0.992x. Defaults since: this is the default before them
+    "s64_default": {"state_bwd_tma_dh": False, "state_fwd_tma_hs": False, "state_fwd_tma_vn": False,
+                    "state_bwd_tma_x": False, "maxnreg": {"output_tok": 160}},
+    "no_state_tma": {"state_bwd_tma_dh": False, "state_fwd_tma_hs": False, "state_fwd_tma_vn": False,
+                     "state_bwd_tma_x": False},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

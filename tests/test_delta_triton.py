@@ -70,9 +70,13 @@ VARIANTS = {
     # pass where V <= 32)
     "dv_local_bvl16": ({"dv_local_bvl": 16}, lambda C, K, V: V > 16),
     "dv_local_one_pass": ({"dv_local_bvl": None}, lambda C, K, V: V > 32),
-    # state_bwd_fused storing dH' through a TMA descriptor (opt-in; the interpreter runs it too)
+    # the TMA stores (state_bwd_fused's dH', state_fwd_fused's states; the interpreter runs them
+    # too): the defaults take dH' gated and H wherever Vn is not; these rows take them always, and
+    # no_tma none (the plain stores)
     "state_bwd_tma_dh": ({"state_bwd_tma_dh": True}, _ALL),
-    "state_fwd_tma_hs": ({"state_fwd_tma_hs": True}, _ALL),        # the forward's states, the same way
+    "state_fwd_tma_hs": ({"state_fwd_tma_hs": True, "state_fwd_tma_vn": False}, _ALL),
+    "no_tma": ({"state_bwd_tma_dh": False, "state_fwd_tma_hs": False, "state_fwd_tma_vn": False,
+                "state_bwd_tma_x": False}, _ALL),
     # the state backward forming P^T dO itself (no dv_local launch), with the WY backward in both forms
     "state_bwd_local_dv": ({"state_bwd_local_dv": True}, _ALL),
     "state_bwd_local_dv_dA": ({"state_bwd_local_dv": True, "wy_bwd_vn": False}, _ALL),
@@ -426,9 +430,23 @@ def test_state_bwd_reload_k_bad_value_is_refused(monkeypatch):
     q, k, v, beta, g, _ = make_inputs(1, 5, 1, 1, 16, 16, False, 2.0, dtype=torch.float32)
     xs = [x.requires_grad_() for x in (q, k, v, beta)]
     o, _ = chunk_delta_product(*xs, None, chunk_size=16, backend="triton")
-    monkeypatch.setitem(fn.TUNE, "state_bwd_reload_k", "gated")
+    monkeypatch.setitem(fn.TUNE, "state_bwd_reload_k", "always")
     with pytest.raises(ValueError, match="state_bwd_reload_k"):
         o.sum().backward()
+
+
+@pytest.mark.parametrize("key", ["state_bwd_tma_dh", "state_fwd_tma_hs", "state_fwd_tma_vn", "state_bwd_tma_x",
+                                 "dqkwg_tma_dk"])
+def test_tma_switch_bad_value_is_refused(key, monkeypatch):
+    """The TMA store switches take True, False, "gated" or "ungated"; anything else is refused
+    with the key named before any launch."""
+    from lrnn_scan.kernels.delta_product import function as fn
+
+    q, k, v, beta, g, _ = make_inputs(1, 32, 1, 1, 16, 16, True, 2.0, dtype=torch.float32)
+    xs = [x.requires_grad_() for x in (q, k, v, beta, g)]
+    monkeypatch.setitem(fn.TUNE, key, "yes")
+    with pytest.raises(ValueError, match=key):
+        chunk_delta_product(*xs, chunk_size=16, backend="triton")[0].sum().backward()
 
 
 class _Counting:
@@ -564,16 +582,19 @@ def test_state_tma_descriptor_where_tma_can_store(monkeypatch):
     run both)."""
     from lrnn_scan.kernels.delta_product import function as fn
     dhs = torch.zeros(3, 2, 20, 12)                      # rows of 12 fp32: 48 bytes
-    assert fn._state_desc(dhs, "state_bwd_tma_dh", "dhs_desc", "TMA_DH", 20, 12, 32, 16) == {}  # off
-    monkeypatch.setitem(fn.TUNE, "state_bwd_tma_dh", True)
-    args = fn._state_desc(dhs, "state_bwd_tma_dh", "dhs_desc", "TMA_DH", 20, 12, 32, 16)
+    monkeypatch.setitem(fn.TUNE, "state_bwd_tma_dh", "gated")                   # the default
+    assert fn._state_desc(dhs, "state_bwd_tma_dh", False, "dhs_desc", "TMA_DH", 20, 12, 32, 16) == {}
+    args = fn._state_desc(dhs, "state_bwd_tma_dh", True, "dhs_desc", "TMA_DH", 20, 12, 32, 16)
     assert args["TMA_DH"] is True
     assert list(args["dhs_desc"].shape) == [6, 20, 12] and list(args["dhs_desc"].block_shape) == [1, 32, 16]
-    assert fn._state_desc(torch.zeros(3, 2, 20, 6), "state_bwd_tma_dh", "dhs_desc", "TMA_DH",
+    assert fn._state_desc(torch.zeros(3, 2, 20, 6), "state_bwd_tma_dh", True, "dhs_desc", "TMA_DH",
                           20, 6, 32, 16) == {}                                   # 24-byte rows
-    monkeypatch.setitem(fn.TUNE, "state_fwd_tma_hs", True)
+    monkeypatch.setitem(fn.TUNE, "state_bwd_tma_dh", False)
+    assert fn._state_desc(dhs, "state_bwd_tma_dh", True, "dhs_desc", "TMA_DH", 20, 12, 32, 16) == {}
+    monkeypatch.setitem(fn.TUNE, "state_fwd_tma_hs", "ungated")
     hs = torch.zeros(3, 2, 20, 8, dtype=torch.bfloat16)  # rows of 8 bf16: 16 bytes
-    assert fn._state_desc(hs, "state_fwd_tma_hs", "hs_desc", "TMA_HS", 20, 8, 32, 16)["TMA_HS"] is True
+    assert fn._state_desc(hs, "state_fwd_tma_hs", False, "hs_desc", "TMA_HS", 20, 8, 32, 16)["TMA_HS"] is True
+    assert fn._state_desc(hs, "state_fwd_tma_hs", True, "hs_desc", "TMA_HS", 20, 8, 32, 16) == {}
 
 
 @pytest.mark.parametrize("variant", ["state_tma_rows", "tma_dk"])
@@ -588,11 +609,14 @@ def test_tma_rows_on_full_chunks(cu, variant, monkeypatch):
 
     def spy(*args):
         out = real(*args)
-        taken.append(bool(out))
+        taken.append(args[1] if out else None)
         return out
     monkeypatch.setattr(fn, "_rows_desc", spy)
     test_triton_interpreter_matches_loop(40, 16, 2, True, 2.0, cu, 16, 16, variant, monkeypatch)
-    assert sum(taken) == (2 if variant == "state_tma_rows" else 1)   # Vn and A^T dVn, or dk
+    # Vn and A^T dVn (gated: the defaults take them too), and dk where asked
+    assert sorted(filter(None, taken)) == sorted(["state_bwd_tma_x", "state_fwd_tma_vn"] + (
+        ["dqkwg_tma_dk"] if variant == "tma_dk" else []))
+    assert sorted(filter(None, taken)) == sorted(set(filter(None, taken)))
     taken.clear()
     test_triton_interpreter_matches_loop(30, 16, 2, True, 2.0, [0, 7, 30] if cu else None, 16, 16,
                                          variant, monkeypatch)

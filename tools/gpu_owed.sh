@@ -151,20 +151,13 @@
 #   deltafla at n_h 1-4 took about 240 s (cold: more than 530 s). Narrow what is saved with
 #   TRITON_CACHE_ONLY (a regex over entry file names, e.g. "dqkwg|wy_|state_|output_|tri_inv|
 #   dv_local|chunk_|l2norm" for the delta stages) when the archive would pass 45 MiB.
-#   OWED since the sixty-third session (2026-12-07: no machine came), issue 4, in this order:
-#     DELTA_TESTS=1 TEST_TIMEOUT=320 DELTA_NH="1 2 3 4" DELTA_MODES=fwd+bwd DELTA_VAR_FLA=1 \
-#       DELTA_VARIANTS="default wyvn_r168_ungated dqkwg_s2 dqkwg_s2_r168" deltavar
-#   (62 GPU delta tests, then the ungated wy_bwd_vn cap at n_h 1-4 with fla in the same run; if
-#   the cap wins at every n_h, make TUNE["maxnreg"] {"output_tok": 160, "wy_bwd_vn:ungated": 168}).
-#   Cold, the two halves need about 320 + 400 s: split them over two calls (DELTA_TESTS=0).
-#   Sixty-fourth session (2026-12-07, no machine again): dqkwg_bwd's and wy_bwd_vn's tails
-#   rewritten to keep their fp32 tiles in the MMA layout (TUNING_LOG_2.md). The 62 tests above
-#   cover them; also owed, their time against the old files (untracked copies in ab_prev/):
-#     mkdir -p ab_prev && for f in dqkwg_bwd wy_bwd_vn; do git show 6f0698b:kernels/delta_product/$f.py \
-#       > ab_prev/$f.py; done      # then, on the device: DELTA_NH="1 2" DELTA_KERNELS=1 deltaab
-#   and the opt-in TMA stores of dH' and H (TUNE["state_bwd_tma_dh"], ["state_fwd_tma_hs"]):
-#     DELTA_TESTS=0 DELTA_NH="1 2 4" DELTA_MODES="fwd fwd+bwd" DELTA_KERNELS=1 \
-#       DELTA_VARIANTS="default sbf_tma sf_tma_vn sf_tma_hs tma_rows dqkwg_tma_dk tma_all sbf_local_dv sbf_local_dv_tma" deltavar
+#   Sixty-third and sixty-fourth sessions: no machine. Sixty-fifth (2026-12-07, H100, 5 calls): all
+#   they owed ran (test_gpu_delta 62 passed; deltaab of the MMA-layout tails: dqkwg kept, wy_bwd_vn
+#   undone; the TMA opt-ins and the wy_bwd_vn:ungated cap timed at n_h 1, 2, 4 and made defaults
+#   where they won; 63 passed after). OWED, issue 4: ours against fla gated at n_h 1-4 (fla's
+#   autotuning took each 200 s process's limit before its gated rows), one n_h a call, e.g.
+#     DELTA_NH=2 deltafla   (its --fla-unguarded lets fla's gated backward run; the sixty-fifth did not pass it)
+#   with the Triton cache carried; the sixty-fifth's ungated rows: fwd+bwd 0.951x (n_h 1), 0.913x (4).
 #   A delta variant against fla in one process (ratios to both):
 #     DELTA_TESTS=0 DELTA_VAR_FLA=1 DELTA_VARIANTS=default,NAME DELTA_NH=1,4 deltavar
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other:
@@ -196,7 +189,7 @@
 #        deltafp32 — issue 4: float32 inputs: the fp32 GPU checks and the timing of TUNE["fp32_dot"]
 #                   "tf32x3" (default) against "ieee" (DELTA_NH, default "1 2"; ieee compiles
 #                   for minutes: on 2026-12-03 n_h 1 alone took a cold 600 s call)
-#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (62 tests since the sixty-fourth session;
+#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (63 tests since the sixty-fifth session;
 #                   45 of them: 169 s warm on an H200 in the fifty-eighth session, 87 s in the
 #                   sixtieth; cold, after a default changed, 44 of them took the
 #                   fifty-ninth's 250 s TEST_TIMEOUT: keep the default 320), then

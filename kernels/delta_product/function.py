@@ -126,25 +126,28 @@ TUNE = dict(
     # at n_h 1 / 2 / 4, gated 1.005 / 1.001 / 0.999x. "ungated": reload only without the gate;
     # True / False: always / never
     state_bwd_reload_k="ungated",
-    # state_bwd_fused stores each chunk's dH' by TMA (state_fused.py TMA_DH) where the GPU and the
-    # buffer allow it (compute capability 9+, rows of 16-byte multiples): the fp32 [K, BV] tile
-    # goes from the MMA layout to shared memory and out, instead of through shared memory into a
-    # blocked layout for a coalesced store, every chunk. Opt-in, not yet timed (sixty-fourth session)
-    state_bwd_tma_dh=False,
-    # the same for state_fwd_fused's chunk-start states (state_fused.py TMA_HS; one per chunk only:
-    # the token-chunk store is predicated), 16-bit under hs_16bit. Opt-in, not yet timed
-    state_fwd_tma_hs=False,
-    # ... and Vn (state_fused.py TMA_VN), A^T dVn (TMA_X) by TMA where every chunk is full (TMA
-    # cannot mask the rows of a chunk that ends a sequence early). Opt-in, not yet timed
-    state_fwd_tma_vn=False,
-    state_bwd_tma_x=False,
+    # TMA stores (True / False / "gated" / "ungated": that case only) where the GPU and the buffer
+    # allow them (compute capability 9+, 16-byte rows): state_bwd_fused's dH' each chunk
+    # (state_fused.py TMA_DH), state_fwd_fused's chunk-start states (TMA_HS; not with the
+    # token-chunk states) and, where every chunk is full (TMA cannot mask a short chunk's rows),
+    # Vn (TMA_VN, taking precedence over TMA_HS: both need 125 KB of shared memory, 1 program an
+    # SM) and A^T dVn (TMA_X). H100 (2026-12-07, sixty-fifth session, B8 T4096 H16 K=V=128 bf16,
+    # delta_variants.py, kernel µs at n_h 1 / 2 / 4): gated state_fwd_fused with Vn by TMA 521 /
+    # 1038 / 2076 -> 473 / 944 / 1887, with H by TMA -> 484 / 968 / 1939; ungated H by TMA 466 /
+    # 929 / 1860 -> 463 / 918 / 1826, Vn by TMA 473 / 944 / 1868 (lost); state_bwd_fused with dH'
+    # and A^T dVn by TMA gated 838 / 1663 / 3271 -> 818 / 1582 / 3137, ungated 832 / 1583 / 3045
+    # -> 863 / 1654 / 3225 (lost). So: Vn gated, H wherever Vn is not, the backward's two gated
+    state_bwd_tma_dh="gated",
+    state_fwd_tma_hs=True,
+    state_fwd_tma_vn="gated",
+    state_bwd_tma_x="gated",
     # the lean state backward forming the intra-chunk P^T dO itself (state_fused.py _local_dv) instead
     # of reading it from dv_local_kernel: one launch and one [Ls, H, V] fp32 write and read fewer,
     # two more dots a chunk (off the serial chain). Opt-in, not yet timed
     state_bwd_local_dv=False,
-    # dqkwg_bwd's dk tile stored by TMA where every chunk is full (dqkwg_bwd.py TMA_DK), as the
-    # state kernels' rows above: sm_90a 2488 -> 2400 SASS instructions gated, 1776 -> 1720
-    # ungated. Opt-in, not yet timed. (wy_bwd_vn's bf16 dk the same way: no fewer instructions)
+    # dqkwg_bwd's dk tile stored by TMA where every chunk is full (dqkwg_bwd.py TMA_DK): sm_90a
+    # 2488 -> 2400 SASS instructions gated, 1776 -> 1720 ungated, but no faster (H100 2026-12-07:
+    # the kernel 1.000-1.003x ungated, 0.999-1.017x gated at n_h 1-4). Opt-in
     dqkwg_tma_dk=False,
     # forward without gradients at n_h > 1: one chunk-start state per 64 tokens instead of per 64
     # sub-steps (as fla keeps them), and an output kernel over token chunks (output.py
@@ -197,12 +200,11 @@ TUNE = dict(
     # ms; n_h 1 does not launch it: 1.001x).
     # Not for output_fwd_kernel: at 94 / 113 registers uncapped, a cap of 160 lets ptxas take
     # 150 / 154, fewer programs an SM.
-    # Candidate: "wy_bwd_vn:ungated" at 168 (wy_bwd_vn_kernel without the gate; 208-229 registers
-    # uncapped, 49 KiB shared: 2 four-warp programs an SM; capped 3, with 88 B of sm_90a spills a
-    # thread). H200 (2026-12-04, n_h 2): the kernel 1041 -> 890 us, fwd+bwd 0.975x; gated it spills
-    # 280 B and lost (1.011x). Not the default until it has run the GPU tests and n_h 1-4
-    # (benchmarks/delta_variants.py wyvn_r168_ungated; no machine came on 2026-12-07)
-    maxnreg={"output_tok": 160},
+    # "wy_bwd_vn:ungated" at 168 (208-229 registers uncapped, 49 KiB shared: 2 four-warp programs
+    # an SM; capped 3, with 88 B of sm_90a spills a thread): H200 (2026-12-04, n_h 2) the kernel
+    # 1041 -> 890 us; H100 (2026-12-07) 602 / 1196 / 2374 -> 571 / 1131 / 2255 us at n_h 1 / 2 / 4,
+    # fwd+bwd 0.992 / 0.991 / 0.992x. Gated it spills 280 B and lost (H200 1.011x)
+    maxnreg={"output_tok": 160, "wy_bwd_vn:ungated": 168},
     # float32 inputs with TF32 off (torch.backends.cuda.matmul.allow_tf32 False): the precision of
     # the kernels' dots. "tf32x3" (default): three tf32 products per dot on the tensor cores (about
     # fp32 accuracy, as summary.py's 16 x 16 tiles use). "ieee": exact fp32 products on the CUDA
@@ -263,6 +265,8 @@ def _cfg(q, k, v, chunk_size):
         dot = TUNE["fp32_dot"]
         if dot not in _FP32_DOTS:
             raise ValueError(f'TUNE["fp32_dot"] must be one of {_FP32_DOTS}, got {dot!r}')
+    for key in _CASE_SWITCHES:       # a bad switch is refused before any launch, taken or not
+        _case_on(key, False)
     return BC, BK, BVf, min(BVf, 64), dot
 
 
@@ -294,13 +298,13 @@ def _regs(key, use_g):
     return {} if n is None else {"maxnreg": n}
 
 
-def _state_desc(buf, key, arg, flag, K, V, BK, BV):
+def _state_desc(buf, key, use_g, arg, flag, K, V, BK, BV):
     """``{arg: descriptor, flag: True}`` for a state kernel that stores its ``[K, V]`` state tiles
-    by TMA (``TUNE[key]``): a descriptor over ``buf`` (``[n, H, K, V]`` read as ``[n·H, K, V]``,
-    blocks ``[1, BK, BV]``, so a ``K < BK`` tile clips at its head's rows), where TMA can take it
+    by TMA (``TUNE[key]``, ``_case_on``): a descriptor over ``buf`` (``[n, H, K, V]`` read as
+    ``[n·H, K, V]``, blocks ``[1, BK, BV]``, so a ``K < BK`` tile clips at its head's rows), where TMA can take it
     (``tma_tensors_ok``: compute capability 9+ or the interpreter, 16-byte aligned rows);
     otherwise ``{}``, the plain store."""
-    if not TUNE[key]:
+    if not _case_on(key, use_g):
         return {}
     flat = buf.view(-1, K, V)
     if TensorDescriptor is None or not tma_tensors_ok(flat):
@@ -309,25 +313,30 @@ def _state_desc(buf, key, arg, flag, K, V, BK, BV):
                                   block_shape=[1, BK, BV]), flag: True}
 
 
-def _rows_desc(buf, key, arg, flag, ch, BC, BV):
+def _rows_desc(buf, key, use_g, arg, flag, ch, BC, BV):
     """``{arg: descriptor, flag: True}`` for a kernel that stores its ``[BC, BV]`` tiles of the
     per-sub-step rows ``buf`` (``[Ls, H, V]``: ``Vn``, ``A^T dVn`` in ``dvn``, or ``[Ls, H, K]``:
-    ``dk``) by TMA (``TUNE[key]``): blocks ``[BC, 1, BV]`` at a chunk's first row. Only where
+    ``dk``) by TMA (``TUNE[key]``, ``_case_on``): blocks ``[BC, 1, BV]`` at a chunk's first row. Only where
     every chunk is full (``ch["full"]``): TMA cannot mask rows, and a short chunk's tile would run
     into the next sequence's rows. Otherwise ``{}``, the plain masked store."""
-    if not TUNE[key] or not ch["full"] or TensorDescriptor is None or not tma_tensors_ok(buf):
+    if not _case_on(key, use_g) or not ch["full"] or TensorDescriptor is None or not tma_tensors_ok(buf):
         return {}
     Ls, H, V = buf.shape
     return {arg: TensorDescriptor(buf, shape=[Ls, H, V], strides=[H * V, V, 1], block_shape=[BC, 1, BV]),
             flag: True}
 
 
-def _reload_k(use_g):
-    """``TUNE["state_bwd_reload_k"]``: True, False or "ungated" (reload only without the gate)."""
-    val = TUNE["state_bwd_reload_k"]
-    if val not in (True, False, "ungated"):
-        raise ValueError(f'TUNE["state_bwd_reload_k"] must be True, False or "ungated", got {val!r}')
-    return val is True or (val == "ungated" and not use_g)
+_CASE_SWITCHES = ("state_bwd_reload_k", "state_bwd_tma_dh", "state_fwd_tma_hs", "state_fwd_tma_vn",
+                  "state_bwd_tma_x", "dqkwg_tma_dk")
+
+
+def _case_on(key, use_g):
+    """``TUNE[key]`` for a switch that may hold for one case only: True, False, ``"gated"`` or
+    ``"ungated"``."""
+    val = TUNE[key]
+    if val not in (True, False, "gated", "ungated"):
+        raise ValueError(f'TUNE["{key}"] must be True, False, "gated" or "ungated", got {val!r}')
+    return val is True or val == ("gated" if use_g else "ungated")
 
 
 def _bv(name, BVf):
@@ -377,14 +386,16 @@ def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, d
     hT = _empty((N, H, K, V), k.device, torch.float32) if want_final else hs
     if fused:
         form, v, beta, Ainv = fused
+        vn_tma = _rows_desc(vn, "state_fwd_tma_vn", use_g, "vn_desc", "TMA_VN", ch, BC, BV)
         state_fwd_fused_kernel[(cdiv(V, BV), N * H)](
             k, v, beta, gcum, Ainv, h0 if h0 is not None else hs, hs, vn, hT, ch["start"], ch["length"],
             ch["seq_ptr"], H=H, K=K, V=V, BC=BC, BK=BK, BV=BV, USE_G=use_g, USE_H0=h0 is not None,
             STORE_HT=want_final, FORM=form, DOT=dot,
             **(dict(tseq_ptr=tch["seq_ptr"], HS_EVERY=tch["every"],
                     HS_PRED=bool(TUNE["token_state_pred"])) if tch
-               else _state_desc(hs, "state_fwd_tma_hs", "hs_desc", "TMA_HS", K, V, BK, BV)),
-            **_rows_desc(vn, "state_fwd_tma_vn", "vn_desc", "TMA_VN", ch, BC, BV),
+               else {} if vn_tma else _state_desc(hs, "state_fwd_tma_hs", use_g, "hs_desc", "TMA_HS",
+                                                  K, V, BK, BV)),
+            **vn_tma,
             num_warps=nw, num_stages=ns, **_regs("state_fused", use_g))
         return hs, vn, (hT if want_final else None)
     state_fwd_kernel[(cdiv(V, BV), N * H)](
@@ -514,10 +525,11 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                     qf, kf, bf, gcum, Ainv, do, dhTc if dhTc is not None else dh0, dhs, dvn, dh0,
                     ch["start"], ch["length"], ch["seq_ptr"], scale, H=H, K=K, V=V, NH=n_h, BC=BC,
                     BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, FORM=form,
-                    DOT=dot, LEAN=lean, RELOAD_K=_reload_k(use_g) and lean, STORE_ATDV=atdv,
+                    DOT=dot, LEAN=lean, RELOAD_K=_case_on("state_bwd_reload_k", use_g) and lean,
+                    STORE_ATDV=atdv,
                     LOCAL_DV=local_dv, RAW=raw,
-                    **_state_desc(dhs, "state_bwd_tma_dh", "dhs_desc", "TMA_DH", K, V, BK, BVs),
-                    **(_rows_desc(dvn, "state_bwd_tma_x", "x_desc", "TMA_X", ch, BC, BVs)
+                    **_state_desc(dhs, "state_bwd_tma_dh", use_g, "dhs_desc", "TMA_DH", K, V, BK, BVs),
+                    **(_rows_desc(dvn, "state_bwd_tma_x", use_g, "x_desc", "TMA_X", ch, BC, BVs)
                        if atdv and lean else {}),
                     num_warps=TUNE["state_bwd_fused"][0],
                     num_stages=TUNE["state_bwd_fused"][1], **_regs("state_bwd_fused", use_g))
@@ -554,8 +566,8 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                                           DOT=dot, RAW=raw, DG_GRADS=bool(TUNE["dqkwg_dg_grads"]),
                                           RAW_H=bool(TUNE["dqkwg_raw_h"]) and raw and hs.dtype == do.dtype,
                                           KS_ADJ=adj, ATDV=atdv, FUSE_WY=fuse, NKS=ks,
-                                          **_rows_desc(dk if fuse else dk_part, "dqkwg_tma_dk", "dk_desc",
-                                                       "TMA_DK", ch, BC, BK // ks),
+                                          **_rows_desc(dk if fuse else dk_part, "dqkwg_tma_dk", use_g,
+                                                       "dk_desc", "TMA_DK", ch, BC, BK // ks),
                                           num_warps=TUNE["dqkwg"][0],
                                           num_stages=TUNE["dqkwg"][1], **_regs("dqkwg", use_g))
             if fuse:

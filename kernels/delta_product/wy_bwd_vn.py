@@ -75,14 +75,10 @@ def wy_bwd_vn_kernel(k, v, beta, gcum, vn, xa, dbp, dGp, dk_part, dk, dv, db, dg
         dkk = tl.load(dk_part + (s * H + h)[:, None] * K + ck[None, :], mask=mk, other=0.)
         dkk += tl.dot(dSS, kr.to(tl.float32), input_precision=DOT)
         tl.store(dk + (s * H + h)[:, None] * K + ck[None, :], dkk, mask=mk)
-    ek = tl.sum(E * kkt, 1)
-    dbb += ek
+    dbb += tl.sum(E * kkt, 1)
     if USE_G:
-        # rowsum(Z) − colsum(Z) with Z = dS ⊙ K K^T: rowsum(Z) = β ⊙ rowsum(E ⊙ K K^T), and, K K^T
-        # being symmetric, colsum(Z) = rowsum(dS^T ⊙ K K^T) on the dS^T that dS + dS^T formed: a
-        # row sum within each thread's quad instead of a column sum across the warps (sm_90a, Triton
-        # 3.6: that and its layout change took 12 of the gated kernel's 36 barriers)
-        dG = b * ek - tl.sum(tl.trans(dS) * kkt, 1)
+        Zl = dS * kkt
+        dG = tl.sum(Zl, 1) - tl.sum(Zl, 0)
     else:
         dG = dbb
     _store_db_dg(dbb, dG, dbp, dGp, db, dg, s, rm, h, PSTRIDE, H, NH, NP, USE_G)

@@ -71,9 +71,9 @@ def _ratio(a, b):
     # programs an SM, more spills
     (1, True, 2.0, {"wy_bwd_vn": False, "maxnreg": {"inv": 128, "wy_bwd": 168}}),
     (3, False, 2.0, {"wy_bwd_vn": False, "maxnreg": {"inv": 96, "wy_bwd": 128}}),
-    # wy_bwd_vn_kernel capped at 168 registers: without the gate only (the candidate default,
-    # a ":ungated" key), and both ways
-    (3, False, 2.0, {"maxnreg": {"output_tok": 160, "wy_bwd_vn:ungated": 168}}),
+    # wy_bwd_vn_kernel capped at 168 registers: without the gate only (the default since the
+    # sixty-fifth session, 2026-12-07), and uncapped, and both ways
+    (3, False, 2.0, {"maxnreg": {"output_tok": 160}}),
     (1, True, 2.0, {"maxnreg": {"output_tok": 160, "wy_bwd_vn": 168}}),
     # the token-chunk output kernel with gradients (per-chunk states) and dqkwg_bwd's dO H^T on
     # the stored bf16 tiles (both opt-in since the twelfth session, 2026-11-26)
@@ -83,10 +83,14 @@ def _ratio(a, b):
     # dqkwg_bwd's K slices on a third grid axis (the default until the sixtieth session,
     # 2026-12-03, when the slices of a chunk next to each other in launch order measured 0.981-0.987x)
     (3, False, 2.0, {"dqkwg_slices_adjacent": False}), (2, True, 2.0, {"dqkwg_slices_adjacent": False}),
-    # the state kernels storing dH' and H by TMA (opt-in since the sixty-fourth session, 2026-12-07)
-    (2, True, 2.0, {"state_bwd_tma_dh": True, "state_fwd_tma_hs": True}),
+    # the state kernels storing dH' and H by TMA (opt-in since the sixty-fourth session, 2026-12-07;
+    # the defaults since the sixty-fifth take Vn, dH' and A^T dVn gated, H where Vn is not): always,
+    # and none (the plain stores)
+    (2, True, 2.0, {"state_bwd_tma_dh": True, "state_fwd_tma_hs": True, "state_fwd_tma_vn": False}),
+    (2, True, 2.0, {"state_bwd_tma_dh": False, "state_fwd_tma_hs": False, "state_fwd_tma_vn": False,
+                    "state_bwd_tma_x": False}),
     (3, False, 2.0, {"state_bwd_tma_dh": True, "state_fwd_tma_hs": True}),
-    (1, True, 1.0, {"state_fwd_tma_hs": True}),
+    (1, True, 1.0, {"state_fwd_tma_hs": True, "state_fwd_tma_vn": False}),
     (2, False, 2.0, {"state_bwd_tma_dh": True, "state_bwd_tma_x": True, "state_fwd_tma_vn": True}),
     (4, True, 2.0, {"state_bwd_tma_dh": True, "state_bwd_tma_x": True, "state_fwd_tma_vn": True,
                     "dqkwg_tma_dk": True}),

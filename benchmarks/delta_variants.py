@@ -204,9 +204,10 @@ VARIANTS = {
     "sbf_bv32": {"state_bwd_fused": (4, 1, 32)},
     # register caps for one case only (TUNE["maxnreg"] keys with ":ungated"): wy_bwd_vn_kernel at
     # 168 won ungated at n_h 2 on 2026-12-04 (its time 1041 -> 890 us, fwd+bwd 0.975x; sm_90a spills
-    # 88 B) and lost gated (1.011x, 280 B): owed at n_h 1-4 before it can be the default. Then
-    # dqkwg_bwd (4 warps, 247 registers, 98 KiB shared: 2 programs an SM) on 2 stages (65 KiB),
-    # alone and with both kernels capped at 168 registers without the gate (3 an SM; 348 B)
+    # 88 B) and lost gated (1.011x, 280 B); on an H100 (2026-12-07) 0.991-0.992x at n_h 1, 2, 4: the
+    # default since. Then dqkwg_bwd (4 warps, 247 registers, 98 KiB shared: 2 programs an SM) on 2
+    # stages (65 KiB), alone and with both kernels capped at 168 registers without the gate (3 an
+    # SM; 348 B): lost on an H100 (2026-12-07, n_h 2: 1.035 / 1.012x, 1.069 / 1.004x, ungated / gated)
     "wyvn_r168_ungated": {"maxnreg": {"output_tok": 160, "wy_bwd_vn:ungated": 168}},
     "dqkwg_s2": {"dqkwg": (4, 2, 32)},
     "dqkwg_s2_r168": {"dqkwg": (4, 2, 32), "maxnreg": {"output_tok": 160, "dqkwg:ungated": 168,

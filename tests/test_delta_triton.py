@@ -507,21 +507,30 @@ def _bf16_errors(n_h, gated):
     return [((a.double() - b).norm() / b.norm()).item() for a, b in zip((o, f) + grads, (o_r, f_r) + grads_r)]
 
 
-@pytest.mark.parametrize("n_h", [1, 3])
-def test_vn_16bit_only_without_gradients(n_h, monkeypatch):
+@pytest.mark.parametrize("n_h,T", [(1, 70), (3, 70), (1, 64), (3, 64)])
+def test_vn_16bit_only_without_gradients(n_h, T, monkeypatch):
     """TUNE["vn_16bit"] == "no_grad" (the default): bf16 inputs keep Vn in bf16 when no backward
     reads it, in fp32 when one does; with True it is bf16 either way, with False fp32. The forward
-    without gradients still matches the fp64 loop (interpreter bound, see below)."""
+    without gradients still matches the fp64 loop (interpreter bound, see below). At T = 64 every
+    chunk is full, so the gated default stores Vn by TMA (``TUNE["state_fwd_tma_vn"]``), in bf16
+    or fp32 as above."""
     from lrnn_scan.kernels.delta_product import function as fn
-    seen = []
-    real = fn._state_fwd
+    seen, tma = [], []
+    real, real_rows = fn._state_fwd, fn._rows_desc
 
     def spy(*a, **kw):
         out = real(*a, **kw)
         seen.append(out[1].dtype)
         return out
+
+    def spy_rows(*a):
+        out = real_rows(*a)
+        if a[1] == "state_fwd_tma_vn":
+            tma.append(bool(out))
+        return out
     monkeypatch.setattr(fn, "_state_fwd", spy)
-    q, k, v, beta, g, h0 = make_inputs(1, 70, n_h, 1, 32, 32, True, 2.0, dtype=torch.float32, seed=7)
+    monkeypatch.setattr(fn, "_rows_desc", spy_rows)
+    q, k, v, beta, g, h0 = make_inputs(1, T, n_h, 1, 32, 32, True, 2.0, dtype=torch.float32, seed=7)
     lo = [x.bfloat16() for x in (q, k, v, beta, g)]
     for setting, grad, want in (("no_grad", False, torch.bfloat16), ("no_grad", True, torch.float32),
                                 (True, True, torch.bfloat16), (False, False, torch.float32)):
@@ -530,6 +539,7 @@ def test_vn_16bit_only_without_gradients(n_h, monkeypatch):
         seen.clear()
         o, _ = chunk_delta_product(*xs, chunk_size=64, backend="triton")
         assert seen == [want], (setting, grad, seen)
+        assert tma[-1] == (T == 64), tma
         if not grad:
             o_r, _ = loop_fp64(*(x.double() for x in lo), torch.zeros(1, 1, 32, 32, dtype=torch.float64),
                                32 ** -0.5)

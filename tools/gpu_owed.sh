@@ -158,6 +158,10 @@
 #   autotuning took each 200 s process's limit before its gated rows), one n_h a call, e.g.
 #     DELTA_NH=2 deltafla   (its --fla-unguarded lets fla's gated backward run; the sixty-fifth did not pass it)
 #   with the Triton cache carried; the sixty-fifth's ungated rows: fwd+bwd 0.951x (n_h 1), 0.913x (4).
+#   Also owed: the three GPU rows added after the sixty-fifth's last call (66 now), the forward
+#   without gradients on whole chunks, where the gated default stores Vn by TMA (timed in its fwd
+#   rows, not yet checked against fp64 on a GPU; the interpreter checks it):
+#     python3 -m pytest -q tests/gpu/test_gpu_delta.py -k "token_chunk_output_forward and full"
 #   A delta variant against fla in one process (ratios to both):
 #     DELTA_TESTS=0 DELTA_VAR_FLA=1 DELTA_VARIANTS=default,NAME DELTA_NH=1,4 deltavar
 #   On an nvidia-h100-x2 machine run timings on one GPU and tests or training on the other:
@@ -189,7 +193,7 @@
 #        deltafp32 — issue 4: float32 inputs: the fp32 GPU checks and the timing of TUNE["fp32_dot"]
 #                   "tf32x3" (default) against "ieee" (DELTA_NH, default "1 2"; ieee compiles
 #                   for minutes: on 2026-12-03 n_h 1 alone took a cold 600 s call)
-#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (63 tests since the sixty-fifth session;
+#        deltavar — issue 4: tests/gpu/test_gpu_delta.py (66 tests since the sixty-fifth session;
 #                   45 of them: 169 s warm on an H200 in the fifty-eighth session, 87 s in the
 #                   sixtieth; cold, after a default changed, 44 of them took the
 #                   fifty-ninth's 250 s TEST_TIMEOUT: keep the default 320), then

@@ -181,20 +181,27 @@ def test_reflections_correlated_keys_finite():
     (1, False, "no_grad", False),
     # TUNE["output_raw_h"] (Q H on the stored bf16 tiles) with the predicated token-chunk state
     # store, per-chunk (n_h 1) and token-chunk kernels: both the default since 2026-11-26
-    (1, True, "no_grad", True), (2, False, "no_grad", True), (4, True, "no_grad", True)])
+    (1, True, "no_grad", True), (2, False, "no_grad", True), (4, True, "no_grad", True),
+    # every chunk full (no cu_seqlens, T a multiple of 64): the gated default stores Vn by TMA
+    # (TUNE["state_fwd_tma_vn"], since the sixty-fifth session), in bf16 here
+    (1, True, "no_grad", "full"), (2, True, "no_grad", "full"), (4, True, False, "full")])
 def test_token_chunk_output_forward_bf16(n_h, gated, vn16, raw_h, monkeypatch):
     """The forward without gradients (defaults: TUNE["token_chunk_output"], one state per 64 tokens
     at n_h > 1, and vn_16bit="no_grad", the pseudo-values in bf16), also with fp32 Vn: bf16 outputs
-    and final state against fp64, varlen with sequences ending inside token chunks."""
+    and final state against fp64, varlen with sequences ending inside token chunks; ``raw_h ==
+    "full"``: the defaults on whole chunks, one sequence of T = 1024 a batch row."""
     from lrnn_scan.kernels.delta_product import function as fn
     monkeypatch.setitem(fn.TUNE, "token_chunk_output", True)
     monkeypatch.setitem(fn.TUNE, "vn_16bit", vn16)
-    monkeypatch.setitem(fn.TUNE, "output_raw_h", raw_h)
-    monkeypatch.setitem(fn.TUNE, "token_state_pred", raw_h)   # the predicated state store too
-    T, H, K, V = 1000, 4, 128, 128
-    cu = torch.tensor([0, 1, 63, 130, 130, T], device="cuda")
-    ref_in, lo_in = _inputs(1, T, n_h, H, K, V, gated, 2.0, torch.bfloat16, seed=n_h)
-    ref_in[5] = ref_in[5].new_zeros(5, H, K, V).normal_() * 0.1
+    full = raw_h == "full"
+    if not full:
+        monkeypatch.setitem(fn.TUNE, "output_raw_h", raw_h)
+        monkeypatch.setitem(fn.TUNE, "token_state_pred", raw_h)   # the predicated state store too
+    T, H, K, V = (1024 if full else 1000), 4, 128, 128
+    cu = None if full else torch.tensor([0, 1, 63, 130, 130, T], device="cuda")
+    B, N = (2, 2) if full else (1, 5)
+    ref_in, lo_in = _inputs(B, T, n_h, H, K, V, gated, 2.0, torch.bfloat16, seed=n_h)
+    ref_in[5] = ref_in[5].new_zeros(N, H, K, V).normal_() * 0.1
     lo_in[5] = ref_in[5].float()
     outs = []
     for backend, xs in (("torch", ref_in), ("triton", lo_in)):

@@ -158,6 +158,12 @@
 #   autotuning took each 200 s process's limit before its gated rows), one n_h a call, e.g.
 #     DELTA_NH=2 deltafla   (its --fla-unguarded lets fla's gated backward run; the sixty-fifth did not pass it)
 #   with the Triton cache carried; the sixty-fifth's ungated rows: fwd+bwd 0.951x (n_h 1), 0.913x (4).
+#   The sixty-fifth carried a cache of our kernels only, so fla compiled and autotuned cold. fla
+#   0.6.0 keeps its autotune choices in the Triton cache (FLA_CACHE_RESULTS, default on: a
+#   <kernel>.autotune.json per kernel): end the first fla call with
+#     TRITON_CACHE_ONLY="autotune|chunk_|solve_tril|merge_|recompute_|prepare_wy|l2norm|dqkwg|wy_bwd|state_|output_|tri_inv|dv_local|wu_fwd" \
+#       bash tools/triton_cache.sh save
+#   and carry it, so that later calls skip fla's tuning.
 #   Also owed: the three GPU rows added after the sixty-fifth's last call (66 now), the forward
 #   without gradients on whole chunks, where the gated default stores Vn by TMA (timed in its fwd
 #   rows, not yet checked against fp64 on a GPU; the interpreter checks it):

@@ -435,8 +435,8 @@ def test_state_bwd_reload_k_bad_value_is_refused(monkeypatch):
         o.sum().backward()
 
 
-@pytest.mark.parametrize("key", ["state_bwd_tma_dh", "state_fwd_tma_hs", "state_fwd_tma_vn", "state_bwd_tma_x",
-                                 "dqkwg_tma_dk"])
+@pytest.mark.parametrize("key", ["state_bwd_tma_dh", "state_fwd_tma_hs", "state_fwd_tma_vn",
+                                 "state_bwd_tma_x", "dqkwg_tma_dk"])
 def test_tma_switch_bad_value_is_refused(key, monkeypatch):
     """The TMA store switches take True, False, "gated" or "ungated"; anything else is refused
     with the key named before any launch."""

@@ -70,9 +70,9 @@ def _raw(x):
 def _state_desc(buf, key, use_g, arg, flag, K, V, BK, BV):
     """``{arg: descriptor, flag: True}`` for a state kernel that stores its ``[K, V]`` state tiles
     by TMA (``TUNE[key]``, ``_case_on``): a descriptor over ``buf`` (``[n, H, K, V]`` read as
-    ``[n·H, K, V]``, blocks ``[1, BK, BV]``, so a ``K < BK`` tile clips at its head's rows), where TMA can take it
-    (``tma_tensors_ok``: compute capability 9+ or the interpreter, 16-byte aligned rows);
-    otherwise ``{}``, the plain store."""
+    ``[n·H, K, V]``, blocks ``[1, BK, BV]``, so a ``K < BK`` tile clips at its head's rows), where
+    TMA can take it (``tma_tensors_ok``: compute capability 9+ or the interpreter, 16-byte aligned
+    rows); otherwise ``{}``, the plain store."""
     if not _case_on(key, use_g):
         return {}
     flat = buf.view(-1, K, V)

@@ -245,15 +245,6 @@ VARIANTS = {
                     "state_bwd_tma_x": False, "maxnreg": {"output_tok": 160}},
     "no_state_tma": {"state_bwd_tma_dh": False, "state_fwd_tma_hs": False, "state_fwd_tma_vn": False,
                      "state_bwd_tma_x": False},
-    # the state kernels' L2 prefetch of the next chunk's inputs (prefetch.py, inline PTX
-    # prefetch.global.L2) one or two chunks ahead, in the forward, the backward or both. sm_90a
-    # (Triton 3.6, K=V=128 bf16 n_h 2, one chunk ahead): the backward's loop 1627 -> 1736 instructions
-    # ungated, spills 72 -> 84 B; 1558 -> 1615 gated, 0 -> 24 B; the forward's 1065 -> 1106 / 1211 ->
-    # 1262, spills +16 B (sixty-sixth session)
-    "pf1": {"state_fwd_prefetch": 1, "state_bwd_prefetch": 1},
-    "pf2": {"state_fwd_prefetch": 2, "state_bwd_prefetch": 2},
-    "pf_fwd1": {"state_fwd_prefetch": 1},
-    "pf_bwd1": {"state_bwd_prefetch": 1},
 }
 # (inv_kslice, tri_inv64's Gram blocks summed over key slices, lost on an H200 on 2026-11-26 at
 # every n_h, 1 to 4 warps: fwd 1.03-1.71x, fwd+bwd 1.00-1.14x; removed, TUNING.md)

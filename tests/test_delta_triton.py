@@ -449,41 +449,6 @@ def test_tma_switch_bad_value_is_refused(key, monkeypatch):
         chunk_delta_product(*xs, chunk_size=16, backend="triton")[0].sum().backward()
 
 
-@pytest.mark.parametrize("key", ["state_fwd_prefetch", "state_bwd_prefetch"])
-@pytest.mark.parametrize("bad", [-1, 5, 1.0, True, "1"])
-def test_prefetch_bad_value_is_refused(key, bad, monkeypatch):
-    """The state kernels' prefetch distance is an int in [0, 4]; anything else is refused with the
-    key named before any launch (under the interpreter too, where no prefetch is issued)."""
-    from lrnn_scan.kernels.delta_product import function as fn
-
-    q, k, v, beta, g, _ = make_inputs(1, 32, 1, 1, 16, 16, True, 2.0, dtype=torch.float32)
-    monkeypatch.setitem(fn.TUNE, key, bad)
-    with pytest.raises(ValueError, match=key):
-        chunk_delta_product(q, k, v, beta, g, chunk_size=16, backend="triton")
-
-
-def test_prefetch_off_where_the_inline_ptx_cannot_run(monkeypatch):
-    """The prefetch is inline PTX: the launcher passes PREFETCH = 0 under the CPU interpreter and
-    on CPU tensors whatever TUNE asks, and the kernels give the same results as with it off."""
-    from lrnn_scan.kernels.delta_product import function as fn
-    from lrnn_scan.kernels.delta_product.prefetch import prefetch_distance
-
-    x = torch.zeros(1)
-    monkeypatch.setitem(fn.TUNE, "state_bwd_prefetch", 2)
-    assert prefetch_distance("state_bwd_prefetch", fn.TUNE, x) == 0
-    monkeypatch.setitem(fn.TUNE, "state_bwd_prefetch", 0)
-    q, k, v, beta, g, _ = make_inputs(1, 40, 2, 1, 16, 16, True, 2.0, dtype=torch.float32)
-    outs = []
-    for ahead in (0, 1):
-        monkeypatch.setitem(fn.TUNE, "state_fwd_prefetch", ahead)
-        monkeypatch.setitem(fn.TUNE, "state_bwd_prefetch", ahead)
-        xs = [t.detach().clone().requires_grad_() for t in (q, k, v, beta, g)]
-        o, _ = chunk_delta_product(*xs, chunk_size=16, backend="triton")
-        outs.append([o] + list(torch.autograd.grad(o.sum(), xs)))
-    for a, b in zip(*outs):
-        assert torch.equal(a, b)
-
-
 class _Counting:
     """Wraps a kernel: counts launches, then launches it."""
     def __init__(self, kern):

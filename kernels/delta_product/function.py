@@ -13,7 +13,6 @@ from ..block_diagonal.tma import TensorDescriptor, tma_tensors_ok
 from .chunks import build_chunks, build_token_chunks
 from .dqkwg_bwd import dqkwg_bwd_kernel
 from .output import output_fwd_kernel, output_tok_fwd_kernel
-from .prefetch import prefetch_distance
 from .state import dv_local_kernel, state_bwd_kernel, state_fwd_kernel
 from .state_fused import state_bwd_fused_kernel, state_fwd_fused_kernel
 from .tune import (_CASE_SWITCHES, _FP32_DOTS, TUNE, _bv, _case_on, _dv_local_bvl, _fuse_form, _ksplit,
@@ -59,8 +58,6 @@ def _cfg(q, k, v, chunk_size):
             raise ValueError(f'TUNE["fp32_dot"] must be one of {_FP32_DOTS}, got {dot!r}')
     for key in _CASE_SWITCHES:       # a bad switch is refused before any launch, taken or not
         _case_on(key, False)
-    for key in ("state_fwd_prefetch", "state_bwd_prefetch"):
-        prefetch_distance(key, TUNE, q)
     return BC, BK, BVf, min(BVf, 64), dot
 
 
@@ -122,7 +119,7 @@ def _state_fwd(k, W, U, gcum, h0, ch, H, K, V, BC, BK, BVf, use_g, want_final, d
                     HS_PRED=bool(TUNE["token_state_pred"])) if tch
                else {} if vn_tma else _state_desc(hs, "state_fwd_tma_hs", use_g, "hs_desc", "TMA_HS",
                                                   K, V, BK, BV)),
-            **vn_tma, PREFETCH=prefetch_distance("state_fwd_prefetch", TUNE, k),
+            **vn_tma,
             num_warps=nw, num_stages=ns, **_regs("state_fused", use_g))
         return hs, vn, (hT if want_final else None)
     state_fwd_kernel[(cdiv(V, BV), N * H)](
@@ -254,7 +251,7 @@ class ChunkDeltaProductFunction(torch.autograd.Function):
                     BK=BK, BV=BVs, USE_G=use_g, USE_DHT=dhTc is not None, STORE_DH0=True, FORM=form,
                     DOT=dot, LEAN=lean, RELOAD_K=_case_on("state_bwd_reload_k", use_g) and lean,
                     STORE_ATDV=atdv,
-                    LOCAL_DV=local_dv, RAW=raw, PREFETCH=prefetch_distance("state_bwd_prefetch", TUNE, kf),
+                    LOCAL_DV=local_dv, RAW=raw,
                     **_state_desc(dhs, "state_bwd_tma_dh", use_g, "dhs_desc", "TMA_DH", K, V, BK, BVs),
                     **(_rows_desc(dvn, "state_bwd_tma_x", use_g, "x_desc", "TMA_X", ch, BC, BVs)
                        if atdv and lean else {}),

@@ -22,7 +22,6 @@ import triton
 import triton.language as tl
 
 from .mm import dot_abt
-from .prefetch import prefetch_rows
 
 
 @triton.jit
@@ -37,30 +36,6 @@ def _chunk_wy_in(k, beta, Ainv, c, h, s, rm, r, ck, H: tl.constexpr, K: tl.const
 
 
 @triton.jit
-def _prefetch_chunk(k, beta, gcum, Ainv, tile, q, do, cn, h, r, v0, start_ptr, len_ptr,
-                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr,
-                    BC: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, BWD: tl.constexpr):
-    """L2 prefetch (prefetch.py) of what chunk ``cn`` will load: its keys, ``A``, ``β``, gates and
-    this program's ``[C, BV]`` tile of ``tile`` (``V`` forward, ``P^T dO`` backward), and in the
-    backward the queries and ``dO`` of its tokens. Rows past the chunk's length are taken as its
-    first row, so every address is one the kernel loads."""
-    st = tl.load(start_ptr + cn)
-    ln = tl.load(len_ptr + cn)
-    s = st + tl.where(r < ln, r, 0)
-    sh = s * H + h
-    prefetch_rows(k, sh * K, K)
-    prefetch_rows(Ainv, ((cn * H + h) * BC + r) * BC, BC)
-    prefetch_rows(beta, sh, 1)
-    if USE_G:
-        prefetch_rows(gcum, sh, 1)
-    prefetch_rows(tile, sh * V + v0, BV, V - v0)
-    if BWD:
-        th = (s // NH) * H + h
-        prefetch_rows(q, th * K, K)
-        prefetch_rows(do, th * V + v0, BV, V - v0)
-
-
-@triton.jit
 def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, len_ptr, seq_ptr,
                            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                            BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -68,7 +43,7 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
                            FORM: tl.constexpr, DOT: tl.constexpr,
                            tseq_ptr=None, HS_EVERY: tl.constexpr = 1, HS_PRED: tl.constexpr = False,
                            hs_desc=None, TMA_HS: tl.constexpr = False, vn_desc=None,
-                           TMA_VN: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
+                           TMA_VN: tl.constexpr = False):
     """``Vn = U − W H`` with ``W``, ``U`` formed here, ``H ← γ_C H + (diag(γ_C/γ) K)^T Vn``;
     stores the chunk-start states ``H``, ``Vn`` and the final state (as ``state_fwd_kernel``).
     FORM 2: the row scalings ``diag(βγ)``, ``diag(γ_C/γ)`` go on the ``[C, BV]`` side of each dot
@@ -80,9 +55,7 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
     (``HS_EVERY == 1`` only, ``TUNE["state_fwd_tma_hs"]``): ``H`` stored through the descriptor
     ``hs_desc`` (``[NC·H, K, V]``, blocks ``[1, BK, BV]``), as ``state_bwd_fused_kernel``'s
     ``TMA_DH``. ``TMA_VN`` (every chunk full, ``TUNE["state_fwd_tma_vn"]``): ``Vn`` stored through
-    ``vn_desc`` (``[Ls, H, V]``, blocks ``[BC, 1, BV]`` at the chunk's first row). ``PREFETCH = d > 0``
-    (``TUNE["state_fwd_prefetch"]``): the inputs of the chunk ``d`` ahead are prefetched into L2
-    (prefetch.py) at the top of each chunk."""
+    ``vn_desc`` (``[Ls, H, V]``, blocks ``[BC, 1, BV]`` at the chunk's first row)."""
     iv = tl.program_id(0)
     nh = tl.program_id(1).to(tl.int64)  # sequence·H + head: (n·H + h)·K·V passes 2^31
     n = nh // H
@@ -102,9 +75,6 @@ def state_fwd_fused_kernel(k, v, beta, gcum, Ainv, h0, hs, vn, hT, start_ptr, le
     for c in range(c0, c1):
         start = tl.load(start_ptr + c)
         ln = tl.load(len_ptr + c)
-        if PREFETCH > 0:
-            _prefetch_chunk(k, beta, gcum, Ainv, v, k, k, tl.minimum(c + PREFETCH, c1 - 1), h, r, iv * BV,
-                            start_ptr, len_ptr, H, K, V, 1, BC, BV, USE_G, False)
         rm = r < ln
         s = start + r
         mv = rm[:, None] & (cv < V)[None, :]
@@ -245,7 +215,7 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
                            RELOAD_K: tl.constexpr = False, STORE_ATDV: tl.constexpr = False,
                            dhs_desc=None, TMA_DH: tl.constexpr = False, x_desc=None,
                            TMA_X: tl.constexpr = False, LOCAL_DV: tl.constexpr = False,
-                           RAW: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
+                           RAW: tl.constexpr = False):
     """``state_bwd_kernel`` without a stored ``W``: ``dVn += diag(γ_C/γ) K dH'`` (``dvn`` holds
     ``P^T dO``), ``dH = γ_C dH' + (diag(γ) Q)^T dO − W^T dVn``; stores ``dH'`` per chunk and ``dH_0``.
     FORM 2: the row scalings go on the ``[C, BV]`` side of each dot, as in the forward.
@@ -258,9 +228,7 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
     in place of ``dVn``; the later kernels need nothing else (wy_bwd_vn.py). ``TMA_DH``
     (``TUNE["state_bwd_tma_dh"]``): ``dH'`` is stored through the tensor descriptor ``dhs_desc``
     (``[NC·H, K, V]``, blocks ``[1, BK, BV]``) from shared memory, instead of the fp32 tile being
-    converted out of the MMA layout for a coalesced store every chunk. ``PREFETCH = d > 0``
-    (``TUNE["state_bwd_prefetch"]``): the inputs of the chunk ``d`` behind (the walk runs backwards)
-    are prefetched into L2 (prefetch.py) at the top of each chunk."""
+    converted out of the MMA layout for a coalesced store every chunk."""
     iv = tl.program_id(0)
     nh = tl.program_id(1).to(tl.int64)  # sequence·H + head: (n·H + h)·K·V passes 2^31
     n = nh // H
@@ -279,9 +247,6 @@ def state_bwd_fused_kernel(q, k, beta, gcum, Ainv, do, dhT, dhs, dvn, dh0, start
         c = c1 - 1 - i
         start = tl.load(start_ptr + c)
         ln = tl.load(len_ptr + c)
-        if PREFETCH > 0:
-            _prefetch_chunk(k, beta, gcum, Ainv, dvn, q, do, tl.maximum(c - PREFETCH, c0), h, r, iv * BV,
-                            start_ptr, len_ptr, H, K, V, NH, BC, BV, USE_G, True)
         rm = r < ln
         s = start + r
         mv = rm[:, None] & (cv < V)[None, :]

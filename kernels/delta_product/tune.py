@@ -132,11 +132,6 @@ TUNE = dict(
     # of reading it from dv_local_kernel: one launch and one [Ls, H, V] fp32 write and read fewer,
     # two more dots a chunk (off the serial chain). Opt-in, not yet timed
     state_bwd_local_dv=False,
-    # the state kernels' L2 prefetch of the chunk this many chunks ahead (prefetch.py; 0: off, at
-    # most 4): the per-chunk loads sit at the top of the serial chain at one pipeline stage.
-    # GPU-only (inline PTX; off under the interpreter). Opt-in, not yet timed
-    state_fwd_prefetch=0,
-    state_bwd_prefetch=0,
     # dqkwg_bwd's dk tile stored by TMA where every chunk is full (dqkwg_bwd.py TMA_DK): sm_90a
     # 2488 -> 2400 SASS instructions gated, 1776 -> 1720 ungated, but no faster (H100 2026-12-07:
     # the kernel 1.000-1.003x ungated, 0.999-1.017x gated at n_h 1-4). Opt-in

@@ -95,11 +95,7 @@ def _ratio(a, b):
     (4, True, 2.0, {"state_bwd_tma_dh": True, "state_bwd_tma_x": True, "state_fwd_tma_vn": True,
                     "dqkwg_tma_dk": True}),
     # the state backward forming P^T dO itself (no dv_local_kernel; opt-in since the sixty-fourth)
-    (2, True, 2.0, {"state_bwd_local_dv": True}), (1, False, 2.0, {"state_bwd_local_dv": True}),
-    # the state kernels' L2 prefetch of the chunk one or two ahead (opt-in since the sixty-sixth
-    # session; inline PTX, so these rows and test_fp32_varlen_prefetch are its only checks)
-    (2, True, 2.0, {"state_fwd_prefetch": 1, "state_bwd_prefetch": 1}),
-    (3, False, 2.0, {"state_fwd_prefetch": 2, "state_bwd_prefetch": 2})])
+    (2, True, 2.0, {"state_bwd_local_dv": True}), (1, False, 2.0, {"state_bwd_local_dv": True})])
 def test_bf16_full_heads_vs_fp64(n_h, gated, beta_max, tune, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     # the launcher's buffers start as NaN: an element a kernel (a TMA store, say) leaves unwritten
@@ -135,23 +131,6 @@ def test_fp32_varlen_vs_fp64(n_h, gated, fp32_dot, monkeypatch):
     from lrnn_scan.kernels.delta_product import function as fn
     monkeypatch.setitem(fn.TUNE, "fp32_dot", fp32_dot)
     # allow_tf32 by hand: pytest 9.2's monkeypatch cannot undo it (test_delta_triton.py)
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        _fp32_varlen_vs_fp64(n_h, gated)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
-
-
-@pytest.mark.parametrize("n_h,gated,ahead", [(2, True, 1), (3, False, 2)])
-def test_fp32_varlen_prefetch(n_h, gated, ahead, monkeypatch):
-    """The state kernels' L2 prefetch (kernels/delta_product/prefetch.py) over sequences of 1 to
-    370 sub-steps, where the chunk ahead is clamped to the sequence and its rows to the chunk:
-    the same fp64 check as test_fp32_varlen_vs_fp64, buffers poisoned with NaN."""
-    from lrnn_scan.kernels.delta_product import function as fn
-    monkeypatch.setenv("LRNN_SCAN_POISON", "1")
-    monkeypatch.setitem(fn.TUNE, "state_fwd_prefetch", ahead)
-    monkeypatch.setitem(fn.TUNE, "state_bwd_prefetch", ahead)
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:

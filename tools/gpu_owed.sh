@@ -213,6 +213,8 @@
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
 #        deltafla — issue 4: ours vs fla, fwd and fwd+bwd, one run (DELTA_NH, default "1 2 3 4")
+#        ncubytes — issue 4: DRAM bytes read / written and time of each of the seven delta kernels of
+#                   one fwd+bwd (Nsight Compute counters instead of byte estimates; NCU_NH, NCU_GATED)
 #        layers   — issue 7: layer targets in bf16
 #        scan     — issue 3: the full scan_throughput.py run (fwd+bwd under the new chunk rule)
 #        sweep    — issue 3: tools/fwdbwd_chunk_sweep.py (chunk choices with gradients; SWEEP_SET=summary
@@ -388,6 +390,18 @@ case "$stage" in
       $(for s in ${NCU_SECTIONS:-SpeedOfLight Occupancy LaunchStats WarpStateStats SchedulerStats MemoryWorkloadAnalysis}; do printf -- "--section %s " $s; done) \
       python3 tools/ncu_bd.py --m ${NCU_M:-8 16} --shape ${NCU_SHAPE:-1x16384x768} ${NCU_GRAD:+--grad} --tune "$tune" \
       > "$OUT/ncu_$(date +%H%M%S).log" 2>&1; tail -5 "$OUT"/ncu_*.log ;;
+  ncubytes)
+    # issue 4: bytes actually moved by each delta kernel (the second fwd+bwd of tools/ncu_delta.py),
+    # to set against the time: how far each kernel is from the HBM roofline
+    for gt in ${NCU_GATED:-0 1}; do
+      timeout ${STAGE_TIMEOUT:-150} ncu --clock-control none \
+        --kernel-name "regex:tri_inv64|state_fwd_fused|output_|dv_local|state_bwd_fused|dqkwg_bwd|wy_bwd_vn" \
+        --launch-skip 7 --launch-count 7 \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum \
+        python3 tools/ncu_delta.py --nh ${NCU_NH:-2} $([ "$gt" = 1 ] && echo --gated) \
+        > "$OUT/ncu_bytes_g${gt}.log" 2>&1
+      grep -E "^ +[a-z_0-9]+_kernel|gpu__time|dram__bytes|lts__t_bytes" "$OUT/ncu_bytes_g${gt}.log" | sed 's/  */ /g'
+    done ;;
   ncudelta)
     # issue 4: hardware counters of the delta backward kernels (tools/ncu_delta.py), B8 T4096 H16
     # K=V=128 bf16: NCU_NH, NCU_GATED (0 1), NCU_TUNE (JSON), NCU_KERNELS (regex), NCU_SECTIONS

@@ -394,9 +394,10 @@ def test_max_seq_len():
 
 
 def test_chunk_policy(monkeypatch):
-    """Forward only: chunk (256 steps) only below one program per SM and from T = 4096 on; with
-    gradients only below half a program per SM (one at m = 5..16), then 256-step chunks from
-    m = 4 on, below that about 4 programs per SM in chunks >= 256."""
+    """Forward only: chunk (256 steps; 128 at m = 5..8, the thread summaries) only below one
+    program per SM and from T = 4096 on; with gradients only below half a program per SM (one at
+    m = 5..16), then 256-step (128) chunks from m = 4 on, below that about 4 programs per SM in
+    chunks >= 256."""
     monkeypatch.setattr(scanmod, "_num_sms", lambda device: 132)
     scanmod.TUNE.clear()
     cc = scanmod._choose_chunk
@@ -412,8 +413,13 @@ def test_chunk_policy(monkeypatch):
     assert cc(24, 16384, "cpu", 1, 4, grad=True) == 256
     assert cc(24, 16384, "cpu", 1, 3, grad=True) == 745    # m < 4: aims at ~528 programs
     assert cc(384, 2048, "cpu", 1, 16, grad=True) is None
-    assert cc(96, 2048, "cpu", 1, 8, grad=True) == 256     # m = 5..16: below one program per SM
-    assert cc(131, 16384, "cpu", 1, 16, grad=True) == 256 and cc(96, 2048, "cpu", 1, 5, grad=True) == 256
+    assert cc(96, 2048, "cpu", 1, 8, grad=True) == 128     # m = 5..16: below one program per SM
+    assert cc(131, 16384, "cpu", 1, 16, grad=True) == 256 and cc(96, 2048, "cpu", 1, 5, grad=True) == 128
+    # m = 5..8 take the thread summaries, in 128-step chunks with and without gradients
+    assert cc(48, 16384, "cpu", 1, 8) == 128 and cc(64, 16384, "cpu", 1, 6, grad=True) == 128
+    scanmod.TUNE["summary"] = "dot"                        # their own chunks with another summary
+    assert cc(48, 16384, "cpu", 1, 8) == 256 and cc(64, 16384, "cpu", 1, 6, grad=True) == 256
+    scanmod.TUNE.clear()
     assert cc(96, 2048, "cpu", 1, 32, grad=True) is None    # m = 32: below half a program per SM
     assert cc(132, 2048, "cpu", 1, 8, grad=True) is None
     assert cc(96, 2048, "cpu", 1, 4, grad=True) is None     # m <= 4: below half a program per SM
@@ -514,16 +520,65 @@ def test_summary_dot_products(m, nt):
         E = torch.full((nseq, nc, H, m), float("nan"), device=DEV)
         launch_summary_dot(A, b, P, E, cu, 31, H, chunk, nc, nseq, m, 2, True,
                            {"sum_nt": nt, "sum_prec": "ieee"})
-        Pr = torch.eye(m, dtype=torch.float64).expand(nseq, nc, H, m, m).clone()
-        Er = torch.zeros(nseq, nc, H, m, dtype=torch.float64)
-        for s in range(nseq):
-            for c in range(nc):
-                for t in range(cu[s] + c * chunk, min(cu[s + 1], cu[s] + (c + 1) * chunk)):
-                    At = A[0, t].double().cpu()
-                    Pr[s, c] = At @ Pr[s, c]
-                    Er[s, c] = (At @ Er[s, c, ..., None])[..., 0] + b[0, t].double().cpu()
-        assert not P.isnan().any() and not E.isnan().any()
-        assert rel(P.cpu(), Pr) < 1e-6 and rel(E.cpu(), Er) < 1e-6, (rel(P.cpu(), Pr), rel(E.cpu(), Er))
+        _check_summaries(A, b, P, E, cu, chunk)
+
+
+def _check_summaries(A, b, P, E, cu, chunk):
+    """``P (nseq, nc, H, m, m)``, ``E (nseq, nc, H, m)`` (NaN-poisoned before the launch) against
+    float64 chunk products and zero-start end states of ``A (1, T, H, m, m)``, ``b (1, T, H, m)``."""
+    nseq, nc, H, m = E.shape
+    Pr = torch.eye(m, dtype=torch.float64).expand(nseq, nc, H, m, m).clone()
+    Er = torch.zeros(nseq, nc, H, m, dtype=torch.float64)
+    for s in range(nseq):
+        for c in range(nc):
+            for t in range(cu[s] + c * chunk, min(cu[s + 1], cu[s] + (c + 1) * chunk)):
+                At = A[0, t].double().cpu()
+                Pr[s, c] = At @ Pr[s, c]
+                Er[s, c] = (At @ Er[s, c, ..., None])[..., 0] + b[0, t].double().cpu()
+    assert not P.isnan().any() and not E.isnan().any()
+    assert rel(P.cpu(), Pr) < 1e-6 and rel(E.cpu(), Er) < 1e-6, (rel(P.cpu(), Pr), rel(E.cpu(), Er))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 6, 8])
+@pytest.mark.parametrize("nw,prefetch", [(1, True), (2, False)])
+def test_summary_thread_products(m, nw, prefetch):
+    """The one-block-per-thread chunk summaries (summary_thread.py) against float64: varlen chunks
+    cut by sequence ends (an empty sequence, a 1-step one), lanes past H (H = 35 on 32- and
+    64-block programs), 16-byte (m = 4, 8), 8-byte (m = 6's b) and scalar (m = 3) loads,
+    NaN-poisoned outputs, fp32 and bf16 inputs, with and without the next step prefetched."""
+    from lrnn_scan.kernels.block_diagonal.summary_thread import launch_summary_thread
+    cu = torch.tensor([0, 9, 9, 10, 31], dtype=torch.int64, device=DEV)
+    chunk, H, nseq = 8, 35, 4
+    nc = 3
+    for dtype in (torch.float32, torch.bfloat16):
+        A, b = make(1, 31, H, m, dtype, seed=m + 70 * nw)
+        P = torch.full((nseq, nc, H, m, m), float("nan"), device=DEV)
+        E = torch.full((nseq, nc, H, m), float("nan"), device=DEV)
+        launch_summary_thread(A, b, P, E, cu, 31, H, chunk, nc, nseq, m, True,
+                              {"sumt_nw": nw, "sumt_prefetch": prefetch})
+        _check_summaries(A, b, P, E, cu, chunk)
+
+
+@pytest.mark.parametrize("m", [4, 5, 8])
+def test_summary_thread_end_to_end(m):
+    """``TUNE['summary'] = 'thread'`` through the chunked forward and backward (h0, dh_final,
+    varlen chunks with boundaries inside them) against float64."""
+    scanmod.TUNE.update(summary="thread", chunk=12)
+    A, b = make(2, 37, 3, m, seed=17 * m)
+    cu = torch.tensor([0, 5, 30, 30, 61, 74], dtype=torch.int64, device=DEV)
+    run_check(A.reshape(1, 74, 3, m, m), b.reshape(1, 74, 3, m), torch.randn(5, 3, m).to(DEV), cu, 1e-5)
+
+
+def test_summary_thread_bad_args():
+    """Block sizes past 8 and warp counts that are not 1, 2, 4 or 8 are refused, naming the key."""
+    A, b = make(1, 40, 2, 9, seed=1)
+    scanmod.TUNE.update({"summary": "thread", "chunk": 8})
+    with pytest.raises(ValueError, match=r"TUNE\['summary'\] = 'thread'.*m = 9"):
+        bd.block_diagonal_scan(A, b)
+    A, b = make(1, 40, 2, 2, seed=1)
+    scanmod.TUNE.update({"summary": "thread", "chunk": 8, "sumt_nw": 3})
+    with pytest.raises(ValueError, match="sumt_nw"):
+        bd.block_diagonal_scan(A, b)
 
 
 @pytest.mark.parametrize("m", [2, 3, 16])

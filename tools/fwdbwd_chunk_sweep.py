@@ -55,7 +55,15 @@ SUMMARY_CHOICES = {"default": {}, "chunked": {"bd_lookback": False},
                    "lookback64_ns8": {"bd_lookback": True, "bdlb_chunk": 64, "sum_ns": 8},
                    "lookback128_ns8": {"bd_lookback": True, "bdlb_chunk": 128, "sum_ns": 8},
                    # shorter chunks: less of A in flight between a chunk's two reads (L2 reuse?)
-                   "lookback16": {"bd_lookback": True, "bdlb_chunk": 16}}
+                   "lookback16": {"bd_lookback": True, "bdlb_chunk": 16},
+                   # one block's (P, E) per thread (summary_thread.py, m <= 8) at forced chunk lengths
+                   **{f"thread{c}": {"summary": "thread", "chunk": c, "bd_lookback": False}
+                      for c in (64, 128, 256, 512)},
+                   "thread128_nopf": {"summary": "thread", "chunk": 128, "bd_lookback": False,
+                                      "sumt_prefetch": False},
+                   "thread128_nw2": {"summary": "thread", "chunk": 128, "bd_lookback": False, "sumt_nw": 2},
+                   "ring128": {"summary": "ring", "chunk": 128, "bd_lookback": False},
+                   "dot128": {"summary": "dot", "chunk": 128, "bd_lookback": False}}
 # m = 1 forward: the tiled one-pass kernel against the look-back (lookback.py) with its defaults
 # (128 x 32 tiles, 4 warps, 4-chunk windows), the defaults before 2026-11-26 (8 warps, 16-chunk
 # windows) and 64-step tiles. The persistent and flagged-word variants of the sixteenth session

@@ -31,7 +31,7 @@ from .lookback4_bwd import bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward
 from . import tma, tma_blocks, tma_blocks_bwd, tma_bwd
 from .shuffles import bwd_gather, ring_gather
-from .summary import launch_summary
+from .summary import launch_summary, summary_kind
 from .checks import _check_common, _check_float, _check_time_dim  # noqa: F401  (compile.py's too)
 from .time_major import TimeMajorScanFn
 
@@ -81,7 +81,7 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
     """Chunk length, or None for one pass over the whole sequence.
 
     Forward only (``grad=False``): chunk when there are fewer programs than SMs, into 256-step
-    chunks. On an H200 (fp32, README.md) 256 was the best or within 4 % of the best of
+    chunks (128 where the thread summaries run, m = 5..8; below). On an H200 (fp32, README.md) 256 was the best or within 4 % of the best of
     {256, 512, 1024, 2048} at B=1, T=16384, N=768, m=1..8, while at 192-384 programs (B=8, N=768,
     m=4, 8) the unchunked ring kernel beat every chunking by 1.1-2.3x (chunks read inputs twice).
     With gradients the backward reuses the forward's chunks: chunk only below half a program per
@@ -103,12 +103,16 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
         return None
     if m >= 16 and nprog >= _num_sms(device):  # m = 16, grad: B1 T16384 3.11 ms vs 5.56 one
         return None  # pass (48 programs), but B8 T2048 N768 (384) 3.33 ms vs 0.90 ms
+    # the thread summaries (summary_thread.py, m = 5..8) run one warp per 32 blocks and chunk:
+    # 128-step chunks give them programs enough (H100 B1 T16384 N768 m = 8, forward: 64 / 128 / 256
+    # / 512 steps 0.390 / 0.387 / 0.499 / 0.721 ms; fwd+bwd 0.928 / 0.914 / 1.022 / 1.268)
+    short = 128 if m > 1 and summary_kind(m, TUNE) == "thread" else 256
     if grad and m >= 4:
-        chunk = TUNE.get("chunk_len_grad", 256)
+        chunk = TUNE.get("chunk_len_grad", short)
     elif grad:
         chunk = max(256, cdiv(max_len, cdiv(target, nprog)))
     else:
-        chunk = TUNE.get("chunk_len", 256)
+        chunk = TUNE.get("chunk_len", short)
     chunk = cdiv(chunk, align) * align
     return None if chunk >= max_len else chunk
 

@@ -27,8 +27,9 @@ import triton.language as tl
 
 from .._host import cdiv, next_pow2
 from .fwd import _bd_fwd_ring, _bd_summary_kernel, _seq_bounds
+from .summary_thread import THREAD_MAX_M, launch_summary_thread
 
-__all__ = ["summary_dot_cfg", "launch_summary_dot", "launch_summary"]
+__all__ = ["summary_dot_cfg", "launch_summary_dot", "launch_summary", "summary_kind"]
 
 
 @triton.jit
@@ -131,18 +132,34 @@ def launch_summary_dot(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, ns, varlen,
         VARLEN=varlen, num_warps=nw, num_stages=ns)
 
 
+def summary_kind(m, tune):
+    """The chunk-summary kernel of ``launch_summary`` for block size ``m``: ``TUNE['summary']``,
+    else ``thread`` at ``m = 5..8``, ``dot`` from 9 on, ``ring`` below 5.
+
+    H100, fp32, B1 T16384 N768, 256-step chunks, forward, ring vs dot: m = 2 0.327 vs 0.748 ms,
+    4 0.261 vs 0.473 (tiles mostly zeros), 8 0.581 vs 0.556, 16 2.197 vs 0.685, 32 8.707 vs 1.778.
+    Sixty-seventh session (H100, same shape, CUDA graphs; the thread summaries in 128-step chunks,
+    ``scan._choose_chunk``): forward m = 8 0.387 ms against dot's 0.543, m = 6 0.308 against
+    0.719, fwd+bwd 0.914 / 1.057 and 1.203 / 1.596; m = 4 forward 0.217 against the ring's 0.230
+    but fwd+bwd 0.558 against 0.540, so m = 4 keeps the ring."""
+    kind = tune.get("summary", "thread" if 5 <= m <= THREAD_MAX_M else "dot" if m > THREAD_MAX_M else "ring")
+    if kind not in ("ring", "v1", "dot", "thread"):
+        raise ValueError(f"TUNE['summary'] must be 'ring', 'v1', 'dot' or 'thread', got {kind!r}")
+    return kind
+
+
 def launch_summary(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, bh, nw, ns, varlen, tune, fwd_variant):
     """Chunk summaries ``P`` (product of the chunk's transitions) and ``E`` (its end state from 0)
     for ``scan._bd_forward``, by ``tune['summary']``: ``ring`` (default below m = 5):
     ``_bd_fwd_ring`` with one column of ``[P | E]`` per program (``fwd_variant`` picks its ring);
-    ``v1``: the matrix-state kernel ``_bd_summary_kernel``; ``dot`` (default from m = 5 on, 8 x 8
-    padded blocks): ``launch_summary_dot`` (``S <- A_t S`` on tensor cores, ``A`` read once)."""
+    ``v1``: the matrix-state kernel ``_bd_summary_kernel``; ``dot`` (default from m = 9 on): ``launch_summary_dot`` (``S <- A_t S`` on tensor cores, ``A`` read once);
+    ``thread`` (m <= 8, default at m = 5..8): ``summary_thread.py``, one block's ``(P, E)`` in one
+    thread's registers (``summary_kind``)."""
     mp = next_pow2(m)
-    # H100, fp32, B1 T16384 N768, 256-step chunks, forward, ring vs dot: m = 2 0.327 vs 0.748 ms,
-    # 4 0.261 vs 0.473 (tiles mostly zeros), 8 0.581 vs 0.556, 16 2.197 vs 0.685, 32 8.707 vs 1.778
-    kind = tune.get("summary", "dot" if mp >= 8 else "ring")
-    if kind not in ("ring", "v1", "dot"):
-        raise ValueError(f"TUNE['summary'] must be 'ring', 'v1' or 'dot', got {kind!r}")
+    kind = summary_kind(m, tune)
+    if kind == "thread":
+        launch_summary_thread(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, varlen, tune)
+        return
     if kind == "dot":
         launch_summary_dot(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, ns, varlen, tune)
         return

@@ -178,6 +178,44 @@ def test_summary_dot_long_memory(m):
         tune.clear()
 
 
+@pytest.mark.parametrize("chunk", [64, 256])
+@pytest.mark.parametrize("m", [3, 4, 5, 8])
+def test_summary_thread_chunked(m, chunk):
+    """One-block-per-thread chunk summaries (``TUNE['summary'] = 'thread'``, summary_thread.py) in
+    varlen chunks with sequence ends inside chunks, h0 and dh_final: fp32 and bf16 against fp64;
+    then near-orthogonal transitions (0.999 Q_t, as test_summary_dot_long_memory), where an error in
+    a chunk's product reaches every later output, at fp32's 1e-4."""
+    tune = bd.scan.TUNE
+    try:
+        tune.update(summary="thread", chunk=chunk)
+        cu = torch.tensor([0, 5, 1000, 1000, 2500, 6002], device=DEV, dtype=torch.int64)
+        for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+            A, b = make(1, 6002, 384 // m, m, dtype, seed=700 + m)
+            check(A, b, torch.randn(5, 384 // m, m, device=DEV), cu, tol)
+        g = torch.Generator(device=DEV).manual_seed(800 + m)
+        q, _ = torch.linalg.qr(torch.randn(2, 3001, 96 // m, m, m, device=DEV, generator=g, dtype=torch.float64))
+        A = (0.999 * q).float().contiguous()
+        b = torch.randn(2, 3001, 96 // m, m, device=DEV, generator=g)
+        check(A, b, torch.randn(2, 96 // m, m, device=DEV), None, 1e-4)
+    finally:
+        tune.clear()
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory < 40e9,
+                    reason="needs ~30 GB of GPU memory")
+def test_summary_thread_more_than_2_31_elements():
+    """int64 offsets in the thread summaries: ``A`` with more than 2^31 elements, 256-step chunks."""
+    B, T, H, m = 1, 65536, 520, 8
+    assert B * T * H * m * m > 2 ** 31
+    A, b = make(B, T, H, m, torch.bfloat16, seed=9)
+    tune = bd.scan.TUNE
+    try:
+        tune.update(summary="thread", chunk=256)
+        check(A, b, None, None, 2e-2, heads=torch.tensor([0, H - 1], device=DEV))
+    finally:
+        tune.clear()
+
+
 def test_diagonal_api_long():
     T, N = 65536, 512
     a = torch.rand(2, T, N, device=DEV).requires_grad_()

@@ -228,7 +228,11 @@ def _compile_one(job: dict) -> dict:
         # is the actual error, so report that (the full text goes to --results)
         lines = [ln for ln in str(ex).splitlines() if ln.strip()]
         res["error"] = f"{type(ex).__name__}: {lines[-1] if lines else ''}"[:300]
-        res["error_full"] = str(ex)[-4000:]
+        chain, e = [], ex
+        while e is not None and len(chain) < 8:
+            chain.append(str(e))
+            e = e.__cause__
+        res["error_full"] = " <- ".join(chain)[-4000:]
     res["secs"] = round(time.time() - t0, 1)
     return res
 

@@ -62,11 +62,6 @@ SUMMARY_CHOICES = {"default": {}, "chunked": {"bd_lookback": False},
                    "thread128_nopf": {"summary": "thread", "chunk": 128, "bd_lookback": False,
                                       "sumt_prefetch": False},
                    "thread128_nw2": {"summary": "thread", "chunk": 128, "bd_lookback": False, "sumt_nw": 2},
-                   # one coalesced tile a step, split into the threads' rows (sumt_coalesce)
-                   "thread128_coal": {"summary": "thread", "chunk": 128, "bd_lookback": False,
-                                      "sumt_coalesce": True, "sumt_prefetch": False},
-                   "thread128_coal_pf": {"summary": "thread", "chunk": 128, "bd_lookback": False,
-                                         "sumt_coalesce": True},
                    "ring128": {"summary": "ring", "chunk": 128, "bd_lookback": False},
                    "dot128": {"summary": "dot", "chunk": 128, "bd_lookback": False}}
 # m = 1 forward: the tiled one-pass kernel against the look-back (lookback.py) with its defaults

@@ -17,7 +17,7 @@ fp32; chunks past a sequence's end are the identity map (``P = I``, ``E = 0``).
 import triton
 import triton.language as tl
 
-from .._host import cdiv, next_pow2
+from .._host import cdiv
 from .fwd import _seq_bounds
 
 __all__ = ["THREAD_MAX_M", "launch_summary_thread"]
@@ -51,36 +51,6 @@ def _load_entries(X, offs, ok, N: tl.constexpr, VW: tl.constexpr):
 
 
 @triton.jit
-def _load_entries_coalesced(X, offs, ok, N: tl.constexpr, NP: tl.constexpr, LOG2NP: tl.constexpr):
-    """As ``_load_entries``, but one coalesced ``(BH, NP)`` load (``NP`` = next power of two of
-    ``N``; entries past ``N`` masked) whose columns are then split apart in registers: the compiler
-    moves the tile through shared memory once so that each thread holds its own row."""
-    k = tl.arange(0, NP)
-    v = tl.load(X + offs[:, None] + k[None, :], mask=ok[:, None] & (k < N)[None, :], other=0.0).to(tl.float32)
-    parts = (v,)  # each level halves every part: its first half, then its second, so in order
-    for lvl in tl.static_range(LOG2NP):
-        new = ()
-        for p in tl.static_range(1 << lvl):
-            half = tl.permute(tl.reshape(parts[p], (v.shape[0], 2, NP >> (lvl + 1))), (0, 2, 1))
-            lo, hi = tl.split(half)
-            new = new + (lo, hi)
-        parts = new
-    out = ()
-    for q in tl.static_range(N):
-        out = out + (tl.reshape(parts[q], (v.shape[0],)),)
-    return out
-
-
-@triton.jit
-def _load_a(A, offs, ok, MM: tl.constexpr, VW: tl.constexpr, COAL: tl.constexpr, MMP: tl.constexpr,
-            LOG2MMP: tl.constexpr):
-    if COAL:
-        return _load_entries_coalesced(A, offs, ok, MM, MMP, LOG2MMP)
-    else:
-        return _load_entries(A, offs, ok, MM, VW)
-
-
-@triton.jit
 def _step(P, E, a, bt, M: tl.constexpr):
     """``(A P, A E + b)`` for row-major ``M x M`` tuples ``P``, ``a`` and ``M``-tuples ``E``, ``bt``."""
     newp = ()
@@ -101,8 +71,7 @@ def _step(P, E, a, bt, M: tl.constexpr):
 @triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
 def _bd_summary_thread_kernel(A, Bv, Pout, Eout, CU, T, H, CHUNK, NC,
                               M: tl.constexpr, BH: tl.constexpr, VW: tl.constexpr,
-                              VWB: tl.constexpr, PREFETCH: tl.constexpr, COAL: tl.constexpr,
-                              MMP: tl.constexpr, LOG2MMP: tl.constexpr, VARLEN: tl.constexpr):
+                              VWB: tl.constexpr, PREFETCH: tl.constexpr, VARLEN: tl.constexpr):
     """``A`` rows ``(B*T, H, M, M)``, ``Bv`` rows ``(B*T, H, M)``; ``Pout (nseq, NC, H, M, M)``,
     ``Eout (nseq, NC, H, M)`` fp32. Grid ``(cdiv(H, BH), nseq, NC)``; one block per thread.
     ``PREFETCH``: step ``t + 1``'s ``A`` and ``b`` are loaded before step ``t``'s FMAs."""
@@ -120,18 +89,18 @@ def _bd_summary_thread_kernel(A, Bv, Pout, Eout, CU, T, H, CHUNK, NC,
         E = E + (tl.zeros([BH], tl.float32),)
     if PREFETCH:
         ok = mh & (hb * 0 + t0 < t1)
-        a = _load_a(A, (t0 * H + hb) * MM, ok, MM, VW, COAL, MMP, LOG2MMP)
+        a = _load_entries(A, (t0 * H + hb) * MM, ok, MM, VW)
         bt = _load_entries(Bv, (t0 * H + hb) * M, ok, M, VWB)
         for t in tl.range(t0, t1):
             okn = mh & (hb * 0 + t + 1 < t1)
-            an = _load_a(A, ((t + 1) * H + hb) * MM, okn, MM, VW, COAL, MMP, LOG2MMP)
+            an = _load_entries(A, ((t + 1) * H + hb) * MM, okn, MM, VW)
             bn = _load_entries(Bv, ((t + 1) * H + hb) * M, okn, M, VWB)
             P, E = _step(P, E, a, bt, M)
             a = an
             bt = bn
     else:
         for t in tl.range(t0, t1):
-            a = _load_a(A, (t * H + hb) * MM, mh, MM, VW, COAL, MMP, LOG2MMP)
+            a = _load_entries(A, (t * H + hb) * MM, mh, MM, VW)
             bt = _load_entries(Bv, (t * H + hb) * M, mh, M, VWB)
             P, E = _step(P, E, a, bt, M)
     sc = s.to(tl.int64) * NC + c
@@ -149,9 +118,7 @@ def launch_summary_thread(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, varlen, 
     """Fill ``P (nseq, nc, H, m, m)`` and ``E (nseq, nc, H, m)`` (fp32) for chunks of ``chunk``
     steps, one block per thread; ``A (B, T, H, m, m)``, ``b (B, T, H, m)`` in any float dtype (read
     as fp32). ``TUNE`` keys: ``sumt_nw`` (warps a program, default 1: ``32 * sumt_nw`` blocks),
-    ``sumt_prefetch`` (default True: the next step's loads before this step's FMAs),
-    ``sumt_coalesce`` (default False: each thread loads its own block's row; True: one coalesced
-    tile a step, split into the threads' rows by the compiler)."""
+    ``sumt_prefetch`` (default True: the next step's loads before this step's FMAs)."""
     if not 1 <= m <= THREAD_MAX_M:
         raise ValueError(f"TUNE['summary'] = 'thread' takes block sizes m <= {THREAD_MAX_M}, got m = {m}")
     nw = tune.get("sumt_nw", 1)
@@ -160,6 +127,4 @@ def launch_summary_thread(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, varlen, 
     bh = 32 * nw
     _bd_summary_thread_kernel[(cdiv(H, bh), nseq, nc)](
         A, b, P, E, cu_arg, T, H, chunk, nc, M=m, BH=bh, VW=_vec_width(m * m), VWB=_vec_width(m),
-        PREFETCH=bool(tune.get("sumt_prefetch", True)), COAL=bool(tune.get("sumt_coalesce", False)),
-        MMP=next_pow2(m * m), LOG2MMP=next_pow2(m * m).bit_length() - 1, VARLEN=varlen,
-        num_warps=nw, num_stages=1)
+        PREFETCH=bool(tune.get("sumt_prefetch", True)), VARLEN=varlen, num_warps=nw, num_stages=1)

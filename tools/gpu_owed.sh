@@ -213,6 +213,11 @@
 #                   the caching allocator off (any out-of-bounds access of any kernel, fwd+bwd)
 #        bdrest   — issue 3: test_forward_variants, the block-diagonal GPU tests not yet run with x = I x0
 #        deltafla — issue 4: ours vs fla, fwd and fwd+bwd, one run (DELTA_NH, default "1 2 3 4")
+#        sumthread — issue 3 (OWED, sixty-seventh session): the GPU rows of the thread chunk summaries
+#                   (test_summary_thread_chunked: m = 3, 4, 5, 8, 64- and 256-step chunks, fp32 / bf16,
+#                   varlen, near-orthogonal transitions; test_summary_thread_more_than_2_31_elements),
+#                   then the H200's B1 rows (scan_throughput.py --shapes 1x16384x768); pytest -v so
+#                   that a cut-off run still shows which rows passed
 #        ncubytes — issue 4: DRAM bytes read / written and time of each of the seven delta kernels of
 #                   one fwd+bwd (Nsight Compute counters instead of byte estimates; NCU_NH, NCU_GATED)
 #        layers   — issue 7: layer targets in bf16
@@ -390,6 +395,12 @@ case "$stage" in
       $(for s in ${NCU_SECTIONS:-SpeedOfLight Occupancy LaunchStats WarpStateStats SchedulerStats MemoryWorkloadAnalysis}; do printf -- "--section %s " $s; done) \
       python3 tools/ncu_bd.py --m ${NCU_M:-8 16} --shape ${NCU_SHAPE:-1x16384x768} ${NCU_GRAD:+--grad} --tune "$tune" \
       > "$OUT/ncu_$(date +%H%M%S).log" 2>&1; tail -5 "$OUT"/ncu_*.log ;;
+  sumthread)
+    # issue 3: summary_thread.py (the default chunk summaries at m = 5..8 since the sixty-seventh session)
+    timeout ${STAGE_TIMEOUT:-400} python3 -m pytest -v -p no:cacheprovider tests/gpu/test_gpu_block_diagonal.py \
+      -k "summary_thread or inference_plans_batch1" 2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -30
+    timeout 150 python3 benchmarks/scan_throughput.py --shapes 1x16384x768 --skip-variants --no-peers \
+      --out "$OUT/st" --results "$OUT/RESULTS_st.md" 2>&1 | grep -i "fwd\|copy" | head -20 ;;
   ncubytes)
     # issue 4: bytes actually moved by each delta kernel (the second fwd+bwd of tools/ncu_delta.py),
     # to set against the time: how far each kernel is from the HBM roofline

@@ -103,9 +103,7 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
         return None
     if m >= 16 and nprog >= _num_sms(device):  # m = 16, grad: B1 T16384 3.11 ms vs 5.56 one
         return None  # pass (48 programs), but B8 T2048 N768 (384) 3.33 ms vs 0.90 ms
-    # the thread summaries (summary_thread.py, m = 5..8) run one warp per 32 blocks and chunk:
-    # 128-step chunks give them programs enough (H100 B1 T16384 N768 m = 8, forward: 64 / 128 / 256
-    # / 512 steps 0.390 / 0.387 / 0.499 / 0.721 ms; fwd+bwd 0.928 / 0.914 / 1.022 / 1.268)
+    # thread summaries: 128 steps give their 32-block programs enough warps (README.md)
     short = 128 if m > 1 and summary_kind(m, TUNE) == "thread" else 256
     if grad and m >= 4:
         chunk = TUNE.get("chunk_len_grad", short)

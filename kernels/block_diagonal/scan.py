@@ -81,11 +81,12 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
     """Chunk length, or None for one pass over the whole sequence.
 
     Forward only (``grad=False``): chunk when there are fewer programs than SMs, into 256-step
-    chunks (128 where the thread summaries run, m = 5..8; below). On an H200 (fp32, README.md) 256 was the best or within 4 % of the best of
-    {256, 512, 1024, 2048} at B=1, T=16384, N=768, m=1..8, while at 192-384 programs (B=8, N=768,
-    m=4, 8) the unchunked ring kernel beat every chunking by 1.1-2.3x (chunks read inputs twice).
-    With gradients the backward reuses the forward's chunks: chunk only below half a program per
-    SM (one at m = 5..16; ``chunk_grad_below``), then aim at 4 programs per SM with chunks >= 256.
+    chunks, 128 with the thread summaries (m = 5..8). On an H200 (fp32, README.md) 256 was the best
+    or within 4 % of the best of {256, 512, 1024, 2048} at B=1, T=16384, N=768, m=1..8 (dot / ring
+    summaries), while at 192-384 programs (B=8, N=768, m=4, 8) the unchunked ring kernel beat every
+    chunking by 1.1-2.3x (chunks read inputs twice). With gradients the backward reuses the
+    forward's chunks: chunk only below half a program per SM (one at m = 5..16;
+    ``chunk_grad_below``), then aim at 4 programs per SM with chunks >= 256 (128 at m = 5..8).
     H200, fp32, fwd+bwd at 96 ring programs (thirty-first session): one pass against 256-step
     chunks m = 8 B1 T16384 N1536 3.671 / 1.690 ms, B2 T2048 N768 0.465 / 0.289; m = 16 5.761 /
     2.846, 0.728 / 0.430; but m = 32 B4 T2048 N768 1.168 / 1.593 (RESULTS.md). The H100 timings
@@ -103,7 +104,6 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
         return None
     if m >= 16 and nprog >= _num_sms(device):  # m = 16, grad: B1 T16384 3.11 ms vs 5.56 one
         return None  # pass (48 programs), but B8 T2048 N768 (384) 3.33 ms vs 0.90 ms
-    # thread summaries: 128 steps give their 32-block programs enough warps (README.md)
     short = 128 if m > 1 and summary_kind(m, TUNE) == "thread" else 256
     if grad and m >= 4:
         chunk = TUNE.get("chunk_len_grad", short)

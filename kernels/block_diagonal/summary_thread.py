@@ -8,8 +8,10 @@ at B1 T16384 N768 for ``m = 4, 8, 16`` alike, README.md), and the ring summaries
 column of ``[P | E]``. Here a thread owns one block: the ``m^2 + m`` entries of ``(P, E)`` are a
 tuple of ``(BH,)`` registers, the step's ``A_t`` arrives as ``m^2`` more (16-byte row loads where
 ``m`` is a multiple of 4), and ``P <- A_t P``, ``E <- A_t E + b_t`` are ``m^3 + m^2`` FMAs with no
-exchange between threads. ``A`` is read once; at ``m = 8`` the state and one step's ``A`` take
-about 140 registers.
+exchange between threads. ``A`` is read once. ptxas (sm_90a, Triton 3.6) at ``m = 8``: 198
+registers and 641 instructions a step, 255 registers with the next step's loads issued first (the
+default), no spills. Measured (H100, B1 T16384 N768, README.md "Thread summaries"): m = 8 200 us
+for ``A`` and ``b`` (2.3 TB/s), against 361 us for ``summary.py``.
 
 Output as ``summary.launch_summary_dot``: ``P (nseq, nc, H, m, m)``, ``E (nseq, nc, H, m)``
 fp32; chunks past a sequence's end are the identity map (``P = I``, ``E = 0``).

@@ -215,7 +215,7 @@
 #        deltafla — issue 4: ours vs fla, fwd and fwd+bwd, one run (DELTA_NH, default "1 2 3 4")
 #        sumthread — issue 3 (OWED, sixty-seventh session): the GPU rows of the thread chunk summaries
 #                   (test_summary_thread_chunked: m = 3, 4, 5, 8, 64- and 256-step chunks, fp32 / bf16,
-#                   varlen, near-orthogonal transitions; test_summary_thread_more_than_2_31_elements),
+#                   varlen, near-orthogonal transitions; test_more_than_2_31_elements[520-8-tune1]),
 #                   then the H200's B1 rows (scan_throughput.py --shapes 1x16384x768); pytest -v so
 #                   that a cut-off run still shows which rows passed
 #        ncubytes — issue 4: DRAM bytes read / written and time of each of the seven delta kernels of
@@ -398,7 +398,7 @@ case "$stage" in
   sumthread)
     # issue 3: summary_thread.py (the default chunk summaries at m = 5..8 since the sixty-seventh session)
     timeout ${STAGE_TIMEOUT:-400} python3 -m pytest -v -p no:cacheprovider tests/gpu/test_gpu_block_diagonal.py \
-      -k "summary_thread or inference_plans_batch1" 2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -30
+      -k "summary_thread or inference_plans_batch1 or more_than_2_31_elements" 2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -30
     timeout 150 python3 benchmarks/scan_throughput.py --shapes 1x16384x768 --skip-variants --no-peers \
       --out "$OUT/st" --results "$OUT/RESULTS_st.md" 2>&1 | grep -i "fwd\|copy" | head -20 ;;
   ncubytes)

@@ -540,12 +540,12 @@ def _check_summaries(A, b, P, E, cu, chunk):
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 6, 8])
-@pytest.mark.parametrize("nw,prefetch", [(1, True), (2, False)])
-def test_summary_thread_products(m, nw, prefetch):
+@pytest.mark.parametrize("nw", [1, 2])
+def test_summary_thread_products(m, nw):
     """The one-block-per-thread chunk summaries (summary_thread.py) against float64: varlen chunks
     cut by sequence ends (an empty sequence, a 1-step one), lanes past H (H = 35 on 32- and
     64-block programs), 16-byte (m = 4, 8), 8-byte (m = 6's b) and scalar (m = 3) loads,
-    NaN-poisoned outputs, fp32 and bf16 inputs, with and without the next step prefetched."""
+    NaN-poisoned outputs, fp32 and bf16 inputs, 1- and 2-warp programs."""
     from lrnn_scan.kernels.block_diagonal.summary_thread import launch_summary_thread
     cu = torch.tensor([0, 9, 9, 10, 31], dtype=torch.int64, device=DEV)
     chunk, H, nseq = 8, 35, 4
@@ -555,7 +555,7 @@ def test_summary_thread_products(m, nw, prefetch):
         P = torch.full((nseq, nc, H, m, m), float("nan"), device=DEV)
         E = torch.full((nseq, nc, H, m), float("nan"), device=DEV)
         launch_summary_thread(A, b, P, E, cu, 31, H, chunk, nc, nseq, m, True,
-                              {"sumt_nw": nw, "sumt_prefetch": prefetch})
+                              {"sumt_nw": nw})
         _check_summaries(A, b, P, E, cu, chunk)
 
 

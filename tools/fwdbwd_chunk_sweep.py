@@ -59,8 +59,6 @@ SUMMARY_CHOICES = {"default": {}, "chunked": {"bd_lookback": False},
                    # one block's (P, E) per thread (summary_thread.py, m <= 8) at forced chunk lengths
                    **{f"thread{c}": {"summary": "thread", "chunk": c, "bd_lookback": False}
                       for c in (64, 128, 256, 512)},
-                   "thread128_nopf": {"summary": "thread", "chunk": 128, "bd_lookback": False,
-                                      "sumt_prefetch": False},
                    "thread128_nw2": {"summary": "thread", "chunk": 128, "bd_lookback": False, "sumt_nw": 2},
                    "ring128": {"summary": "ring", "chunk": 128, "bd_lookback": False},
                    "dot128": {"summary": "dot", "chunk": 128, "bd_lookback": False}}

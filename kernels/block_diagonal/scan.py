@@ -80,19 +80,17 @@ def _chunk_min_len(grad) -> int:
 def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
     """Chunk length, or None for one pass over the whole sequence.
 
-    Forward only (``grad=False``): chunk when there are fewer programs than SMs, into 256-step
-    chunks, 128 with the thread summaries (m = 5..8). On an H200 (fp32, README.md) 256 was the best
-    or within 4 % of the best of {256, 512, 1024, 2048} at B=1, T=16384, N=768, m=1..8 (dot / ring
-    summaries), while at 192-384 programs (B=8, N=768, m=4, 8) the unchunked ring kernel beat every
-    chunking by 1.1-2.3x (chunks read inputs twice). With gradients the backward reuses the
-    forward's chunks: chunk only below half a program per SM (one at m = 5..16;
-    ``chunk_grad_below``), then aim at 4 programs per SM with chunks >= 256 (128 at m = 5..8).
+    Forward only (``grad=False``): chunk below one program per SM, into 256-step chunks (128 with
+    the thread summaries, m = 5..8, README.md). H200, fp32: 256 within 4 % of the best of {256,
+    ..., 2048} at B1 T16384 N768 m = 1..8 (dot / ring summaries); at 192-384 programs (B8 N768,
+    m = 4, 8) one ring pass beat every chunking by 1.1-2.3x (chunks read inputs twice). With
+    gradients the backward reuses the forward's chunks: chunk only below half a program per SM
+    (one at m = 5..16; ``chunk_grad_below``), then aim at 4 programs per SM (128 / 256-step chunks).
     H200, fp32, fwd+bwd at 96 ring programs (thirty-first session): one pass against 256-step
     chunks m = 8 B1 T16384 N1536 3.671 / 1.690 ms, B2 T2048 N768 0.465 / 0.289; m = 16 5.761 /
-    2.846, 0.728 / 0.430; but m = 32 B4 T2048 N768 1.168 / 1.593 (RESULTS.md). The H100 timings
-    behind the other thresholds: MEASURED.md, "Chunk rules". ``TUNE`` keys: ``chunk`` (forced
-    length, 0 = never), ``chunk_target`` (programs per SM), ``chunk_grad_below`` (programs per
-    SM), ``chunk_len``, ``chunk_len_grad``, ``chunk_max_m`` (no chunking from this m on)."""
+    2.846, 0.728 / 0.430; but m = 32 B4 T2048 N768 1.168 / 1.593 (RESULTS.md); H100: MEASURED.md,
+    "Chunk rules". ``TUNE``: ``chunk`` (forced length, 0 = never), ``chunk_target`` / ``chunk_grad_below``
+    (programs per SM), ``chunk_len``, ``chunk_len_grad``, ``chunk_max_m`` (no chunks from this m)."""
     if "chunk" in TUNE:
         c = TUNE["chunk"]
         return None if not c or c >= max_len else c

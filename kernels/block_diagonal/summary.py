@@ -152,9 +152,10 @@ def launch_summary(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, bh, nw, ns, var
     """Chunk summaries ``P`` (product of the chunk's transitions) and ``E`` (its end state from 0)
     for ``scan._bd_forward``, by ``tune['summary']``: ``ring`` (default below m = 5):
     ``_bd_fwd_ring`` with one column of ``[P | E]`` per program (``fwd_variant`` picks its ring);
-    ``v1``: the matrix-state kernel ``_bd_summary_kernel``; ``dot`` (default from m = 9 on): ``launch_summary_dot`` (``S <- A_t S`` on tensor cores, ``A`` read once);
-    ``thread`` (m <= 8, default at m = 5..8): ``summary_thread.py``, one block's ``(P, E)`` in one
-    thread's registers (``summary_kind``)."""
+    ``v1``: the matrix-state kernel ``_bd_summary_kernel``; ``dot`` (default from m = 9 on):
+    ``launch_summary_dot`` (``S <- A_t S`` on tensor cores, ``A`` read once); ``thread`` (m <= 8,
+    default at m = 5..8): ``summary_thread.py``, one block's ``(P, E)`` in one thread's registers.
+    ``summary_kind`` picks."""
     mp = next_pow2(m)
     kind = summary_kind(m, tune)
     if kind == "thread":

@@ -9,8 +9,8 @@ column of ``[P | E]``. Here a thread owns one block: the ``m^2 + m`` entries of 
 tuple of ``(BH,)`` registers, the step's ``A_t`` arrives as ``m^2`` more (16-byte row loads where
 ``m`` is a multiple of 4), and ``P <- A_t P``, ``E <- A_t E + b_t`` are ``m^3 + m^2`` FMAs with no
 exchange between threads. ``A`` is read once. ptxas (sm_90a, Triton 3.6) at ``m = 8``: 198
-registers and 641 instructions a step, 255 registers with the next step's loads issued first (the
-default), no spills. Measured (H100, B1 T16384 N768, README.md "Thread summaries"): m = 8 200 us
+registers and 641 instructions a step without the next step's loads issued first, 255 with them
+(as here), no spills. Measured (H100, B1 T16384 N768, README.md "Thread summaries"): m = 8 200 us
 for ``A`` and ``b`` (2.3 TB/s), against 361 us for ``summary.py``.
 
 Output as ``summary.launch_summary_dot``: ``P (nseq, nc, H, m, m)``, ``E (nseq, nc, H, m)``
@@ -73,10 +73,9 @@ def _step(P, E, a, bt, M: tl.constexpr):
 @triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
 def _bd_summary_thread_kernel(A, Bv, Pout, Eout, CU, T, H, CHUNK, NC,
                               M: tl.constexpr, BH: tl.constexpr, VW: tl.constexpr,
-                              VWB: tl.constexpr, PREFETCH: tl.constexpr, VARLEN: tl.constexpr):
+                              VWB: tl.constexpr, VARLEN: tl.constexpr):
     """``A`` rows ``(B*T, H, M, M)``, ``Bv`` rows ``(B*T, H, M)``; ``Pout (nseq, NC, H, M, M)``,
-    ``Eout (nseq, NC, H, M)`` fp32. Grid ``(cdiv(H, BH), nseq, NC)``; one block per thread.
-    ``PREFETCH``: step ``t + 1``'s ``A`` and ``b`` are loaded before step ``t``'s FMAs."""
+    ``Eout (nseq, NC, H, M)`` fp32. Grid ``(cdiv(H, BH), nseq, NC)``; one block per thread."""
     s = tl.program_id(1)
     c = tl.program_id(2)
     bos, eos, t0, t1 = _seq_bounds(CU, s, c, T, CHUNK, VARLEN)
@@ -89,22 +88,18 @@ def _bd_summary_thread_kernel(A, Bv, Pout, Eout, CU, T, H, CHUNK, NC,
     E = ()
     for k in tl.static_range(M):
         E = E + (tl.zeros([BH], tl.float32),)
-    if PREFETCH:
-        ok = mh & (hb * 0 + t0 < t1)
-        a = _load_entries(A, (t0 * H + hb) * MM, ok, MM, VW)
-        bt = _load_entries(Bv, (t0 * H + hb) * M, ok, M, VWB)
-        for t in tl.range(t0, t1):
-            okn = mh & (hb * 0 + t + 1 < t1)
-            an = _load_entries(A, ((t + 1) * H + hb) * MM, okn, MM, VW)
-            bn = _load_entries(Bv, ((t + 1) * H + hb) * M, okn, M, VWB)
-            P, E = _step(P, E, a, bt, M)
-            a = an
-            bt = bn
-    else:
-        for t in tl.range(t0, t1):
-            a = _load_entries(A, (t * H + hb) * MM, mh, MM, VW)
-            bt = _load_entries(Bv, (t * H + hb) * M, mh, M, VWB)
-            P, E = _step(P, E, a, bt, M)
+    # step t + 1's A and b are loaded before step t's FMAs (H100, m = 8: 0.387 ms forward against
+    # 0.419 loading each step at the top of its trip, README.md "Thread summaries")
+    ok = mh & (hb * 0 + t0 < t1)
+    a = _load_entries(A, (t0 * H + hb) * MM, ok, MM, VW)
+    bt = _load_entries(Bv, (t0 * H + hb) * M, ok, M, VWB)
+    for t in tl.range(t0, t1):
+        okn = mh & (hb * 0 + t + 1 < t1)
+        an = _load_entries(A, ((t + 1) * H + hb) * MM, okn, MM, VW)
+        bn = _load_entries(Bv, ((t + 1) * H + hb) * M, okn, M, VWB)
+        P, E = _step(P, E, a, bt, M)
+        a = an
+        bt = bn
     sc = s.to(tl.int64) * NC + c
     for k in tl.static_range(MM):
         tl.store(Pout + (sc * H + hb) * MM + k, P[k], mask=mh)
@@ -119,8 +114,7 @@ def _vec_width(n: int) -> int:
 def launch_summary_thread(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, varlen, tune):
     """Fill ``P (nseq, nc, H, m, m)`` and ``E (nseq, nc, H, m)`` (fp32) for chunks of ``chunk``
     steps, one block per thread; ``A (B, T, H, m, m)``, ``b (B, T, H, m)`` in any float dtype (read
-    as fp32). ``TUNE`` keys: ``sumt_nw`` (warps a program, default 1: ``32 * sumt_nw`` blocks),
-    ``sumt_prefetch`` (default True: the next step's loads before this step's FMAs)."""
+    as fp32). ``TUNE['sumt_nw']``: warps a program (default 1: ``32 * sumt_nw`` blocks)."""
     if not 1 <= m <= THREAD_MAX_M:
         raise ValueError(f"TUNE['summary'] = 'thread' takes block sizes m <= {THREAD_MAX_M}, got m = {m}")
     nw = tune.get("sumt_nw", 1)
@@ -129,4 +123,4 @@ def launch_summary_thread(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, varlen, 
     bh = 32 * nw
     _bd_summary_thread_kernel[(cdiv(H, bh), nseq, nc)](
         A, b, P, E, cu_arg, T, H, chunk, nc, M=m, BH=bh, VW=_vec_width(m * m), VWB=_vec_width(m),
-        PREFETCH=bool(tune.get("sumt_prefetch", True)), VARLEN=varlen, num_warps=nw, num_stages=1)
+        VARLEN=varlen, num_warps=nw, num_stages=1)

@@ -394,7 +394,8 @@ def test_max_seq_len():
 
 
 def test_chunk_policy(monkeypatch):
-    """Forward only: chunk (256 steps; 128 at m = 5..8, the thread summaries) only below one
+    """Forward only: chunk (256 steps; 128 at m = 5..8, the thread summaries, and 64 at m = 4 where
+    they fill the GPU) only below one
     program per SM and from T = 4096 on; with gradients only below half a program per SM (one at
     m = 5..16), then 256-step (128) chunks from m = 4 on, below that about 4 programs per SM in
     chunks >= 256."""
@@ -410,7 +411,9 @@ def test_chunk_policy(monkeypatch):
     assert cc(12, 16384, "cpu", 1, 2, grad=True) == 373
     assert cc(48, 16384, "cpu", 1, 16) == 256 and cc(24, 16384, "cpu", 1, 32, grad=True) == 256
     assert cc(48, 16384, "cpu", 1, 16, grad=True) == 256   # m = 16, grad, < 1 program per SM
-    assert cc(24, 16384, "cpu", 1, 4, grad=True) == 256
+    # m = 4: thread summaries in 64-step chunks where they make 8 programs an SM, else ring, 256
+    assert cc(24, 16384, "cpu", 1, 4, grad=True) == 64 and cc(24, 16384, "cpu", 1, 4) == 64
+    assert cc(48, 16384, "cpu", 1, 4, grad=True) == 64 and cc(24, 4096, "cpu", 1, 4, grad=True) == 256
     assert cc(24, 16384, "cpu", 1, 3, grad=True) == 745    # m < 4: aims at ~528 programs
     assert cc(384, 2048, "cpu", 1, 16, grad=True) is None
     assert cc(96, 2048, "cpu", 1, 8, grad=True) == 128     # m = 5..16: below one program per SM
@@ -419,6 +422,7 @@ def test_chunk_policy(monkeypatch):
     assert cc(48, 16384, "cpu", 1, 8) == 128 and cc(64, 16384, "cpu", 1, 6, grad=True) == 128
     scanmod.TUNE["summary"] = "dot"                        # their own chunks with another summary
     assert cc(48, 16384, "cpu", 1, 8) == 256 and cc(64, 16384, "cpu", 1, 6, grad=True) == 256
+    assert cc(24, 16384, "cpu", 1, 4) == 256
     scanmod.TUNE.clear()
     assert cc(96, 2048, "cpu", 1, 32, grad=True) is None    # m = 32: below half a program per SM
     assert cc(132, 2048, "cpu", 1, 8, grad=True) is None
@@ -428,6 +432,25 @@ def test_chunk_policy(monkeypatch):
     assert cc(96, 2048, "cpu", 1, 2) is None            # forward, T < 4096: one ring8 pass
     scanmod.TUNE["chunk"] = 100
     assert cc(10 ** 6, 16384, "cpu", 1, 2) == 100
+
+
+def test_m4_thread_summary_rule():
+    """m = 4: thread summaries in 64-step chunks where their grid makes 8 programs an SM (the
+    H100's measured shapes at N768 / N384, 132 SMs), ring summaries in 256-step chunks otherwise;
+    ``summary_kind`` follows the chunk length, ``TUNE['summary']`` overrides both."""
+    from lrnn_scan.kernels.block_diagonal.summary import default_chunk, summary_kind
+    assert default_chunk(4, {}, 24, 16384, 132) == 64 and default_chunk(4, {}, 24, 65536, 132) == 64
+    assert default_chunk(4, {}, 48, 16384, 132) == 64                      # B2 T16384 N768
+    assert default_chunk(4, {}, 24, 4096, 132) == 256 and default_chunk(4, {}, 12, 16384, 132) == 256
+    assert default_chunk(4, {"summary": "ring"}, 24, 16384, 132) == 256
+    assert default_chunk(4, {"summary": "thread"}, 24, 4096, 132) == 128
+    assert default_chunk(8, {}, 1, 16384, 132) == 128 and default_chunk(6, {}, 1, 4096, 132) == 128
+    assert default_chunk(2, {}, 1, 16384, 132) == 256 and default_chunk(16, {}, 1, 16384, 132) == 256
+    assert summary_kind(4, {}, 64) == "thread" and summary_kind(4, {}, 256) == "ring"
+    assert summary_kind(4, {"summary": "ring"}, 64) == "ring" and summary_kind(3, {}, 64) == "ring"
+    assert summary_kind(8, {}, 512) == "thread" and summary_kind(9, {}, 64) == "dot"
+    with pytest.raises(ValueError, match="summary"):
+        summary_kind(4, {"summary": "threads"}, 64)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -31,7 +31,7 @@ from .lookback4_bwd import bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward
 from . import tma, tma_blocks, tma_blocks_bwd, tma_bwd
 from .shuffles import bwd_gather, ring_gather
-from .summary import launch_summary, summary_kind
+from .summary import default_chunk, launch_summary
 from .checks import _check_common, _check_float, _check_time_dim  # noqa: F401  (compile.py's too)
 from .time_major import TimeMajorScanFn
 
@@ -80,8 +80,8 @@ def _chunk_min_len(grad) -> int:
 def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
     """Chunk length, or None for one pass over the whole sequence.
 
-    Forward only (``grad=False``): chunk below one program per SM, into 256-step chunks (128 with
-    the thread summaries, m = 5..8, README.md). H200, fp32: 256 within 4 % of the best of {256,
+    Forward only (``grad=False``): chunk below one program per SM, into ``summary.default_chunk``
+    steps (256; 128 / 64 with the thread summaries). H200, fp32: 256 within 4 % of the best of {256,
     ..., 2048} at B1 T16384 N768 m = 1..8 (dot / ring summaries); at 192-384 programs (B8 N768,
     m = 4, 8) one ring pass beat every chunking by 1.1-2.3x (chunks read inputs twice). With
     gradients the backward reuses the forward's chunks: chunk only below half a program per SM
@@ -102,7 +102,7 @@ def _choose_chunk(nprog, max_len, device, align, m=1, grad=False):
         return None
     if m >= 16 and nprog >= _num_sms(device):  # m = 16, grad: B1 T16384 3.11 ms vs 5.56 one
         return None  # pass (48 programs), but B8 T2048 N768 (384) 3.33 ms vs 0.90 ms
-    short = 128 if m > 1 and summary_kind(m, TUNE) == "thread" else 256
+    short = default_chunk(m, TUNE, nprog, max_len, _num_sms(device))
     if grad and m >= 4:
         chunk = TUNE.get("chunk_len_grad", short)
     elif grad:

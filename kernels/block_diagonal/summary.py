@@ -29,7 +29,7 @@ from .._host import cdiv, next_pow2
 from .fwd import _bd_fwd_ring, _bd_summary_kernel, _seq_bounds
 from .summary_thread import THREAD_MAX_M, launch_summary_thread
 
-__all__ = ["summary_dot_cfg", "launch_summary_dot", "launch_summary", "summary_kind"]
+__all__ = ["summary_dot_cfg", "launch_summary_dot", "launch_summary", "summary_kind", "default_chunk"]
 
 
 @triton.jit
@@ -132,32 +132,58 @@ def launch_summary_dot(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, ns, varlen,
         VARLEN=varlen, num_warps=nw, num_stages=ns)
 
 
-def summary_kind(m, tune):
-    """The chunk-summary kernel of ``launch_summary`` for block size ``m``: ``TUNE['summary']``,
-    else ``thread`` at ``m = 5..8``, ``dot`` from 9 on, ``ring`` below 5.
+def summary_kind(m, tune, chunk):
+    """The chunk-summary kernel of ``launch_summary`` for block size ``m`` and ``chunk``-step
+    chunks: ``TUNE['summary']``, else ``thread`` at ``m = 5..8`` and at ``m = 4`` in chunks of at
+    most ``M4_THREAD_CHUNK`` steps (``default_chunk`` picks those only where they win), ``dot``
+    from 9 on, ``ring`` otherwise.
 
     H100, fp32, B1 T16384 N768, 256-step chunks, forward, ring vs dot: m = 2 0.327 vs 0.748 ms,
     4 0.261 vs 0.473 (tiles mostly zeros), 8 0.581 vs 0.556, 16 2.197 vs 0.685, 32 8.707 vs 1.778.
     Sixty-seventh session (H100, same shape, CUDA graphs; the thread summaries in 128-step chunks,
     ``scan._choose_chunk``): forward m = 8 0.387 ms against dot's 0.543, m = 6 0.308 against
-    0.719, fwd+bwd 0.914 / 1.057 and 1.203 / 1.596; m = 4 forward 0.217 against the ring's 0.230
-    but fwd+bwd 0.558 against 0.540, so m = 4 keeps the ring."""
-    kind = tune.get("summary", "thread" if 5 <= m <= THREAD_MAX_M else "dot" if m > THREAD_MAX_M else "ring")
+    0.719, fwd+bwd 0.914 / 1.057 and 1.203 / 1.596. m = 4: ``default_chunk``."""
+    default = ("thread" if 5 <= m <= THREAD_MAX_M or (m == 4 and chunk <= M4_THREAD_CHUNK)
+               else "dot" if m > THREAD_MAX_M else "ring")
+    kind = tune.get("summary", default)
     if kind not in ("ring", "v1", "dot", "thread"):
         raise ValueError(f"TUNE['summary'] must be 'ring', 'v1', 'dot' or 'thread', got {kind!r}")
     return kind
 
 
+M4_THREAD_CHUNK = 64  # m = 4: the thread summaries' chunk length (default_chunk)
+M4_THREAD_PER_SM = 8  # ... where they make at least this many programs an SM
+
+
+def default_chunk(m, tune, ring_programs, max_len, nsm):
+    """The chunked forward's default chunk length (``scan._choose_chunk``; ``ring_programs``: the
+    ring kernels' programs, 8 blocks each at ``m = 4``): 128 where the thread summaries run at
+    ``m = 5..8``; at ``m = 4`` ``M4_THREAD_CHUNK`` (64, thread summaries) where their grid (32
+    blocks x 64 steps a program) makes ``M4_THREAD_PER_SM`` programs an SM, else 256 (ring).
+
+    m = 4, H100, fp32, CUDA-graph medians of 3 rounds, ms, ring summaries in 256-step chunks /
+    thread summaries in 64 / in 128 (sixty-eighth session, RESULTS.md), forward: B1 N768 T16384
+    (11.6 thread programs an SM at 64 steps) 0.2308 / **0.2127** / 0.2204, T65536 (46.5)
+    0.8702 / **0.8277** / 0.7854, T4096 (2.9) **0.0669** / 0.0803 / 0.1111, B1 N384 T16384 (5.8)
+    **0.1193** / 0.1279 / 0.1472; fwd+bwd (ring / thread 64): B1 N768 T16384 0.5415 / 0.5407,
+    B2 T16384 (23) 1.1138 / **1.0224**, B1 T4096 **0.1697** / 0.1731."""
+    if m == 4 and tune.get("summary", "thread") == "thread":
+        thread_programs = cdiv(ring_programs, 4) * cdiv(max_len, M4_THREAD_CHUNK)
+        if thread_programs >= M4_THREAD_PER_SM * nsm:
+            return M4_THREAD_CHUNK
+    return 128 if m > 1 and summary_kind(m, tune, 128) == "thread" else 256
+
+
 def launch_summary(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, bh, nw, ns, varlen, tune, fwd_variant):
     """Chunk summaries ``P`` (product of the chunk's transitions) and ``E`` (its end state from 0)
-    for ``scan._bd_forward``, by ``tune['summary']``: ``ring`` (default below m = 5):
+    for ``scan._bd_forward``, by ``tune['summary']``: ``ring`` (default below m = 4, and at m = 4 in long chunks):
     ``_bd_fwd_ring`` with one column of ``[P | E]`` per program (``fwd_variant`` picks its ring);
     ``v1``: the matrix-state kernel ``_bd_summary_kernel``; ``dot`` (default from m = 9 on):
     ``launch_summary_dot`` (``S <- A_t S`` on tensor cores, ``A`` read once); ``thread`` (m <= 8,
-    default at m = 5..8): ``summary_thread.py``, one block's ``(P, E)`` in one thread's registers.
+    default at m = 5..8, m = 4 in short chunks): ``summary_thread.py``, one block's ``(P, E)`` in one thread's registers.
     ``summary_kind`` picks."""
     mp = next_pow2(m)
-    kind = summary_kind(m, tune)
+    kind = summary_kind(m, tune, chunk)
     if kind == "thread":
         launch_summary_thread(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, varlen, tune)
         return

@@ -592,6 +592,36 @@ def test_summary_thread_end_to_end(m):
     run_check(A.reshape(1, 74, 3, m, m), b.reshape(1, 74, 3, m), torch.randn(5, 3, m).to(DEV), cu, 1e-5)
 
 
+@pytest.mark.parametrize("m,summary,rerun_len", [(4, "thread", 36), (8, "thread", 48),
+                                                   (2, "ring", 1000), (3, "dot", 24)])
+def test_rerun_longer_chunks(m, summary, rerun_len, monkeypatch):
+    """The chunked forward's re-run over ``k`` summary chunks at a time (``summary.rerun_factor``;
+    12-step summary chunks, ``k`` = 3, 4, all, 2): its carries are those of every ``k``-th chunk,
+    with sequence ends inside chunks, a chunk count not a multiple of ``k``, h0 and dh_final, against
+    float64 (outputs NaN-poisoned first)."""
+    from lrnn_scan.kernels.block_diagonal import summary as summ
+    monkeypatch.setattr(summ, "RERUN_PER_SM", 0)  # keep k at rerun_len // chunk on tiny grids
+    k = summ.rerun_factor(12, 3, 1, 4, {"rerun_len": rerun_len})
+    assert k == rerun_len // 12 and summ.rerun_factor(12, 3, 1, 4, {"rerun_len": 0}) == 1
+    scanmod.TUNE.update(summary=summary, sum_prec="ieee", chunk=12, rerun_len=rerun_len)
+    A, b = make(2, 37, 3, m, seed=19 * m)
+    cu = torch.tensor([0, 5, 30, 30, 61, 74], dtype=torch.int64, device=DEV)
+    run_check(A.reshape(1, 74, 3, m, m), b.reshape(1, 74, 3, m), torch.randn(5, 3, m).to(DEV), cu, 1e-5)
+    run_check(A, b, torch.randn(2, 3, m).to(DEV), None, 1e-5)
+
+
+def test_rerun_factor_keeps_programs():
+    """``rerun_factor`` shortens ``k`` (halving) until the re-run has 8 programs an SM; off (1) by
+    default."""
+    from lrnn_scan.kernels.block_diagonal.summary import rerun_factor
+    on = {"rerun_len": 256}
+    assert rerun_factor(64, 256, 24, 132, on) == 4        # m = 4 B1 T16384 N768: 1536 programs
+    assert rerun_factor(128, 128, 48, 132, on) == 2       # m = 8: 3072 programs
+    assert rerun_factor(128, 8, 48, 132, on) == 1         # B1 T1024: 192 programs at k = 2
+    assert rerun_factor(64, 64, 24, 132, on) == 1         # 768 at k = 2 < 1056
+    assert rerun_factor(256, 64, 24, 132, on) == 1 and rerun_factor(64, 256, 24, 132, {}) == 1
+
+
 def test_summary_thread_bad_args():
     """Block sizes past 8 and warp counts that are not 1, 2, 4 or 8 are refused, naming the key."""
     A, b = make(1, 40, 2, 9, seed=1)

@@ -217,7 +217,13 @@
 #                   (test_summary_thread_chunked: m = 3, 4, 5, 8, 64- and 256-step chunks, fp32 / bf16,
 #                   varlen, near-orthogonal transitions; test_more_than_2_31_elements[520-8-tune1]),
 #                   then the H200's B1 rows (scan_throughput.py --shapes 1x16384x768); pytest -v so
-#                   that a cut-off run still shows which rows passed
+#                   that a cut-off run still shows which rows passed. Sixty-eighth session (H100): the
+#                   m = 3, 4, 5 rows passed (64 and 256); the m = 8 rows and 520-8 are still owed
+#                   (each row compiles cold for about 50 s: carry .triton_cache or give it 300 s)
+#        rerun    — issue 3 (OWED, sixty-eighth session): the opt-in TUNE['rerun_len'] (the chunked
+#                   forward's re-run over k summary chunks, summary.rerun_factor) against the default,
+#                   m = 4, 8 forward and m = 8 fwd+bwd at B1 T16384 / T65536 N768; then the padded-row
+#                   backward at many programs (m = 6 ring4 spills 432 B on sm_90a: ring2, v1 + gather)
 #        ncubytes — issue 4: DRAM bytes read / written and time of each of the seven delta kernels of
 #                   one fwd+bwd (Nsight Compute counters instead of byte estimates; NCU_NH, NCU_GATED)
 #        layers   — issue 7: layer targets in bf16
@@ -401,6 +407,16 @@ case "$stage" in
       -k "summary_thread or inference_plans_batch1 or more_than_2_31_elements" 2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -30
     timeout 150 python3 benchmarks/scan_throughput.py --shapes 1x16384x768 --skip-variants --no-peers \
       --out "$OUT/st" --results "$OUT/RESULTS_st.md" 2>&1 | grep -i "fwd\|copy" | head -20 ;;
+  rerun)
+    # issue 3: summary.rerun_factor (TUNE['rerun_len']); the m = 6 backward's kernel at many programs
+    for m in 4 8; do
+      timeout 60 python3 tools/tune_compare.py --m $m --shapes 1x16384x768 1x65536x768 --rounds 3 --out "$OUT/rr$m" \
+        --tune r256='{"rerun_len":256}' r512='{"rerun_len":512}' 2>&1 | grep -E "^B|fails"
+    done
+    timeout 60 python3 tools/tune_compare.py --m 8 --bwd --shapes 1x16384x768 --rounds 3 --out "$OUT/rr8b" \
+      --tune r256='{"rerun_len":256}' 2>&1 | grep -E "^B|fails"
+    timeout 90 python3 tools/tune_compare.py --m 6 --bwd --shapes 1x16384x768 16x2048x768 --rounds 3 --out "$OUT/m6bwd" \
+      --tune ring2='{"bwd_variant":"ring2"}' v1g='{"bwd_variant":"v1","bwd_gather":true}' 2>&1 | grep -E "^B|fails" ;;
   ncubytes)
     # issue 4: bytes actually moved by each delta kernel (the second fwd+bwd of tools/ncu_delta.py),
     # to set against the time: how far each kernel is from the HBM roofline

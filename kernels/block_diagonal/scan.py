@@ -31,7 +31,7 @@ from .lookback4_bwd import bd4_lookback_backward
 from .lookback_dot import bd_lookback_forward
 from . import tma, tma_blocks, tma_blocks_bwd, tma_bwd
 from .shuffles import bwd_gather, ring_gather
-from .summary import default_chunk, launch_summary
+from .summary import default_chunk, launch_summary, rerun_factor
 from .checks import _check_common, _check_float, _check_time_dim  # noqa: F401  (compile.py's too)
 from .time_major import TimeMajorScanFn
 
@@ -249,11 +249,11 @@ def _bd_forward(A, b, h0, cu, chunk, max_len=None):
         P, E, X, h0 if h0 is not None else dummy, final, dummy, nc, H, nc, 1,
         M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=h0 is not None, STORE_H=True, STORE_FINAL=True,
         VARLEN=False, num_warps=nw)
+    k = rerun_factor(chunk, nc, cdiv(H, bh) * nseq, _num_sms(dev), TUNE)  # k summary chunks a re-run
     first = (h0.float() if h0 is not None else torch.zeros(nseq, H, m, device=dev))[:, None]
-    init = torch.cat([first, X[:, :-1]], 1).contiguous()
-    _fwd_launch((cdiv(H, bh), nseq, nc),
-        A, b, h, init, dummy, cu_arg, T, H, chunk, nc,
-        M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=True, STORE_H=True, STORE_FINAL=False,
+    init = torch.cat([first, X[:, k - 1:nc - 1:k]], 1).contiguous()  # the carries into chunks 0, k, ..
+    _fwd_launch((cdiv(H, bh), nseq, cdiv(nc, k)), A, b, h, init, dummy, cu_arg, T, H, chunk * k,
+        cdiv(nc, k), M=m, MP=mp, BH=bh, NS=ns, HAS_INIT=True, STORE_H=True, STORE_FINAL=False,
         VARLEN=varlen, num_warps=nw)
     return h, final, P
 

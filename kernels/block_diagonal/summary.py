@@ -29,7 +29,8 @@ from .._host import cdiv, next_pow2
 from .fwd import _bd_fwd_ring, _bd_summary_kernel, _seq_bounds
 from .summary_thread import THREAD_MAX_M, launch_summary_thread
 
-__all__ = ["summary_dot_cfg", "launch_summary_dot", "launch_summary", "summary_kind", "default_chunk"]
+__all__ = ["summary_dot_cfg", "launch_summary_dot", "launch_summary", "summary_kind", "default_chunk",
+           "rerun_factor"]
 
 
 @triton.jit
@@ -172,6 +173,28 @@ def default_chunk(m, tune, ring_programs, max_len, nsm):
         if thread_programs >= M4_THREAD_PER_SM * nsm:
             return M4_THREAD_CHUNK
     return 128 if m > 1 and summary_kind(m, tune, 128) == "thread" else 256
+
+
+RERUN_LEN = 0  # the re-run's chunk length where the summaries' are shorter (rerun_factor; 0: off)
+RERUN_PER_SM = 8  # ... as long as the re-run keeps this many programs an SM
+
+
+def rerun_factor(chunk, nc, ring_programs, nsm, tune):
+    """How many summary chunks (``chunk`` steps, ``nc`` a sequence) one program of the chunked
+    forward's re-run covers (``scan._bd_forward``; ``ring_programs``: the ring kernel's block
+    groups times sequences): the re-run's carries are those of every ``k``-th chunk, so it may run
+    longer chunks than the summaries, which want short ones (``default_chunk``). ``k`` brings the
+    re-run to ``TUNE['rerun_len']`` steps (default ``RERUN_LEN``: 0, the summaries' chunks) while it
+    keeps ``RERUN_PER_SM`` programs an SM. Why: the ring re-run's cost per chunk (the pipeline's
+    start) weighs on 64- and 128-step chunks; H100 B1 T16384 N768 (sixty-seventh session, in
+    runs whose summaries had the same chunks): the carry pass and re-run at m = 4 in 64- /
+    256-step chunks 115 / 105 us, at m = 8 in 128 / 512 179 / 173 us. An opt-in, not timed
+    as such yet (sixty-eighth session: no GPU; ``tools/gpu_owed.sh rerun``)."""
+    length = tune.get("rerun_len", RERUN_LEN)
+    k = max(1, length // chunk)
+    while k > 1 and ring_programs * cdiv(nc, k) < RERUN_PER_SM * nsm:
+        k //= 2
+    return k
 
 
 def launch_summary(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, bh, nw, ns, varlen, tune, fwd_variant):

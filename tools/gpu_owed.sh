@@ -222,7 +222,8 @@
 #                   (each row compiles cold for about 50 s: carry .triton_cache or give it 300 s)
 #        rerun    — issue 3 (OWED, sixty-eighth session): the opt-in TUNE['rerun_len'] (the chunked
 #                   forward's re-run over k summary chunks, summary.rerun_factor) against the default,
-#                   m = 4, 8 forward and m = 8 fwd+bwd at B1 T16384 / T65536 N768; then the padded-row
+#                   m = 4, 8 forward and m = 8 fwd+bwd at B1 T16384 / T65536 N768, after its GPU test
+#                   (test_rerun_over_summary_chunks: m = 4, 6, 8, T65536 varlen); then the padded-row
 #                   backward at many programs (m = 6 ring4 spills 432 B on sm_90a: ring2, v1 + gather)
 #        ncubytes — issue 4: DRAM bytes read / written and time of each of the seven delta kernels of
 #                   one fwd+bwd (Nsight Compute counters instead of byte estimates; NCU_NH, NCU_GATED)
@@ -409,6 +410,8 @@ case "$stage" in
       --out "$OUT/st" --results "$OUT/RESULTS_st.md" 2>&1 | grep -i "fwd\|copy" | head -20 ;;
   rerun)
     # issue 3: summary.rerun_factor (TUNE['rerun_len']); the m = 6 backward's kernel at many programs
+    timeout 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_gpu_block_diagonal.py -k rerun_over_summary \
+      2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -5
     for m in 4 8; do
       timeout 60 python3 tools/tune_compare.py --m $m --shapes 1x16384x768 1x65536x768 --rounds 3 --out "$OUT/rr$m" \
         --tune r256='{"rerun_len":256}' r512='{"rerun_len":512}' 2>&1 | grep -E "^B|fails"

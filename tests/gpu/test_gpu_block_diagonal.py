@@ -111,6 +111,22 @@ def test_long_chunked_varlen(m):
     check(A.detach().clone(), b.detach().clone(), None, None, 1e-4)
 
 
+@pytest.mark.parametrize("m,rerun_len", [(4, 256), (6, 512), (8, 256)])
+def test_rerun_over_summary_chunks(m, rerun_len):
+    """The opt-in ``TUNE['rerun_len']`` (``summary.rerun_factor``: the chunked forward's re-run
+    over several summary chunks, from the carry into every k-th) at full size: B1 T65536 varlen
+    with sequence ends inside chunks and h0, then B1 without offsets, fp32 against fp64."""
+    T = 65536
+    A, b = make(1, T, 384 // m, m, torch.float32, seed=1100 + m)
+    cu = torch.tensor([0, 5, 30001, 30001, 47000, T], device=DEV, dtype=torch.int64)
+    try:
+        bd.scan.TUNE.update(rerun_len=rerun_len)
+        check(A, b, torch.randn(5, A.shape[2], m, device=DEV), cu, 1e-4)
+        check(A.detach().clone(), b.detach().clone(), None, None, 1e-4)
+    finally:
+        bd.scan.TUNE.clear()
+
+
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 16, 32])
 def test_gradients_without_final_state(m):
     """A loss on ``h`` alone: every backward runs without a final-state gradient (the autograd

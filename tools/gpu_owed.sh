@@ -219,7 +219,8 @@
 #                   then the H200's B1 rows (scan_throughput.py --shapes 1x16384x768); pytest -v so
 #                   that a cut-off run still shows which rows passed. Sixty-eighth session (H100): the
 #                   m = 3, 4, 5 rows passed (64 and 256); the m = 8 rows and 520-8 are still owed
-#                   (each row compiles cold for about 50 s: carry .triton_cache or give it 300 s)
+#                   (each row compiles cold for about 50 s: carry .triton_cache or give it 300 s); and
+#                   test_long_chunked_varlen[4], which now routes m = 4 through the thread summaries
 #        rerun    — issue 3 (OWED, sixty-eighth session): the opt-in TUNE['rerun_len'] (the chunked
 #                   forward's re-run over k summary chunks, summary.rerun_factor) against the default,
 #                   m = 4, 8 forward and m = 8 fwd+bwd at B1 T16384 / T65536 N768, after its GPU test
@@ -405,7 +406,7 @@ case "$stage" in
   sumthread)
     # issue 3: summary_thread.py (the default chunk summaries at m = 5..8 since the sixty-seventh session)
     timeout ${STAGE_TIMEOUT:-400} python3 -m pytest -v -p no:cacheprovider tests/gpu/test_gpu_block_diagonal.py \
-      -k "summary_thread or inference_plans_batch1 or more_than_2_31_elements" 2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -30
+      -k "summary_thread or long_chunked_varlen or inference_plans_batch1 or more_than_2_31_elements" 2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -30
     timeout 150 python3 benchmarks/scan_throughput.py --shapes 1x16384x768 --skip-variants --no-peers \
       --out "$OUT/st" --results "$OUT/RESULTS_st.md" 2>&1 | grep -i "fwd\|copy" | head -20 ;;
   rerun)

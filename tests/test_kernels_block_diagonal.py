@@ -620,6 +620,9 @@ def test_rerun_factor_keeps_programs():
     assert rerun_factor(128, 8, 48, 132, on) == 1         # B1 T1024: 192 programs at k = 2
     assert rerun_factor(64, 64, 24, 132, on) == 1         # 768 at k = 2 < 1056
     assert rerun_factor(256, 64, 24, 132, on) == 1 and rerun_factor(64, 256, 24, 132, {}) == 1
+    for bad in (-1, 25.0, "256", True):
+        with pytest.raises(ValueError, match="rerun_len"):
+            rerun_factor(64, 256, 24, 132, {"rerun_len": bad})
 
 
 def test_summary_thread_bad_args():

@@ -191,6 +191,8 @@ def rerun_factor(chunk, nc, ring_programs, nsm, tune):
     256-step chunks 115 / 105 us, at m = 8 in 128 / 512 179 / 173 us. An opt-in, not timed
     as such yet (sixty-eighth session: no GPU; ``tools/gpu_owed.sh rerun``)."""
     length = tune.get("rerun_len", RERUN_LEN)
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise ValueError(f"TUNE['rerun_len'] must be a step count >= 0 (0: off), got {length!r}")
     k = max(1, length // chunk)
     while k > 1 and ring_programs * cdiv(nc, k) < RERUN_PER_SM * nsm:
         k //= 2

@@ -201,12 +201,12 @@ def rerun_factor(chunk, nc, ring_programs, nsm, tune):
 
 def launch_summary(A, b, P, E, cu_arg, T, H, chunk, nc, nseq, m, bh, nw, ns, varlen, tune, fwd_variant):
     """Chunk summaries ``P`` (product of the chunk's transitions) and ``E`` (its end state from 0)
-    for ``scan._bd_forward``, by ``tune['summary']``: ``ring`` (default below m = 4, and at m = 4 in long chunks):
-    ``_bd_fwd_ring`` with one column of ``[P | E]`` per program (``fwd_variant`` picks its ring);
-    ``v1``: the matrix-state kernel ``_bd_summary_kernel``; ``dot`` (default from m = 9 on):
-    ``launch_summary_dot`` (``S <- A_t S`` on tensor cores, ``A`` read once); ``thread`` (m <= 8,
-    default at m = 5..8, m = 4 in short chunks): ``summary_thread.py``, one block's ``(P, E)`` in one thread's registers.
-    ``summary_kind`` picks."""
+    for ``scan._bd_forward``, by ``summary_kind``: ``ring`` (default below m = 4, and at m = 4 in
+    long chunks): ``_bd_fwd_ring`` with one column of ``[P | E]`` per program (``fwd_variant``
+    picks its ring); ``v1``: the matrix-state kernel ``_bd_summary_kernel``; ``dot`` (default from
+    m = 9 on): ``launch_summary_dot`` (``S <- A_t S`` on tensor cores, ``A`` read once); ``thread``
+    (m <= 8, default at m = 5..8 and at m = 4 in short chunks): ``summary_thread.py``, one block's
+    ``(P, E)`` in one thread's registers."""
     mp = next_pow2(m)
     kind = summary_kind(m, tune, chunk)
     if kind == "thread":

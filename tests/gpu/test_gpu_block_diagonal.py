@@ -228,8 +228,9 @@ def test_diagonal_api_long():
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory < 40e9,
                     reason="needs ~30 GB of GPU memory")
-@pytest.mark.parametrize("H,m,tune", [(160, 16, {}),   # m = 8: int64 offsets in the thread summaries
-                                      (520, 8, {"summary": "thread", "chunk": 256})])
+@pytest.mark.parametrize("H,m,tune", [(160, 16, {}),
+                                      (520, 8, {"summary": "thread", "chunk": 256})])  # int64 offsets
+# in the thread summaries
 def test_more_than_2_31_elements(H, m, tune):
     B, T = 1, 65536
     assert B * T * H * m * m > 2 ** 31

@@ -226,6 +226,10 @@
 #                   m = 4, 8 forward and m = 8 fwd+bwd at B1 T16384 / T65536 N768, after its GPU test
 #                   (test_rerun_over_summary_chunks: m = 4, 6, 8, T65536 varlen); then the padded-row
 #                   backward at many programs (m = 6 ring4 spills 432 B on sm_90a: ring2, v1 + gather)
+#        lbthread — issue 3 (OWED, sixty-ninth session): lookback_thread.py, the opt-in single pass
+#                   with one block per thread (TUNE bd_lookback + bdlb_kind 'thread'): its GPU race
+#                   test (m = 4, 6, 8; 8- and 32-step tiles; repeated), then the B1 T16384 N768
+#                   forward against the default in 8- / 16- / 32-step tiles; a default only if it wins
 #        ncubytes — issue 4: DRAM bytes read / written and time of each of the seven delta kernels of
 #                   one fwd+bwd (Nsight Compute counters instead of byte estimates; NCU_NH, NCU_GATED)
 #        layers   — issue 7: layer targets in bf16
@@ -409,6 +413,16 @@ case "$stage" in
       -k "summary_thread or long_chunked_varlen or inference_plans_batch1 or more_than_2_31_elements" 2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -30
     timeout 150 python3 benchmarks/scan_throughput.py --shapes 1x16384x768 --skip-variants --no-peers \
       --out "$OUT/st" --results "$OUT/RESULTS_st.md" 2>&1 | grep -i "fwd\|copy" | head -20 ;;
+  lbthread)
+    # issue 3: lookback_thread.py (opt-in single pass with one block per thread): races, then the
+    # B1 forward against the default (m = 4, 6, 8) in 8- / 16- / 32-step tiles
+    timeout 200 python3 -m pytest -v -p no:cacheprovider tests/test_kernels_lookback_thread.py -k gpu_many \
+      2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -8
+    lbt='{"bd_lookback":true,"bdlb_kind":"thread","lbt_chunk":'
+    for m in 8 6 4; do
+      timeout 120 python3 tools/tune_compare.py --m $m --shapes 1x16384x768 --rounds 3 --out "$OUT/lbt$m" \
+        --tune t8="${lbt}8}" t16="${lbt}16}" t32="${lbt}32}" 2>&1 | grep -E "^B|fails"
+    done ;;
   rerun)
     # issue 3: summary.rerun_factor (TUNE['rerun_len']); the m = 6 backward's kernel at many programs
     timeout 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_gpu_block_diagonal.py -k rerun_over_summary \

@@ -43,6 +43,7 @@ import triton.language as tl
 from .._host import cdiv, max_seq_len, next_pow2
 from .fwd import _seq_bounds
 from .lookback import _publish
+from .lookback_thread import bd_thread_lookback_forward
 from .summary import _chunk_summary, _tile_dot, _tile_layout, summary_dot_cfg, summary_stages
 
 __all__ = ["bd_lookback_forward", "bd_lookback_cfg", "bd_lookback_use"]
@@ -156,7 +157,13 @@ def bd_lookback_forward(A, b, h0, cu, tune, empty, max_len=None):
     """One launch. ``A (B, T, H, m, m)``, ``b (B, T, H, m)``, ``h0 (nseq, H, m)`` or None, ``cu``
     int64 offsets or None; ``empty`` allocates outputs (the launcher's NaN-poisoning ``_empty``).
     Returns ``(h, h_final, None)`` (``scan._bd_forward``'s contract, no chunk products: forward
-    only)."""
+    only). ``TUNE['bdlb_kind']``: ``"dot"`` (default) this kernel, ``"thread"`` one block per
+    thread (``lookback_thread.py``, ``m <= 8``, opt-in)."""
+    kind = tune.get("bdlb_kind", "dot")
+    if kind not in ("dot", "thread"):
+        raise ValueError(f"TUNE['bdlb_kind'] must be 'dot' or 'thread', got {kind!r}")
+    if kind == "thread":
+        return bd_thread_lookback_forward(A, b, h0, cu, tune, empty, max_len)
     B, T, H, m = b.shape
     nseq = B if cu is None else cu.numel() - 1
     ch, d, nt, prec, nw = bd_lookback_cfg(m, tune)

@@ -70,6 +70,40 @@ def _step(P, E, a, bt, M: tl.constexpr):
     return newp, newe
 
 
+@triton.jit
+def _load_step(A, Bv, t, t1, H, hb, mh, M: tl.constexpr, VW: tl.constexpr, VWB: tl.constexpr):
+    """Step ``t``'s ``A_t`` (an ``M*M``-tuple) and ``b_t`` (an ``M``-tuple) for blocks ``hb``,
+    zeros where ``t >= t1`` or past ``H`` (``mh`` false)."""
+    ok = mh & (hb * 0 + t < t1)
+    return (_load_entries(A, (t * H + hb) * (M * M), ok, M * M, VW),
+            _load_entries(Bv, (t * H + hb) * M, ok, M, VWB))
+
+
+@triton.jit
+def _chunk_summary_thread(A, Bv, t0, t1, H, hb, mh, M: tl.constexpr, BH: tl.constexpr,
+                          VW: tl.constexpr, VWB: tl.constexpr):
+    """``(P, E)`` of steps ``t0 .. t1 - 1`` (rows of ``A (rows, H, M, M)``, ``Bv (rows, H, M)``)
+    for blocks ``hb`` (``BH`` of them; ``mh``: those below ``H``), one block a lane:
+    ``P = A_{t1-1} .. A_{t0}`` as an ``M*M``-tuple (row-major), the zero-start end state ``E`` as
+    an ``M``-tuple. Also ``lookback_thread.py``'s first pass."""
+    MM: tl.constexpr = M * M
+    P = ()
+    for k in tl.static_range(MM):
+        P = P + (tl.full([BH], 1.0 if k % (M + 1) == 0 else 0.0, tl.float32),)
+    E = ()
+    for k in tl.static_range(M):
+        E = E + (tl.zeros([BH], tl.float32),)
+    # step t + 1's A and b are loaded before step t's FMAs (H100, m = 8: 0.387 ms forward against
+    # 0.419 loading each step at the top of its trip, README.md "Thread summaries")
+    a, bt = _load_step(A, Bv, t0, t1, H, hb, mh, M, VW, VWB)
+    for t in tl.range(t0, t1):
+        an, bn = _load_step(A, Bv, t + 1, t1, H, hb, mh, M, VW, VWB)
+        P, E = _step(P, E, a, bt, M)
+        a = an
+        bt = bn
+    return P, E
+
+
 @triton.jit(do_not_specialize=["T", "CHUNK", "NC"])
 def _bd_summary_thread_kernel(A, Bv, Pout, Eout, CU, T, H, CHUNK, NC,
                               M: tl.constexpr, BH: tl.constexpr, VW: tl.constexpr,
@@ -82,24 +116,7 @@ def _bd_summary_thread_kernel(A, Bv, Pout, Eout, CU, T, H, CHUNK, NC,
     hb = tl.program_id(0) * BH + tl.arange(0, BH)
     mh = hb < H
     MM: tl.constexpr = M * M
-    P = ()
-    for k in tl.static_range(MM):
-        P = P + (tl.full([BH], 1.0 if k % (M + 1) == 0 else 0.0, tl.float32),)
-    E = ()
-    for k in tl.static_range(M):
-        E = E + (tl.zeros([BH], tl.float32),)
-    # step t + 1's A and b are loaded before step t's FMAs (H100, m = 8: 0.387 ms forward against
-    # 0.419 loading each step at the top of its trip, README.md "Thread summaries")
-    ok = mh & (hb * 0 + t0 < t1)
-    a = _load_entries(A, (t0 * H + hb) * MM, ok, MM, VW)
-    bt = _load_entries(Bv, (t0 * H + hb) * M, ok, M, VWB)
-    for t in tl.range(t0, t1):
-        okn = mh & (hb * 0 + t + 1 < t1)
-        an = _load_entries(A, ((t + 1) * H + hb) * MM, okn, MM, VW)
-        bn = _load_entries(Bv, ((t + 1) * H + hb) * M, okn, M, VWB)
-        P, E = _step(P, E, a, bt, M)
-        a = an
-        bt = bn
+    P, E = _chunk_summary_thread(A, Bv, t0, t1, H, hb, mh, M, BH, VW, VWB)
     sc = s.to(tl.int64) * NC + c
     for k in tl.static_range(MM):
         tl.store(Pout + (sc * H + hb) * MM + k, P[k], mask=mh)

@@ -39,8 +39,8 @@ from .._host import cdiv, max_seq_len
 from .fwd import _seq_bounds
 from .lookback import _next_tile
 from .lookback4 import _publish4
-from .summary_thread import (THREAD_MAX_M, _chunk_summary_thread, _load_entries, _load_step, _step,
-                             _vec_width)
+from .summary_thread import (THREAD_MAX_M, _chunk_summary_thread, _identity_map, _load_entries, _load_step,
+                             _step, _vec_width)
 
 __all__ = ["bd_thread_lookback_cfg", "bd_thread_lookback_forward"]
 
@@ -89,12 +89,7 @@ def _thread_look_back(Status, Vals, base, c, bh, M: tl.constexpr, BH: tl.constex
     until a chunk with its inclusive state (flag 2; chunk 0 always publishes one)."""
     MM: tl.constexpr = M * M
     ROWS: tl.constexpr = MM + 2 * M
-    pacc = ()
-    for k in tl.static_range(MM):
-        pacc = pacc + (tl.full([BH], 1.0 if k % (M + 1) == 0 else 0.0, tl.float32),)
-    eacc = ()
-    for k in tl.static_range(M):
-        eacc = eacc + (tl.zeros([BH], tl.float32),)
+    pacc, eacc = _identity_map(M, BH)
     j = c - 1
     done = c * 0
     while done == 0:

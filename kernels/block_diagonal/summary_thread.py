@@ -71,6 +71,18 @@ def _step(P, E, a, bt, M: tl.constexpr):
 
 
 @triton.jit
+def _identity_map(M: tl.constexpr, BH: tl.constexpr):
+    """The map ``x -> I x + 0`` as ``(P, E)`` tuples of ``(BH,)`` fp32 (``M*M`` and ``M`` of them)."""
+    P = ()
+    for k in tl.static_range(M * M):
+        P = P + (tl.full([BH], 1.0 if k % (M + 1) == 0 else 0.0, tl.float32),)
+    E = ()
+    for k in tl.static_range(M):
+        E = E + (tl.zeros([BH], tl.float32),)
+    return P, E
+
+
+@triton.jit
 def _load_step(A, Bv, t, t1, H, hb, mh, M: tl.constexpr, VW: tl.constexpr, VWB: tl.constexpr):
     """Step ``t``'s ``A_t`` (an ``M*M``-tuple) and ``b_t`` (an ``M``-tuple) for blocks ``hb``,
     zeros where ``t >= t1`` or past ``H`` (``mh`` false)."""
@@ -86,13 +98,7 @@ def _chunk_summary_thread(A, Bv, t0, t1, H, hb, mh, M: tl.constexpr, BH: tl.cons
     for blocks ``hb`` (``BH`` of them; ``mh``: those below ``H``), one block a lane:
     ``P = A_{t1-1} .. A_{t0}`` as an ``M*M``-tuple (row-major), the zero-start end state ``E`` as
     an ``M``-tuple. Also ``lookback_thread.py``'s first pass."""
-    MM: tl.constexpr = M * M
-    P = ()
-    for k in tl.static_range(MM):
-        P = P + (tl.full([BH], 1.0 if k % (M + 1) == 0 else 0.0, tl.float32),)
-    E = ()
-    for k in tl.static_range(M):
-        E = E + (tl.zeros([BH], tl.float32),)
+    P, E = _identity_map(M, BH)
     # step t + 1's A and b are loaded before step t's FMAs (H100, m = 8: 0.387 ms forward against
     # 0.419 loading each step at the top of its trip, README.md "Thread summaries")
     a, bt = _load_step(A, Bv, t0, t1, H, hb, mh, M, VW, VWB)

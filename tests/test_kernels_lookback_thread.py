@@ -13,6 +13,8 @@ os.environ["LRNN_SCAN_POISON"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from test_kernels_block_diagonal import DEV, bd, ref, rel, scanmod, tune_fixture  # noqa: E402
 from test_kernels_lookback_dot import make, run  # noqa: E402  (near-orthogonal blocks)
@@ -66,6 +68,25 @@ def test_low_precision():
         h, hf = bd.block_diagonal_scan(A, b, None, True)
     hr, hfr = ref.block_diagonal_scan_ref(A.double(), b.double(), None, True)
     assert h.dtype == torch.bfloat16 and 0 < rel(h, hr) <= 5e-3 and rel(hf, hfr) <= 1e-5
+
+
+@settings(max_examples=10)
+@given(T=st.integers(1, 30), chunk=st.integers(1, 9), m=st.integers(1, 8), H=st.sampled_from([1, 3, 33]),
+       cuts=st.none() | st.lists(st.integers(0, 30), max_size=3), h0=st.booleans(), incl=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_property_equals_sequential(T, chunk, m, H, cuts, h0, incl, seed):
+    """Any tile length, block size, length, head count and varlen cut (empty sequences included):
+    the launcher's ``h`` and final states equal the fp64 loop."""
+    cu = None if cuts is None else torch.tensor(sorted({0, T, *(min(x, T) for x in cuts)}), dtype=torch.int64)
+    nseq = 2 if cu is None else cu.numel() - 1
+    A, b = make(1 if cu is not None else 2, T, H, m, seed=seed)
+    x0 = torch.randn(nseq, H, m, generator=torch.Generator().manual_seed(seed)).to(DEV) if h0 else None
+    tune = dict(scanmod.TUNE, lbt_chunk=chunk, lb_publish_incl=incl)
+    cud = None if cu is None else cu.to(DEV)
+    h, hf, _ = lookback_dot.bd_lookback_forward(A, b, x0, cud, tune, scanmod._empty)
+    hr, hfr = ref.block_diagonal_scan_ref(A.double(), b.double(), None if x0 is None else x0.double(), True, cud)
+    assert not torch.isnan(h).any() and not torch.isnan(hf).any()
+    assert rel(h, hr) < 1e-5 and rel(hf, hfr) < 1e-5, (rel(h, hr), rel(hf, hfr))
 
 
 def test_bad_settings():

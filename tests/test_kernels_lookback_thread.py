@@ -37,9 +37,12 @@ def test_forward_varlen(m, incl):
     scanmod.TUNE["lb_publish_incl"] = incl
     A, b = make(1, 37, 3, m, seed=m)
     cu = torch.tensor([0, 5, 22, 22, 23, 37], dtype=torch.int64, device=DEV)
-    calls = []
-    real = lookback_thread._bd_thread_lookback_fwd
-    lookback_thread._bd_thread_lookback_fwd = type("Spy", (), {"__getitem__": lambda self, g: calls.append(g) or real[g]})()
+    calls, real = [], lookback_thread._bd_thread_lookback_fwd
+
+    class Spy:  # records the grid: the block scan really took this kernel
+        def __getitem__(self, grid):
+            return calls.append(grid) or real[grid]
+    lookback_thread._bd_thread_lookback_fwd = Spy()
     try:
         e = run(A, b, torch.randn(5, 3, m).to(DEV), cu)
     finally:

@@ -27,7 +27,10 @@ Per program:
 Buffers: ``status`` int32 ``(ntile + 1,)`` zeroed; ``vals`` fp32 ``(ntile, m^2 + 2m, BH)``: rows
 ``P`` (row-major), ``E``, then the inclusive state, lanes contiguous (coalesced). Memory ordering
 as in ``lookback.py``: values, ``bar.sync``, release flag; acquire flag loads, ``ld.volatile``
-values.
+values. Checked in the sm_90a PTX from Triton 3.6 (``tools/aot_check.py compile --ptx-dir``,
+sixty-ninth session), m = 4, 6, 8: one ``ld.global.gpu.acquire`` flag load (broadcast between
+``bar.sync``), ``m^2 + 2m`` ``ld.volatile`` value loads, and three publishes, each a ``bar.sync``
+then ``atom.global.gpu.release.exch``.
 """
 from __future__ import annotations
 

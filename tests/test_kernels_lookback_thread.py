@@ -30,11 +30,12 @@ _tune = tune_fixture(dict(bd_lookback=True, bdlb_kind="thread", chunk=8, lbt_chu
 
 @pytest.mark.parametrize("m", [2, 3, 4, 6, 8])
 @pytest.mark.parametrize("incl", [True, False])
-def test_forward_varlen(m, incl):
+@pytest.mark.parametrize("walk", ["compose", "forward"])
+def test_forward_varlen(m, incl, walk):
     """Varlen with an empty and a one-step sequence, boundaries inside chunks, h0; inclusive
     states published (short look-backs) or not (every look-back composes down to chunk 0). H = 3:
     one tile of 32 blocks, most of it past H."""
-    scanmod.TUNE["lb_publish_incl"] = incl
+    scanmod.TUNE.update(lb_publish_incl=incl, lbt_walk=walk)
     A, b = make(1, 37, 3, m, seed=m)
     cu = torch.tensor([0, 5, 22, 22, 23, 37], dtype=torch.int64, device=DEV)
     calls, real = [], lookback_thread._bd_thread_lookback_fwd
@@ -76,15 +77,15 @@ def test_low_precision():
 @settings(max_examples=10)
 @given(T=st.integers(1, 30), chunk=st.integers(1, 9), m=st.integers(1, 8), H=st.sampled_from([1, 3, 33]),
        cuts=st.none() | st.lists(st.integers(0, 30), max_size=3), h0=st.booleans(), incl=st.booleans(),
-       seed=st.integers(0, 2**16))
-def test_property_equals_sequential(T, chunk, m, H, cuts, h0, incl, seed):
+       walk=st.sampled_from(["compose", "forward"]), seed=st.integers(0, 2**16))
+def test_property_equals_sequential(T, chunk, m, H, cuts, h0, incl, walk, seed):
     """Any tile length, block size, length, head count and varlen cut (empty sequences included):
     the launcher's ``h`` and final states equal the fp64 loop."""
     cu = None if cuts is None else torch.tensor(sorted({0, T, *(min(x, T) for x in cuts)}), dtype=torch.int64)
     nseq = 2 if cu is None else cu.numel() - 1
     A, b = make(1 if cu is not None else 2, T, H, m, seed=seed)
     x0 = torch.randn(nseq, H, m, generator=torch.Generator().manual_seed(seed)).to(DEV) if h0 else None
-    tune = dict(scanmod.TUNE, lbt_chunk=chunk, lb_publish_incl=incl)
+    tune = dict(scanmod.TUNE, lbt_chunk=chunk, lb_publish_incl=incl, lbt_walk=walk)
     cud = None if cu is None else cu.to(DEV)
     h, hf, _ = lookback_dot.bd_lookback_forward(A, b, x0, cud, tune, scanmod._empty)
     hr, hfr = ref.block_diagonal_scan_ref(A.double(), b.double(), None if x0 is None else x0.double(), True, cud)
@@ -95,11 +96,12 @@ def test_property_equals_sequential(T, chunk, m, H, cuts, h0, incl, seed):
 def test_bad_settings():
     """A bad kind, chunk or warp count, and a block size past 8, are refused by name."""
     A, b = make(1, 9, 2, 2, seed=1)
-    for key, val in (("bdlb_kind", "threads"), ("lbt_chunk", 0), ("lbt_chunk", 2.0), ("lbt_nw", 3)):
+    for key, val in (("bdlb_kind", "threads"), ("lbt_chunk", 0), ("lbt_chunk", 2.0), ("lbt_nw", 3),
+                     ("lbt_walk", "back")):
         scanmod.TUNE[key] = val
         with pytest.raises(ValueError, match=key):
             lookback_dot.bd_lookback_forward(A, b, None, None, scanmod.TUNE, scanmod._empty)
-        scanmod.TUNE.update(bdlb_kind="thread", lbt_chunk=4, lbt_nw=1)
+        scanmod.TUNE.update(bdlb_kind="thread", lbt_chunk=4, lbt_nw=1, lbt_walk="compose")
     A, b = make(1, 9, 1, 9, seed=1)
     with pytest.raises(ValueError, match="m <= 8"):
         lookback_dot.bd_lookback_forward(A, b, None, None, scanmod.TUNE, scanmod._empty)
@@ -108,12 +110,12 @@ def test_bad_settings():
 @pytest.mark.gpu
 @pytest.mark.skipif(DEV == "cpu", reason="races only show on a GPU: many tiles running at once")
 @pytest.mark.parametrize("m", [4, 6, 8])
-@pytest.mark.parametrize("chunk", [8, 32])
-def test_gpu_many_tiles(m, chunk):
+@pytest.mark.parametrize("chunk,walk", [(8, "compose"), (32, "compose"), (8, "forward")])
+def test_gpu_many_tiles(m, chunk, walk):
     """Thousands of tiles in flight, repeated 3 times: B1 T16384 N768 and varlen with boundaries
-    inside chunks and h0, fp32 against the fp64 loop every time."""
+    inside chunks and h0, fp32 against the fp64 loop every time; both look-back walks."""
     scanmod.TUNE.clear()
-    scanmod.TUNE.update(bd_lookback=True, bdlb_kind="thread", lbt_chunk=chunk)
+    scanmod.TUNE.update(bd_lookback=True, bdlb_kind="thread", lbt_chunk=chunk, lbt_walk=walk)
     for B, T, H, cu in ((1, 16384, 768 // m, None),
                         (1, 9000, 384 // m, torch.tensor([0, 1, 4003, 4003, 9000], device=DEV))):
         A, b = make(B, T, H, m, seed=m + chunk, pool=4096)
@@ -123,4 +125,4 @@ def test_gpu_many_tiles(m, chunk):
             with torch.no_grad():
                 h, hf = bd.block_diagonal_scan(A, b, h0, True, cu)
             e = rel(h, hr), rel(hf, hfr)
-            assert max(e) < 1e-4, (T, m, chunk, e)
+            assert max(e) < 1e-4, (T, m, chunk, walk, e)

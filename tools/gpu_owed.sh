@@ -229,7 +229,8 @@
 #        lbthread — issue 3 (OWED, sixty-ninth session): lookback_thread.py, the opt-in single pass
 #                   with one block per thread (TUNE bd_lookback + bdlb_kind 'thread'): its GPU race
 #                   test (m = 4, 6, 8; 8- and 32-step tiles; repeated), then the B1 T16384 N768
-#                   and B8 T2048 N768 forwards against the default in 8- to 64-step tiles (B8:
+#                   and B8 T2048 N768 forwards against the default in 8- to 64-step tiles, and
+#                   the forward walk (lbt_walk) in 16 / 32 (B8:
 #                   the ring's chain of 2048 steps, 68 % of copy on an H200); a default only if it wins
 #        ncubytes — issue 4: DRAM bytes read / written and time of each of the seven delta kernels of
 #                   one fwd+bwd (Nsight Compute counters instead of byte estimates; NCU_NH, NCU_GATED)
@@ -420,9 +421,10 @@ case "$stage" in
     timeout 200 python3 -m pytest -v -p no:cacheprovider tests/test_kernels_lookback_thread.py -k gpu_many \
       2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -8
     lbt='{"bd_lookback":"always","bdlb_kind":"thread","lbt_chunk":'  # always: B8 T2048 runs one ring pass
-    for m in 8 6 4; do
-      timeout 150 python3 tools/tune_compare.py --m $m --shapes 1x16384x768 8x2048x768 --rounds 3 --out "$OUT/lbt$m" \
-        --tune t8="${lbt}8}" t16="${lbt}16}" t32="${lbt}32}" t64="${lbt}64}" 2>&1 | grep -E "^B|fails"
+    for m in ${LBT_M:-8 6 4}; do  # cold compiles: m = 4 may not fit the call; LBT_M=4 in a second one
+      timeout 190 python3 tools/tune_compare.py --m $m --shapes 1x16384x768 8x2048x768 --rounds 3 --out "$OUT/lbt$m" \
+        --tune t8="${lbt}8}" t16="${lbt}16}" t32="${lbt}32}" t64="${lbt}64}" \
+        f16="${lbt}16,\"lbt_walk\":\"forward\"}" f32="${lbt}32,\"lbt_walk\":\"forward\"}" 2>&1 | grep -E "^B|fails"
     done ;;
   rerun)
     # issue 3: summary.rerun_factor (TUNE['rerun_len']); the m = 6 backward's kernel at many programs

@@ -18,7 +18,8 @@ Per program:
 2. chunk ``c > 0``: the summary ``P = A_{t1-1} .. A_{t0}``, ``E`` (zero-start end state), ``m^3 +
    m^2`` FMAs a step in the thread's registers (``summary_thread._step``), published with flag 1;
 3. look back, newest first (one chunk a trip): flag 2 = inclusive end state (stop), 1 = aggregate
-   ``x -> P x + E`` (compose: ``m^3`` FMAs), 0 = spin;
+   ``x -> P x + E`` (compose: ``m^3`` FMAs), 0 = spin; or (``TUNE['lbt_walk'] = "forward"``)
+   back over the flags alone, then forward through the aggregates (``m^2`` FMAs each);
 4. publish the inclusive end state ``P x + E`` with flag 2 *before* the re-run (chunk 0 publishes
    its end state after its re-run, as it has no summary);
 5. re-run the chunk from the carry, ``m^2`` FMAs a step, writing ``h`` (and ``h_final`` at the
@@ -108,15 +109,39 @@ def _thread_look_back(Status, Vals, base, c, bh, M: tl.constexpr, BH: tl.constex
     return eacc
 
 
+@triton.jit
+def _thread_look_back_fwd(Status, Vals, base, c, bh, M: tl.constexpr, BH: tl.constexpr):
+    """``_thread_look_back`` by another walk (``TUNE['lbt_walk'] = "forward"``): back over the
+    flags alone to the newest chunk ``j`` with its inclusive state (flag 2; 1: go on, 0: spin),
+    then forward from that state through the aggregates of ``j+1 .. c-1``, ``x <- P x + E``
+    (``m^2`` FMAs a chunk against the compose's ``m^3``). Their values were published before the
+    flags read here (acquire)."""
+    MM: tl.constexpr = M * M
+    ROWS: tl.constexpr = MM + 2 * M
+    j = c - 1
+    found = c * 0
+    while found == 0:
+        fl = tl.atomic_add(Status + base + j, 0, sem="acquire", scope="gpu")
+        if fl == 2:
+            found = found + 1
+        elif fl == 1:
+            j = j - 1
+    x = _load_rows(Vals + (base + j) * (ROWS * BH), MM + M, M, BH, bh)
+    for k in tl.range(j + 1, c):
+        vk = Vals + (base + k) * (ROWS * BH)
+        x = _matvec(_load_rows(vk, 0, MM, BH, bh), x, _load_rows(vk, MM, M, BH, bh), M)
+    return x
+
+
 @triton.jit(do_not_specialize=["T", "NC", "NSEQ"])
 def _bd_thread_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC, NSEQ, CHUNK,
                             M: tl.constexpr, BH: tl.constexpr, VW: tl.constexpr, VWB: tl.constexpr,
                             VS: tl.constexpr, HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr,
-                            VARLEN: tl.constexpr, PUBLISH_INCL: tl.constexpr):
+                            VARLEN: tl.constexpr, PUBLISH_INCL: tl.constexpr, WALK_FWD: tl.constexpr):
     """``A`` rows ``(B*T, H, M, M)``, ``Bv``/``Hout`` rows ``(B*T, H, M)``; ``Init``/``Final``
     ``(nseq, H, M)``; ``Status`` int32 ``(ntile + 1,)`` zeroed, ``Vals (ntile, M*M + 2M, BH)``
     fp32. ``PUBLISH_INCL = False`` (tests only): chunks beyond 0 publish only aggregates, so every
-    look-back walks to chunk 0."""
+    look-back walks to chunk 0. ``WALK_FWD``: ``_thread_look_back_fwd``'s walk."""
     MM: tl.constexpr = M * M
     GH = tl.cdiv(H, BH)
     c, s, pg, ntile = _next_tile(Status, NSEQ, GH, NC)
@@ -137,7 +162,10 @@ def _bd_thread_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC
     elif t0 < eos:
         P, E = _chunk_summary_thread(A, Bv, t0, t1, H, hb, mh, M, BH, VW, VWB)
         _publish4(Status, me, vrow, BH, P + E, 0, MM + M, 1)
-        x = _thread_look_back(Status, Vals, base, c, bh, M, BH)
+        if WALK_FWD:
+            x = _thread_look_back_fwd(Status, Vals, base, c, bh, M, BH)
+        else:
+            x = _thread_look_back(Status, Vals, base, c, bh, M, BH)
         if PUBLISH_INCL:  # the end state P x + E (this tile's own rows: its threads wrote them)
             _publish4(Status, me, vrow, BH, _matvec(P, x, E, M), MM + M, M, 2)
     if (t0 < eos) | (c == 0):  # empty chunks past a sequence's end (varlen) do nothing more
@@ -156,14 +184,17 @@ def _bd_thread_lookback_fwd(A, Bv, Hout, Init, Final, Status, Vals, CU, T, H, NC
 
 
 def bd_thread_lookback_cfg(tune: dict):
-    """``(CHUNK, BH, num_warps)`` from ``TUNE['lbt_chunk']`` (16 steps a tile) and
-    ``TUNE['lbt_nw']`` (1 warp: 32 blocks a tile)."""
-    ch, nw = tune.get("lbt_chunk", 16), tune.get("lbt_nw", 1)
+    """``(CHUNK, BH, num_warps, walk_forward)`` from ``TUNE['lbt_chunk']`` (16 steps a tile),
+    ``TUNE['lbt_nw']`` (1 warp: 32 blocks a tile) and ``TUNE['lbt_walk']`` (``"compose"``, the
+    default: ``_thread_look_back``; ``"forward"``: ``_thread_look_back_fwd``)."""
+    ch, nw, walk = tune.get("lbt_chunk", 16), tune.get("lbt_nw", 1), tune.get("lbt_walk", "compose")
     if isinstance(ch, bool) or not isinstance(ch, int) or ch < 1:
         raise ValueError(f"TUNE['lbt_chunk'] must be a step count >= 1, got {ch!r}")
     if nw not in (1, 2, 4, 8):
         raise ValueError(f"TUNE['lbt_nw'] must be 1, 2, 4 or 8, got {nw!r}")
-    return ch, 32 * nw, nw
+    if walk not in ("compose", "forward"):
+        raise ValueError(f"TUNE['lbt_walk'] must be 'compose' or 'forward', got {walk!r}")
+    return ch, 32 * nw, nw, walk == "forward"
 
 
 def bd_thread_lookback_forward(A, b, h0, cu, tune, empty, max_len=None):
@@ -175,7 +206,7 @@ def bd_thread_lookback_forward(A, b, h0, cu, tune, empty, max_len=None):
     if not 1 <= m <= THREAD_MAX_M:
         raise ValueError(f"TUNE['bdlb_kind'] = 'thread' takes block sizes m <= {THREAD_MAX_M}, got m = {m}")
     nseq = B if cu is None else cu.numel() - 1
-    ch, bh, nw = bd_thread_lookback_cfg(tune)
+    ch, bh, nw, walk_fwd = bd_thread_lookback_cfg(tune)
     dev = b.device
     nc = max(1, cdiv(max_seq_len(T, cu, max_len), ch))  # >= 1: chunk 0 writes h0 of empty sequences
     ntile = nseq * cdiv(H, bh) * nc
@@ -188,5 +219,6 @@ def bd_thread_lookback_forward(A, b, h0, cu, tune, empty, max_len=None):
             A, b, h, h0 if h0 is not None else b, final, status, vals, cu if cu is not None else b,
             T, H, nc, nseq, ch, M=m, BH=bh, VW=_vec_width(m * m), VWB=_vec_width(m),
             VS=4 if m % 4 == 0 else 1, HAS_INIT=h0 is not None, STORE_FINAL=True, VARLEN=cu is not None,
-            PUBLISH_INCL=bool(tune.get("lb_publish_incl", True)), num_warps=nw, num_stages=1)
+            PUBLISH_INCL=bool(tune.get("lb_publish_incl", True)), WALK_FWD=walk_fwd,
+            num_warps=nw, num_stages=1)
     return h, final, None

@@ -9,8 +9,8 @@ once for the re-run from the carries, so it cannot pass about 53 % of the one-re
 "Thread summaries"). ``lookback_dot.py`` did both passes in one program, but its 64-step chunks of
 tensor-core tiles left about 150 MB of ``A`` between a chunk's two reads, so the second came from
 DRAM again (L2 hit rate 12 %). Here a tile is ``BH = 32 num_warps`` blocks x ``CHUNK`` steps
-(default 16: 128 KB of ``A`` at ``m = 8``), each thread one block, so a chunk's two reads are a
-few microseconds apart and the second may come from L2.
+(default 16: 128 KB of ``A`` at ``m = 8``), each thread one block, so less of ``A`` streams
+through between a chunk's two reads and the second may come from L2 (not measured yet).
 
 Per program:
 

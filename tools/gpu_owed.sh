@@ -145,6 +145,9 @@
 #   The forward's m = 8 pass at B8 N768 is bound by the program (README.md "Few programs"):
 #   the cp.async forward and tile2.py were slower and are in commit 498dacb only.
 #   The delta cache filter below matched 1013 entries (45 MiB) in the fourteenth session: not saved.
+#   A stage's kernels can be compiled on the CPU machine before the first call (seventieth session):
+#   tools/jit_cache.py build ... -- tools/jit_cache_runs.py STAGE, then pack into .triton_cache and
+#   carry it (the tool's docstring; `python3 tools/jit_cache.py keyinfo` must match on the device).
 #   Carry the Triton cache between calls
 #   (tools/triton_cache.sh: rm -rf .triton_cache && mkdir .triton_cache && cp
 #   FILES_AT/triton_cache.tar.gz* .triton_cache/, then carry [".whl", ".triton_cache"]); with it

@@ -81,6 +81,38 @@ def rerun():
                                              "v1g": {"bwd_variant": "v1", "bwd_gather": True}}, bwd=True)
 
 
+def sumthread(big=True):
+    """``gpu_owed.sh sumthread``'s tests: summary_thread_chunked, long_chunked_varlen,
+    inference_plans_batch1 and (``big``: 4-5 GB of zeros a tensor here) more_than_2_31_elements."""
+    cu6002 = torch.tensor([0, 5, 1000, 1000, 2500, 6002])
+    for m in (3, 4, 5, 8):
+        for chunk in (64, 256):
+            with S.tuned(dict(summary="thread", chunk=chunk)):
+                for dtype in ("fp32", "bf16"):
+                    check(m, 1, 6002, 384 // m, True, cu6002, dtype=dtype)
+                check(m, 2, 3001, 96 // m, True)
+        print(f"summary_thread_chunked m={m}", flush=True)
+    T = 65536
+    cu = torch.tensor([0, 5, 30001, 30001, 47000, T])
+    for m in (1, 2, 4, 8, 16):
+        check(m, 1, T, 256 // m, True, cu)
+        check(m, 1, T, 256 // m)
+        print(f"long_chunked_varlen m={m}", flush=True)
+    cu = torch.tensor([0, 7, 5000, 5000, 12289, 16384])
+    for m in (1, 2, 3, 4, 8, 16, 32):
+        H = 768 // m if m != 3 else 256
+        A, b = torch.zeros(1, 16384, H, m, m), torch.zeros(1, 16384, H, m)
+        with torch.no_grad():
+            S.block_diagonal_scan(A, b, torch.zeros(1, H, m), True, None)
+            S.block_diagonal_scan(A, b, torch.zeros(5, H, m), True, cu)
+        print(f"inference_plans_batch1 m={m}", flush=True)
+    if big:
+        for H, m, t in ((160, 16, {}), (520, 8, {"summary": "thread", "chunk": 256})):
+            with S.tuned(t):
+                check(m, 1, T, H, dtype="bf16")
+            print(f"more_than_2_31_elements m={m}", flush=True)
+
+
 def lbthread(ms):
     """``gpu_owed.sh lbthread``: the race test, then tune_compare's forward columns."""
     lbt = dict(bd_lookback="always", bdlb_kind="thread")
@@ -103,11 +135,14 @@ def main():
     s = sub.add_parser("lbthread", help="gpu_owed.sh lbthread")
     s.add_argument("--m", type=int, nargs="+", default=[8, 6, 4])
     sub.add_parser("rerun", help="gpu_owed.sh rerun")
+    sub.add_parser("sumthread", help="gpu_owed.sh sumthread's tests")
     a = ap.parse_args()
     if a.what == "tune":
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from tune_compare import parse_tune
         tune(a.m, a.shapes, parse_tune(a.tune), a.bwd, a.dtype)
+    elif a.what == "sumthread":
+        sumthread()
     elif a.what == "rerun":
         rerun()
     else:

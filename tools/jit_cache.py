@@ -134,6 +134,16 @@ def _fake_gpu(spec: str) -> None:
                     setattr(mod, attr, fakes[attr])
 
 
+def _gpu_host_rules() -> None:
+    """Host rules that ask ``TRITON_INTERPRET`` for another reason than the device: decide as on
+    the GPU. The delta kernels take 16-bit ``Q K^T`` operands as they are (``function._raw``);
+    only the interpreter's wrong bf16 dot made it convert them."""
+    import torch
+    fn = sys.modules.get("lrnn_scan.kernels.delta_product.function")
+    if fn is not None:
+        fn._raw = lambda x: x.dtype in (torch.float16, torch.bfloat16)
+
+
 def build(cache_dir: str, libtriton: str | None, gpu: str | None, script: list[str]) -> int:
     os.makedirs(cache_dir, exist_ok=True)
     os.environ["TRITON_CACHE_DIR"] = os.path.abspath(cache_dir)
@@ -167,6 +177,7 @@ def build(cache_dir: str, libtriton: str | None, gpu: str | None, script: list[s
 
     JITFunction.run = run
     os.environ["TRITON_INTERPRET"] = "1"  # host checks: CPU tensors may take the kernel paths
+    _gpu_host_rules()
     print(f"[jit_cache] triton {triton.__version__} ({os.path.dirname(triton.__file__)}); {n} modules;"
           f" {keyinfo(None)}", flush=True)
     sys.argv = list(script)

@@ -113,6 +113,25 @@ def sumthread(big=True):
             print(f"more_than_2_31_elements m={m}", flush=True)
 
 
+def delta(nhs, gated=(False, True), shape="8x4096x16x128x128"):
+    """The delta-product fwd+bwd (tools/ncu_delta.py, benchmarks/delta_throughput.py; bf16,
+    B8 T4096 H16 K=V=128) and its forward without gradients, at each ``n_h``, gated and not."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import delta_throughput as bench
+    from lrnn_scan.delta import chunk_delta_product
+    bench.DEVICE = "cpu"
+    B, T, H, K, V = (int(x) for x in shape.split("x"))
+    for nh in nhs:
+        for gt in gated:
+            q, k, v, beta, g = bench.inputs(B, T, nh, H, K, V, gt, dtype=torch.bfloat16)
+            xs = [x.requires_grad_() for x in (q, k, v, beta) + ((g,) if gt else ())]
+            with torch.no_grad():
+                chunk_delta_product(q, k, v, beta, g, backend="triton")
+            o = chunk_delta_product(q, k, v, beta, g, backend="triton")[0]
+            torch.autograd.grad(o, xs, torch.ones_like(o))
+            print(f"delta n_h={nh} gated={gt}", flush=True)
+
+
 def lbthread(ms):
     """``gpu_owed.sh lbthread``: the race test, then tune_compare's forward columns."""
     lbt = dict(bd_lookback="always", bdlb_kind="thread")
@@ -136,11 +155,15 @@ def main():
     s.add_argument("--m", type=int, nargs="+", default=[8, 6, 4])
     sub.add_parser("rerun", help="gpu_owed.sh rerun")
     sub.add_parser("sumthread", help="gpu_owed.sh sumthread's tests")
+    d = sub.add_parser("delta", help="the delta-product fwd+bwd and forward (ncubytes, deltafla)")
+    d.add_argument("--nh", type=int, nargs="+", default=[1, 2, 3, 4])
     a = ap.parse_args()
     if a.what == "tune":
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from tune_compare import parse_tune
         tune(a.m, a.shapes, parse_tune(a.tune), a.bwd, a.dtype)
+    elif a.what == "delta":
+        delta(a.nh)
     elif a.what == "sumthread":
         sumthread()
     elif a.what == "rerun":

@@ -11,6 +11,8 @@ export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 # was 21 MiB compressed with the IR, over the 16 MiB a returned file may have
 export TRITON_STORE_BINARY_ONLY=${TRITON_STORE_BINARY_ONLY:-1}
 bash tools/triton_cache.sh restore      # a carried .triton_cache/ (tools/triton_cache.sh) skips recompiles
+# the key parts a CPU-built cache (tools/jit_cache.py) must match; printed here to compare
+python3 tools/jit_cache.py keyinfo 2>/dev/null || echo "jit_cache keyinfo failed"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__,'gpus',torch.cuda.device_count())"
 if ! python3 -c "import lrnn_scan.models, lrnn_scan.kernels, lrnn_scan.mad_tasks" 2>/dev/null; then

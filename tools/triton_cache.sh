@@ -8,6 +8,8 @@
 #   rm -rf .triton_cache && mkdir .triton_cache && cp <files_at>/triton_cache.tar.gz* .triton_cache/
 #   run(..., carry=[".whl", ".triton_cache"])   # next call: tools/device_setup.sh restores it
 #
+# tools/jit_cache.py builds such a cache on the CPU machine before any device call (pack writes
+# .triton_cache/triton_cache.tar.gz, which restore unpacks the same way).
 # Triton keys each entry by its source, options, Triton version and GPU arch (sm_90 on both the
 # H100 and the H200), so a stale entry is a miss, never a wrong kernel. Files back from $OUT are
 # capped at 16 MiB each and 8 in all: a larger archive goes back in parts of 15 MiB, at most

@@ -116,7 +116,6 @@ def sumthread(big=True):
 def delta(nhs, gated=(False, True), shape="8x4096x16x128x128"):
     """The delta-product fwd+bwd (tools/ncu_delta.py, benchmarks/delta_throughput.py; bf16,
     B8 T4096 H16 K=V=128) and its forward without gradients, at each ``n_h``, gated and not."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import delta_throughput as bench
     from lrnn_scan.delta import chunk_delta_product
     bench.DEVICE = "cpu"
